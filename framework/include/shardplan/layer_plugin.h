@@ -1,0 +1,81 @@
+#pragma once
+// Layer plugin ABI (C++). A layer plugin exports the C entry point of
+// abi/plugin.h with kind SP_PLUGIN_LAYER and abi_version
+// SHARDPLAN_LAYER_ABI_VERSION; its factory returns a LayerPlugin* that lives
+// for the process. Layer plugins link libshardplan and libtorch, so they must
+// be built against the same shardplan (the version below is bumped whenever
+// these classes change layout).
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardplan/abi/plugin.h"
+#include "shardplan/plan.h"
+
+#define SHARDPLAN_LAYER_ABI_VERSION 1u
+
+namespace torch {
+namespace nn {
+class Module;
+}
+}  // namespace torch
+
+namespace shardplan {
+
+class Communicator;
+
+// What the plan says about one parameter of a module.
+struct ParamShard {
+  std::string name;                    // local name in the module: "weight"
+  Assignment assignment;               // path, global shape, rule (or none), layout
+  std::vector<int64_t> local_shape;    // filled by the plugin
+  std::string note;                    // e.g. "column-parallel, bias follows weight"
+};
+
+// One module whose parameters the plan touches, handed to its plugin.
+struct ModuleShard {
+  std::string path;                    // "blocks.0.mlp.fc1" ("" for the root)
+  std::string type;                    // demangled type: "shardplan::nn::LinearImpl"
+  torch::nn::Module* module = nullptr; // nullptr when only checking
+  std::vector<ParamShard> params;      // every direct parameter of the module
+  const Mesh* mesh = nullptr;
+  int rank = 0;                        // this rank in the world (checking: any)
+  // Process group along a mesh axis (nullptr when only checking).
+  std::shared_ptr<Communicator> group(const std::string& axis) const;
+  std::map<std::string, std::shared_ptr<Communicator>> groups;
+
+  ParamShard* param(const std::string& name);
+  const ParamShard* param(const std::string& name) const;
+};
+
+class LayerPlugin {
+ public:
+  virtual ~LayerPlugin() = default;
+  virtual std::string name() const = 0;
+  // Demangled type names this plugin shards, e.g. "shardplan::nn::LinearImpl".
+  virtual std::vector<std::string> module_types() const = 0;
+  // Validate layouts and options and fill local_shape/note of every param.
+  // No communication, no module access: also used by the plan checker.
+  // Throws PlanError at the rule's location, or shardplan::Error naming the
+  // parameter.
+  virtual void check(ModuleShard& shard) const = 0;
+  // Replace each parameter with this rank's shard and install the strategy.
+  // Called after check() on the same object.
+  virtual void apply(ModuleShard& shard) const = 0;
+};
+
+}  // namespace shardplan
+
+// Defines the entry point of a layer plugin: SHARDPLAN_LAYER_PLUGIN(DensePlugin, "dense")
+#define SHARDPLAN_LAYER_PLUGIN(Class, plugin_name)                                  \
+  extern "C" SP_PLUGIN_EXPORT const sp_plugin_info* shardplan_plugin_entry(void) {  \
+    static const sp_plugin_info info = {                                            \
+        SP_PLUGIN_ENTRY_VERSION, SP_PLUGIN_LAYER, SHARDPLAN_LAYER_ABI_VERSION,      \
+        plugin_name, SHARDPLAN_PLUGIN_VERSION_STRING,                               \
+        []() -> const void* { static Class instance; return &instance; }};          \
+    return &info;                                                                   \
+  }
+#ifndef SHARDPLAN_PLUGIN_VERSION_STRING
+#define SHARDPLAN_PLUGIN_VERSION_STRING "0.1.0"
+#endif

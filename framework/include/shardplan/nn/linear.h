@@ -1,0 +1,50 @@
+#pragma once
+// shardplan::nn::Linear: torch::nn::Linear with a seam for parallelism.
+// Same options, parameter names ("weight", "bias"), initialisation and
+// state_dict keys as torch::nn::Linear, so a vanilla checkpoint loads into it
+// and back. With no strategy installed its forward is torch::nn::Linear's.
+// parallelize() installs a LinearStrategy from a layer plugin.
+#include <torch/nn/cloneable.h>
+#include <torch/nn/options/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <string>
+
+namespace shardplan {
+namespace nn {
+
+// How a Linear computes with its (possibly sharded) weight and bias.
+class LinearStrategy {
+ public:
+  virtual ~LinearStrategy() = default;
+  virtual at::Tensor forward(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias) = 0;
+  virtual std::string describe() const = 0;  // "column-parallel over 'model' (2), output gathered"
+};
+
+class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
+ public:
+  LinearImpl(int64_t in_features, int64_t out_features)
+      : LinearImpl(torch::nn::LinearOptions(in_features, out_features)) {}
+  explicit LinearImpl(const torch::nn::LinearOptions& options_);
+
+  void reset() override;
+  void reset_parameters();
+  void pretty_print(std::ostream& stream) const override;
+  at::Tensor forward(const at::Tensor& input);
+
+  void set_strategy(std::shared_ptr<LinearStrategy> strategy) { strategy_ = std::move(strategy); }
+  const std::shared_ptr<LinearStrategy>& strategy() const { return strategy_; }
+
+  torch::nn::LinearOptions options;
+  at::Tensor weight;
+  at::Tensor bias;
+
+ private:
+  std::shared_ptr<LinearStrategy> strategy_;
+};
+
+TORCH_MODULE(Linear);
+
+}  // namespace nn
+}  // namespace shardplan

@@ -1,0 +1,57 @@
+#pragma once
+// Applying a plan to a model: every parameter a rule matches is handed, with
+// the other parameters of its module, to the layer plugin registered for that
+// module's type, which checks the layouts, slices this rank's shards and
+// installs its parallel strategy.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "shardplan/mesh.h"
+#include "shardplan/plan.h"
+
+namespace torch {
+namespace nn {
+class Module;
+}
+}  // namespace torch
+
+namespace shardplan {
+
+class World;
+
+struct ReportRow {
+  std::string path;                   // "fc1.weight"
+  std::string module_type;            // "shardplan::nn::LinearImpl"
+  std::string rule;                   // "plans/mlp.yaml:12:5", or "" when unmatched
+  std::string layout;                 // "[model, null]"
+  std::string plugin;                 // "dense", or "" when replicated without a plugin
+  std::string note;                   // what the plugin made of it
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> local_shape;
+  int64_t element_size = 0;
+};
+
+struct ParallelReport {
+  Mesh mesh;
+  int rank = 0;
+  int world_size = 1;
+  std::vector<ReportRow> rows;        // named_parameters() order
+  std::vector<std::string> warnings;
+
+  int64_t local_bytes() const;        // parameter bytes held by this rank
+  int64_t global_bytes() const;       // parameter bytes of the unsharded model
+  std::string table() const;          // human-readable, one row per parameter
+};
+
+// Shards `model` in place for this rank of `world`. Collective: every rank
+// calls it with the same plan and an identically initialised model. Throws
+// PlanError / shardplan::Error naming the parameter, its rule and the module
+// type (a vanilla torch::nn layer, a type no plugin handles, a size the axis
+// does not divide).
+ParallelReport parallelize(torch::nn::Module& model, const Plan& plan, World& world);
+
+// The same checks and report without touching the model or communicating.
+ParallelReport check_plan(torch::nn::Module& model, const Plan& plan, int world_size, int rank = 0);
+
+}  // namespace shardplan

@@ -1,0 +1,102 @@
+#pragma once
+// A plan: a mesh and ordered rules mapping parameter paths to layouts.
+// The format is documented in docs/PLAN_FORMAT.md.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "shardplan/error.h"
+#include "shardplan/mesh.h"
+
+namespace shardplan {
+
+// One entry per tensor dim: the mesh axis it is split over, or nullopt for
+// replicated along that dim.
+using Layout = std::vector<std::optional<std::string>>;
+std::string layout_str(const Layout& layout);  // "[model, null]"
+
+struct MeshAxisSpec {
+  std::string name;
+  int size = 0;  // kAutoSize: the world size divided by the other axes
+  SourceLoc loc;
+  static constexpr int kAutoSize = -1;
+};
+
+struct RuleOption {
+  std::string value;  // scalars as written; sequences/maps as flow YAML
+  SourceLoc loc;
+};
+
+class Matcher;  // compiled pattern (plan.cpp)
+
+struct Rule {
+  size_t index = 0;        // position in the plan, 0-based
+  std::string pattern;     // full-match regex over named_parameters() keys
+  Layout layout;
+  SourceLoc loc;           // the rule itself
+  SourceLoc pattern_loc;   // its `match:` value
+  SourceLoc layout_loc;    // its `layout:` value
+  // Everything else on the rule (`output`, `input`, `blocks`, `plugin`, ...):
+  // plugins read and validate these, and report errors at option.loc.
+  std::map<std::string, RuleOption> options;
+  std::shared_ptr<const Matcher> matcher;
+
+  bool matches(const std::string& path) const;
+  const RuleOption* option(const std::string& key) const;
+  // Option value, or `fallback` when absent; throws PlanError at the option's
+  // location when the value is not one of `allowed` (if given).
+  std::string option_or(const std::string& key, const std::string& fallback,
+                        const std::vector<std::string>& allowed = {}) const;
+};
+
+struct ParamInfo {
+  std::string path;             // named_parameters() key
+  std::vector<int64_t> shape;   // global (unsharded) shape
+};
+
+struct Assignment {
+  std::string path;
+  std::vector<int64_t> shape;
+  const Rule* rule = nullptr;   // nullptr: no rule matched, replicated
+  Layout layout;                // all nullopt when unmatched
+};
+
+struct PlanMatch {
+  Mesh mesh;
+  std::vector<Assignment> params;     // same order as the input
+  std::vector<std::string> warnings;  // e.g. rules that matched nothing with strict: false
+};
+
+class Plan {
+ public:
+  std::string source;                    // file path, or "<string>"
+  int version = 1;
+  std::vector<MeshAxisSpec> mesh;
+  SourceLoc mesh_loc;
+  std::vector<Rule> rules;
+  std::vector<std::string> plugin_dirs;  // absolute; relative ones resolved against the plan's folder
+  bool strict = true;                    // a rule that matches nothing is an error
+
+  // First rule whose pattern fully matches `path`, or nullptr.
+  const Rule* match(const std::string& path) const;
+  // The mesh for this world size: resolves `auto`, and throws PlanError at the
+  // mesh's location when the product differs from world_size.
+  Mesh resolve_mesh(int world_size) const;
+  // Matches every parameter, checks layout rank == tensor rank and rules that
+  // matched nothing (error when strict, else a warning). Errors name the
+  // parameter and the rule's file:line:col. Divisibility is left to plugins.
+  PlanMatch assign(const std::vector<ParamInfo>& params, int world_size) const;
+  // Canonical YAML; parse_plan(to_yaml()) gives an equal plan.
+  std::string to_yaml() const;
+};
+
+// Throws PlanError("file:line:col: ...") for YAML syntax errors, unknown keys,
+// unknown axes, invalid regexes, malformed layouts and options.
+Plan load_plan(const std::string& path);
+Plan parse_plan(const std::string& yaml_text, const std::string& source_name = "<string>",
+                const std::string& base_dir = ".");
+
+}  // namespace shardplan

@@ -1,0 +1,259 @@
+#include "shardplan/communicator.h"
+
+#include <ATen/ATen.h>
+
+#include "shardplan/error.h"
+
+namespace shardplan {
+
+namespace {
+
+int32_t to_sp_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return SP_FLOAT32;
+    case at::kDouble: return SP_FLOAT64;
+    case at::kHalf: return SP_FLOAT16;
+    case at::kBFloat16: return SP_BFLOAT16;
+    case at::kChar: return SP_INT8;
+    case at::kByte: return SP_UINT8;
+    case at::kInt: return SP_INT32;
+    case at::kLong: return SP_INT64;
+    default:
+      throw Error(std::string("shardplan: dtype ") + c10::toString(t) + " cannot be communicated");
+  }
+}
+
+std::vector<int64_t> with_dim(at::IntArrayRef shape, int64_t dim, int64_t value) {
+  std::vector<int64_t> out(shape.begin(), shape.end());
+  out[dim] = value;
+  return out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- Work
+
+Work::Work(const sp_comm_api* api, sp_work* work, std::string what, std::vector<at::Tensor> keep,
+           std::chrono::milliseconds timeout)
+    : api_(api), work_(work), what_(std::move(what)), keep_(std::move(keep)), timeout_(timeout) {}
+
+Work::~Work() {
+  if (work_) api_->release(work_);
+}
+
+void Work::wait() { wait(timeout_); }
+
+void Work::wait(std::chrono::milliseconds timeout) {
+  if (!work_) return;
+  int st = api_->wait(work_, timeout.count());
+  if (st != SP_OK) {
+    const char* why = api_->last_error();
+    throw CommError(what_ + ": " + (why && *why ? why : "failed") +
+                        (st == SP_ERR_TIMEOUT ? " (timed out after " + std::to_string(timeout.count()) + " ms)" : ""),
+                    st);
+  }
+  api_->release(work_);
+  work_ = nullptr;
+  keep_.clear();
+}
+
+bool Work::done() {
+  if (!work_) return true;
+  int32_t d = 0;
+  int st = api_->test(work_, &d);
+  if (st != SP_OK) {
+    const char* why = api_->last_error();
+    throw CommError(what_ + ": " + (why && *why ? why : "failed"), st);
+  }
+  return d != 0;
+}
+
+// ---------------------------------------------------------------- Communicator
+
+Communicator::Communicator(const sp_comm_api* api, sp_comm* comm, std::string name, std::vector<int> ranks,
+                           std::chrono::milliseconds timeout)
+    : api_(api), comm_(comm), name_(std::move(name)), ranks_(std::move(ranks)), timeout_(timeout) {
+  rank_ = api_->rank(comm_);
+  size_ = api_->size(comm_);
+  if (ranks_.empty())
+    for (int r = 0; r < size_; ++r) ranks_.push_back(r);
+}
+
+Communicator::~Communicator() {
+  if (comm_) api_->destroy(comm_);
+}
+
+const std::string& Communicator::backend() const {
+  static thread_local std::string name;
+  name = api_->name;
+  return name;
+}
+
+sp_buffer Communicator::buffer_of(const at::Tensor& t) {
+  sp_buffer b{};
+  b.data = t.numel() ? t.data_ptr() : nullptr;
+  b.count = static_cast<uint64_t>(t.numel());
+  b.dtype = to_sp_dtype(t.scalar_type());
+  b.device_type = t.is_cuda() ? SP_DEVICE_CUDA : SP_DEVICE_CPU;
+  b.device_index = t.is_cuda() ? t.device().index() : 0;
+  b.stream = nullptr;
+  return b;
+}
+
+void Communicator::check(int status, const char* collective) const {
+  if (status == SP_OK) return;
+  const char* why = api_->last_error();
+  throw CommError(std::string(api_->name) + " " + collective + " on group '" + name_ + "' (rank " +
+                      std::to_string(rank_) + " of " + std::to_string(size_) + "): " +
+                      (why && *why ? why : "failed with status " + std::to_string(status)),
+                  status);
+}
+
+void Communicator::count(const at::Tensor& t) {
+  // A group of one moves nothing; counting it would inflate a plan's volume.
+  if (size_ == 1) return;
+  stats_.calls += 1;
+  stats_.bytes += static_cast<uint64_t>(t.numel()) * t.element_size();
+}
+
+std::shared_ptr<Communicator> Communicator::split(int color, int key, const std::string& name) {
+  sp_comm* out = nullptr;
+  check(api_->split(comm_, color, key, &out), "split");
+  if (!out) return nullptr;
+  auto child = std::make_shared<Communicator>(api_, out, name, std::vector<int>{}, timeout_);
+  // Members learn each other's world ranks once, so errors and reports can
+  // name ranks as users know them.
+  at::Tensor mine = at::full({1}, ranks_[rank_], at::kInt);
+  at::Tensor all = child->all_gather(mine, 0);
+  child->ranks_.assign(all.data_ptr<int32_t>(), all.data_ptr<int32_t>() + all.numel());
+  child->reset_stats();
+  return child;
+}
+
+void Communicator::abort() { api_->abort(comm_); }
+
+void Communicator::all_reduce(at::Tensor& t, ReduceOp op) {
+  count(t);
+  if (size_ == 1) return;
+  at::Tensor c = t.contiguous();
+  sp_buffer b = buffer_of(c);
+  check(api_->all_reduce(comm_, &b, &b, static_cast<int32_t>(op), nullptr), "all_reduce");
+  if (!c.is_same(t)) t.copy_(c);
+}
+
+std::unique_ptr<Work> Communicator::all_reduce_async(at::Tensor& t, ReduceOp op) {
+  if (!t.is_contiguous()) throw Error("all_reduce_async on group '" + name_ + "' needs a contiguous tensor");
+  count(t);
+  sp_buffer b = buffer_of(t);
+  sp_work* w = nullptr;
+  check(api_->all_reduce(comm_, &b, &b, static_cast<int32_t>(op), &w), "all_reduce");
+  return std::make_unique<Work>(api_, w, std::string(api_->name) + " all_reduce on group '" + name_ + "'",
+                                std::vector<at::Tensor>{t}, timeout_);
+}
+
+at::Tensor Communicator::all_gather(const at::Tensor& t, int64_t dim) {
+  dim = at::maybe_wrap_dim(dim, t.dim());
+  count(t);
+  if (size_ == 1) return t;
+  at::Tensor in = t.contiguous();
+  std::vector<int64_t> shape{size_};
+  shape.insert(shape.end(), in.sizes().begin(), in.sizes().end());
+  at::Tensor out = at::empty(shape, in.options());
+  sp_buffer sb = buffer_of(in), rb = buffer_of(out);
+  check(api_->all_gather(comm_, &sb, &rb, nullptr), "all_gather");
+  // [size, ..., d, ...] -> concatenation along dim, rank-major.
+  auto result_shape = with_dim(in.sizes(), dim, in.size(dim) * size_);
+  if (dim == 0) return out.view(result_shape);
+  return out.movedim(0, dim).reshape(result_shape);
+}
+
+at::Tensor Communicator::reduce_scatter(const at::Tensor& t, int64_t dim, ReduceOp op) {
+  dim = at::maybe_wrap_dim(dim, t.dim());
+  if (t.size(dim) % size_ != 0)
+    throw Error("reduce_scatter on group '" + name_ + "': dim " + std::to_string(dim) + " of size " +
+                std::to_string(t.size(dim)) + " is not divisible by the group size " + std::to_string(size_));
+  count(t);
+  if (size_ == 1) return t;
+  auto chunk = t.size(dim) / size_;
+  // Bring the rank-major blocks to the front so each rank's block is contiguous.
+  std::vector<int64_t> split_shape(t.sizes().begin(), t.sizes().end());
+  split_shape[dim] = chunk;
+  split_shape.insert(split_shape.begin() + dim, size_);
+  at::Tensor in = dim == 0 ? t.contiguous() : t.reshape(split_shape).movedim(dim, 0).contiguous();
+  auto out_shape = with_dim(t.sizes(), dim, chunk);
+  at::Tensor out = at::empty(out_shape, t.options());
+  sp_buffer sb = buffer_of(in), rb = buffer_of(out);
+  check(api_->reduce_scatter(comm_, &sb, &rb, static_cast<int32_t>(op), nullptr), "reduce_scatter");
+  return out.view(out_shape);
+}
+
+void Communicator::broadcast(at::Tensor& t, int root) {
+  count(t);
+  if (size_ == 1) return;
+  at::Tensor c = t.contiguous();
+  sp_buffer b = buffer_of(c);
+  check(api_->broadcast(comm_, &b, &b, root, nullptr), "broadcast");
+  if (!c.is_same(t)) t.copy_(c);
+}
+
+at::Tensor Communicator::scatter(const at::Tensor& t, int root, const std::vector<int64_t>& chunk_shape) {
+  at::Tensor out = at::empty(chunk_shape, t.defined() ? t.options() : at::TensorOptions());
+  at::Tensor in = (rank_ == root) ? t.contiguous() : out;  // non-roots pass a dummy of the right dtype
+  if (rank_ == root && in.numel() != out.numel() * size_)
+    throw Error("scatter on group '" + name_ + "': root tensor has " + std::to_string(in.numel()) +
+                " elements, expected " + std::to_string(out.numel() * size_));
+  count(out);
+  if (size_ == 1) return in.view(chunk_shape).clone();
+  sp_buffer sb = buffer_of(in), rb = buffer_of(out);
+  if (rank_ != root) sb.count = out.numel() * size_;
+  check(api_->scatter(comm_, &sb, &rb, root, nullptr), "scatter");
+  return out;
+}
+
+at::Tensor Communicator::gather(const at::Tensor& t, int root) {
+  at::Tensor in = t.contiguous();
+  count(in);
+  if (size_ == 1) return in.clone();
+  std::vector<int64_t> shape(in.sizes().begin(), in.sizes().end());
+  if (shape.empty()) shape.push_back(1);
+  shape[0] *= size_;
+  at::Tensor out = rank_ == root ? at::empty(shape, in.options()) : at::empty({0}, in.options());
+  sp_buffer sb = buffer_of(in), rb = buffer_of(out);
+  if (rank_ != root) rb.count = in.numel() * size_;
+  check(api_->gather(comm_, &sb, &rb, root, nullptr), "gather");
+  return rank_ == root ? out : at::Tensor();
+}
+
+at::Tensor Communicator::all_to_all(const at::Tensor& t) {
+  if (t.dim() == 0 || t.size(0) % size_ != 0)
+    throw Error("all_to_all on group '" + name_ + "': dim 0 must be divisible by the group size " +
+                std::to_string(size_));
+  at::Tensor in = t.contiguous();
+  count(in);
+  if (size_ == 1) return in.clone();
+  at::Tensor out = at::empty_like(in);
+  sp_buffer sb = buffer_of(in), rb = buffer_of(out);
+  check(api_->all_to_all(comm_, &sb, &rb, nullptr), "all_to_all");
+  return out;
+}
+
+void Communicator::send(const at::Tensor& t, int peer, int tag) {
+  at::Tensor in = t.contiguous();
+  count(in);
+  sp_buffer b = buffer_of(in);
+  check(api_->send(comm_, &b, peer, tag, nullptr), "send");
+}
+
+void Communicator::recv(at::Tensor& t, int peer, int tag) {
+  at::Tensor c = t.contiguous();
+  sp_buffer b = buffer_of(c);
+  check(api_->recv(comm_, &b, peer, tag, nullptr), "recv");
+  if (!c.is_same(t)) t.copy_(c);
+}
+
+void Communicator::barrier() {
+  if (size_ > 1) stats_.calls += 1;
+  check(api_->barrier(comm_, nullptr), "barrier");
+}
+
+}  // namespace shardplan

@@ -1,0 +1,132 @@
+#include "shardplan/mappings.h"
+
+#include <torch/autograd.h>
+
+#include "shardplan/communicator.h"
+#include "shardplan/error.h"
+
+namespace shardplan {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Autograd contexts hold IValues; the group outlives every graph that uses it
+// (strategies own it), so its address travels as an integer.
+int64_t handle(Communicator& g) { return reinterpret_cast<int64_t>(&g); }
+Communicator& group_of(AutogradContext* ctx) {
+  return *reinterpret_cast<Communicator*>(ctx->saved_data["group"].toInt());
+}
+
+at::Tensor all_reduced(const at::Tensor& x, Communicator& g) {
+  // The incoming tensor may be aliased by the autograd graph; reduce a copy.
+  at::Tensor y = x.contiguous().clone();
+  g.all_reduce(y);
+  return y;
+}
+
+at::Tensor own_chunk(const at::Tensor& x, Communicator& g, int64_t dim) {
+  if (x.size(dim) % g.size() != 0)
+    throw Error("cannot split dim " + std::to_string(dim) + " of size " + std::to_string(x.size(dim)) +
+                " over group '" + g.name() + "' of " + std::to_string(g.size()) + " ranks");
+  return x.chunk(g.size(), dim)[g.rank()].contiguous();
+}
+
+struct CopyToGroup : torch::autograd::Function<CopyToGroup> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group) {
+    ctx->saved_data["group"] = group;
+    return x;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {all_reduced(grads[0], group_of(ctx)), at::Tensor()};
+  }
+};
+
+struct ReduceFromGroup : torch::autograd::Function<ReduceFromGroup> {
+  static at::Tensor forward(AutogradContext*, const at::Tensor& x, int64_t group) {
+    return all_reduced(x, *reinterpret_cast<Communicator*>(group));
+  }
+  static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], at::Tensor()}; }
+};
+
+struct ScatterToGroup : torch::autograd::Function<ScatterToGroup> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group, int64_t dim) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["dim"] = dim;
+    return own_chunk(x, *reinterpret_cast<Communicator*>(group), dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {group_of(ctx).all_gather(grads[0], ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct GatherFromGroup : torch::autograd::Function<GatherFromGroup> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group, int64_t dim) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["dim"] = dim;
+    return reinterpret_cast<Communicator*>(group)->all_gather(x, dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {own_chunk(grads[0], group_of(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct ReduceScatterToGroup : torch::autograd::Function<ReduceScatterToGroup> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group, int64_t dim) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["dim"] = dim;
+    return reinterpret_cast<Communicator*>(group)->reduce_scatter(x, dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {group_of(ctx).all_gather(grads[0], ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct AllGatherFromGroup : torch::autograd::Function<AllGatherFromGroup> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group, int64_t dim) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["dim"] = dim;
+    return reinterpret_cast<Communicator*>(group)->all_gather(x, dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {group_of(ctx).reduce_scatter(grads[0], ctx->saved_data["dim"].toInt()), at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+int64_t wrap(const at::Tensor& x, int64_t dim) { return at::maybe_wrap_dim(dim, x.dim()); }
+
+}  // namespace
+
+at::Tensor copy_to_group(const at::Tensor& x, Communicator& g) {
+  if (g.size() == 1) return x;
+  return CopyToGroup::apply(x, handle(g));
+}
+
+at::Tensor reduce_from_group(const at::Tensor& x, Communicator& g) {
+  if (g.size() == 1) return x;
+  return ReduceFromGroup::apply(x, handle(g));
+}
+
+at::Tensor scatter_to_group(const at::Tensor& x, Communicator& g, int64_t dim) {
+  if (g.size() == 1) return x;
+  return ScatterToGroup::apply(x, handle(g), wrap(x, dim));
+}
+
+at::Tensor gather_from_group(const at::Tensor& x, Communicator& g, int64_t dim) {
+  if (g.size() == 1) return x;
+  return GatherFromGroup::apply(x, handle(g), wrap(x, dim));
+}
+
+at::Tensor reduce_scatter_to_group(const at::Tensor& x, Communicator& g, int64_t dim) {
+  if (g.size() == 1) return x;
+  return ReduceScatterToGroup::apply(x, handle(g), wrap(x, dim));
+}
+
+at::Tensor all_gather_from_group(const at::Tensor& x, Communicator& g, int64_t dim) {
+  if (g.size() == 1) return x;
+  return AllGatherFromGroup::apply(x, handle(g), wrap(x, dim));
+}
+
+}  // namespace shardplan

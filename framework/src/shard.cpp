@@ -1,0 +1,33 @@
+#include "shardplan/shard.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include "shardplan/error.h"
+
+namespace shardplan {
+
+at::Tensor shard_of(const at::Tensor& full, int64_t dim, int64_t parts, int64_t index, int64_t blocks) {
+  dim = at::maybe_wrap_dim(dim, full.dim());
+  const int64_t n = full.size(dim);
+  if (blocks < 1 || n % blocks != 0 || (n / blocks) % parts != 0)
+    throw Error("cannot split dim " + std::to_string(dim) + " of size " + std::to_string(n) + " into " +
+                std::to_string(parts) + " parts" +
+                (blocks > 1 ? " per each of " + std::to_string(blocks) + " blocks" : std::string()));
+  if (parts == 1) return full;
+  const int64_t block = n / blocks, piece = block / parts;
+  if (blocks == 1) return full.narrow(dim, index * piece, piece).contiguous();
+  std::vector<at::Tensor> pieces;
+  for (int64_t b = 0; b < blocks; ++b) pieces.push_back(full.narrow(dim, b * block + index * piece, piece));
+  return at::cat(pieces, dim).contiguous();
+}
+
+void replace_parameter(torch::nn::Module& module, const std::string& name, const at::Tensor& value) {
+  auto params = module.named_parameters(/*recurse=*/false);
+  auto* p = params.find(name);
+  if (!p || !p->defined()) throw Error("module has no parameter '" + name + "'");
+  at::NoGradGuard no_grad;
+  p->set_data(value.detach().clone());
+}
+
+}  // namespace shardplan

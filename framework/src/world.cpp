@@ -1,0 +1,221 @@
+#include "shardplan/world.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "shardplan/error.h"
+#include "shardplan/plugin_loader.h"
+
+namespace shardplan {
+
+namespace {
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return (v && *v) ? v : nullptr;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = env(name);
+  if (!v) return fallback;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  // Slurm writes counts like "2(x3)"; the leading integer is the count.
+  if (end == v) throw Error(std::string("environment variable ") + name + "='" + v + "' is not an integer");
+  return static_cast<int>(x);
+}
+
+}  // namespace
+
+bool WorldOptions::env_has_job() {
+  return env("RANK") || env("OMPI_COMM_WORLD_RANK") || env("PMI_RANK") || env("SLURM_PROCID");
+}
+
+WorldOptions WorldOptions::from_env() {
+  WorldOptions o;
+  if (env("RANK")) {
+    o.rank = env_int("RANK", 0);
+    o.world_size = env_int("WORLD_SIZE", 1);
+    o.local_rank = env_int("LOCAL_RANK", o.rank);
+    o.local_world_size = env_int("LOCAL_WORLD_SIZE", o.world_size);
+  } else if (env("OMPI_COMM_WORLD_RANK")) {
+    o.rank = env_int("OMPI_COMM_WORLD_RANK", 0);
+    o.world_size = env_int("OMPI_COMM_WORLD_SIZE", 1);
+    o.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", o.rank);
+    o.local_world_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", o.world_size);
+  } else if (env("SLURM_PROCID")) {
+    o.rank = env_int("SLURM_PROCID", 0);
+    o.world_size = env_int("SLURM_NTASKS", 1);
+    o.local_rank = env_int("SLURM_LOCALID", 0);
+    o.local_world_size = env_int("SLURM_NTASKS_PER_NODE", 1);
+  }
+  if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size)
+    throw Error("environment gives rank " + std::to_string(o.rank) + " of world size " +
+                std::to_string(o.world_size));
+
+  if (const char* b = env("SHARDPLAN_BACKEND")) o.backend = b;
+  else o.backend = env_has_job() ? "gloo" : "local";
+
+  if (const char* s = env("SHARDPLAN_STORE")) {
+    o.store_url = s;
+  } else if (env("MASTER_ADDR")) {
+    o.store_url = std::string("tcp://") + env("MASTER_ADDR") + ":" + (env("MASTER_PORT") ? env("MASTER_PORT") : "29500");
+  }
+  if (const char* t = env("SHARDPLAN_TIMEOUT_MS")) o.timeout = std::chrono::milliseconds(std::atoll(t));
+  if (const char* a = env("SHARDPLAN_LOCAL_ADDR")) o.backend_options.push_back(std::string("local_addr=") + a);
+  return o;
+}
+
+// ---------------------------------------------------------------- World
+
+World::World(const WorldOptions& options, std::shared_ptr<Store> store, std::shared_ptr<Communicator> comm)
+    : options_(options), store_(std::move(store)), comm_(std::move(comm)) {}
+
+World::~World() {
+  // Groups first: a backend may tie a sub-communicator to its parent.
+  groups_.clear();
+  comm_.reset();
+}
+
+std::shared_ptr<Communicator> World::group(const Mesh& mesh, const std::string& axis) {
+  std::string key = mesh.str() + "/" + axis;
+  auto it = groups_.find(key);
+  if (it != groups_.end()) return it->second;
+  if (mesh.size() != size())
+    throw Error("mesh " + mesh.str() + " has " + std::to_string(mesh.size()) + " ranks but the world has " +
+                std::to_string(size()));
+  mesh.axis_index(axis);  // throws on an unknown axis
+  auto g = comm_->split(mesh.group_color(rank(), axis), mesh.coord(rank(), axis), axis);
+  groups_[key] = g;
+  return g;
+}
+
+std::map<std::string, std::shared_ptr<Communicator>> World::groups(const Mesh& mesh) {
+  std::map<std::string, std::shared_ptr<Communicator>> out;
+  for (const auto& axis : mesh.axes()) out[axis.first] = group(mesh, axis.first);
+  return out;
+}
+
+CommStats World::total_stats() const {
+  CommStats s = comm_->stats();
+  for (const auto& g : groups_) {
+    s.calls += g.second->stats().calls;
+    s.bytes += g.second->stats().bytes;
+  }
+  return s;
+}
+
+void World::reset_stats() {
+  comm_->reset_stats();
+  for (auto& g : groups_) g.second->reset_stats();
+}
+
+// ---------------------------------------------------------------- init
+
+namespace {
+
+std::shared_ptr<World> create_world(const WorldOptions& options, std::shared_ptr<Store> store) {
+  auto& loader = PluginLoader::instance();
+  loader.add_dirs(options.plugin_dirs);
+  const sp_comm_api* api = loader.comm(options.backend);
+
+  bool threads = false;
+  for (const auto& opt : options.backend_options) threads = threads || opt.rfind("local_id=", 0) == 0;
+  if (!threads && !(api->caps & SP_CAP_PROCESS_RANKS))
+    throw Error("backend '" + options.backend +
+                "' runs ranks as threads of one process; start the program with --ranks N instead of a launcher");
+  if (!store && options.world_size > 1 && !threads) {
+    if (options.store_url.empty())
+      throw Error("rank " + std::to_string(options.rank) + " of " + std::to_string(options.world_size) +
+                  ": no rendezvous given (set MASTER_ADDR/MASTER_PORT or SHARDPLAN_STORE, or use shardplan launch)");
+    store = make_store(options.store_url, options.rank, options.world_size, options.timeout);
+  }
+
+  std::vector<const char*> opts;
+  for (const auto& o : options.backend_options) opts.push_back(o.c_str());
+  opts.push_back(nullptr);
+  sp_comm_config cfg{};
+  cfg.struct_size = sizeof(cfg);
+  cfg.rank = options.rank;
+  cfg.world_size = options.world_size;
+  cfg.timeout_ms = options.timeout.count();
+  cfg.store = store ? store->abi() : nullptr;
+  cfg.options = opts.data();
+  sp_comm* comm = nullptr;
+  if (api->create(&cfg, &comm) != SP_OK || !comm) {
+    const char* why = api->last_error();
+    throw CommError("backend '" + options.backend + "': rank " + std::to_string(options.rank) + " of " +
+                        std::to_string(options.world_size) + " could not join the world: " +
+                        (why && *why ? why : "unknown error"),
+                    SP_ERR_INTERNAL);
+  }
+  auto c = std::make_shared<Communicator>(api, comm, "world", std::vector<int>{}, options.timeout);
+  return std::make_shared<World>(options, std::move(store), std::move(c));
+}
+
+}  // namespace
+
+std::shared_ptr<World> init_world(const WorldOptions& options) { return create_world(options, nullptr); }
+
+void run_ranks_in_threads(int n, const std::function<void(World&)>& fn, const std::string& backend,
+                          std::vector<std::string> backend_options, std::chrono::milliseconds timeout) {
+  if (n < 1) throw Error("run_ranks_in_threads: need at least one rank, got " + std::to_string(n));
+  static std::atomic<uint64_t> counter{0};
+  std::string id = "threads-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  backend_options.push_back("local_id=" + id);
+  // Threads of one process meet through memory; backends that want a store
+  // (gloo) get one shared by all ranks.
+  auto store = make_memory_store();
+
+  std::mutex mu;
+  std::vector<std::shared_ptr<World>> worlds(n);
+  std::exception_ptr first_error;
+  int failed_rank = -1;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        WorldOptions o;
+        o.backend = backend;
+        o.rank = r;
+        o.world_size = n;
+        o.local_rank = r;
+        o.local_world_size = n;
+        o.timeout = timeout;
+        o.backend_options = backend_options;
+        auto w = create_world(o, store);
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          worlds[r] = w;
+        }
+        fn(*w);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!first_error) {
+          first_error = std::current_exception();
+          failed_rank = r;
+        }
+        // Peers blocked in a collective with this rank would otherwise wait
+        // for the full timeout.
+        for (auto& w : worlds)
+          if (w) w->comm().abort();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  worlds.clear();
+  if (first_error) {
+    try {
+      std::rethrow_exception(first_error);
+    } catch (const std::exception& e) {
+      throw Error("rank " + std::to_string(failed_rank) + ": " + e.what());
+    }
+  }
+}
+
+}  // namespace shardplan

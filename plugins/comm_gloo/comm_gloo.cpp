@@ -1,0 +1,1024 @@
+// Communication plugin over gloo (CPU, TCP transport). Torch-free: only the
+// C ABI headers and gloo.
+//
+// Every collective of one communicator runs on one thread at a time, in issue
+// order: inline on the caller when nothing is queued, else on the
+// communicator's worker thread. Collective tags come from a per-communicator
+// counter advanced by that executing thread, so all ranks agree on them
+// without talking. Point-to-point operations are posted at issue time and only
+// their completion is queued: gloo's TCP send waits for the matching receive,
+// so posting them in order from the queue would deadlock an isend/irecv
+// exchange between two ranks.
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/gather.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/scatter.h>
+#include <gloo/transport/tcp/context.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "reduce.h"
+#include "rendezvous.h"
+#include "shardplan/abi/comm.h"
+#include "shardplan/abi/plugin.h"
+
+namespace sp_gloo {
+class Comm;
+struct WorkState;
+}  // namespace sp_gloo
+
+struct sp_comm {
+  std::shared_ptr<sp_gloo::Comm> impl;
+};
+
+struct sp_work {
+  std::shared_ptr<sp_gloo::WorkState> state;
+};
+
+namespace sp_gloo {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ms = std::chrono::milliseconds;
+
+// Slot prefixes of our own algorithms; gloo's collectives use 0x01..0x08.
+constexpr uint8_t kReduceScatterSlotPrefix = 0x21;
+constexpr uint8_t kPointToPointSlotPrefix = 0x22;
+
+constexpr int64_t kDefaultTimeoutMs = 5 * 60 * 1000;
+
+thread_local std::string t_error;
+
+int fail(int status, std::string msg) {
+  t_error = std::move(msg);
+  return status;
+}
+
+// gloo prefixes messages with "[file:line] ", sometimes twice; users want
+// the cause on one line.
+std::string clean(std::string msg) {
+  while (msg.size() > 1 && msg[0] == '[') {
+    auto close = msg.find("] ");
+    if (close == std::string::npos) break;
+    msg.erase(0, close + 2);
+  }
+  std::replace(msg.begin(), msg.end(), '\n', ' ');
+  return msg;
+}
+
+bool mentions_timeout(const std::string& msg) {
+  std::string low(msg);
+  std::transform(low.begin(), low.end(), low.begin(), [](unsigned char c) { return std::tolower(c); });
+  return low.find("timed out") != std::string::npos || low.find("timeout") != std::string::npos;
+}
+
+bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
+  auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
+  return an && bn && pa < pb + bn && pb < pa + an;
+}
+
+uint8_t* bytes(const sp_buffer& b, size_t offset = 0) { return static_cast<uint8_t*>(b.data) + offset; }
+
+// gloo's option setters take the element type only for its size.
+template <typename F>
+void by_element_size(size_t es, F&& f) {
+  switch (es) {
+    case 1: f(uint8_t{}); break;
+    case 2: f(uint16_t{}); break;
+    case 4: f(uint32_t{}); break;
+    case 8: f(uint64_t{}); break;
+    default: GLOO_THROW("unsupported element size ", es);
+  }
+}
+
+// tcp::Context::signalException is what gloo itself calls when an operation
+// times out: it fails every pending buffer and closes every pair. It is
+// protected; naming it through a derived class yields a usable pointer.
+struct TcpContextAccess : gloo::transport::tcp::Context {
+  static auto signal() { return &TcpContextAccess::signalException; }
+};
+
+}  // namespace
+
+class Context final : public gloo::rendezvous::Context {
+ public:
+  using gloo::rendezvous::Context::Context;
+
+  void abort(const std::string& why) {
+    // Every context of this plugin comes from a TCP device.
+    auto* tcp = static_cast<gloo::transport::tcp::Context*>(transportContext_.get());
+    if (tcp) (tcp->*TcpContextAccess::signal())(why);
+  }
+};
+
+struct WorkState {
+  WorkState(std::string what, ms limit) : what(std::move(what)), limit(limit) {}
+  const std::string what;  // "all_reduce on rank 1 of 4", for messages
+  const ms limit;          // the communicator's timeout
+
+  std::mutex mu;
+  std::condition_variable cv;
+  bool started = false;
+  Clock::time_point start;
+  bool done = false;
+  int status = SP_OK;
+  std::string error;
+
+  void finish(int st, std::string err) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+      status = st;
+      error = std::move(err);
+    }
+    cv.notify_all();
+  }
+};
+
+// Messages a rank sends to itself (gloo has no pair to self). Sends are
+// eager so a blocking send followed by the matching recv cannot deadlock.
+class SelfMailbox {
+ public:
+  struct Recv {
+    void* data;
+    size_t nbytes;
+    bool done = false;
+    std::string error;
+  };
+
+  void send(uint32_t tag, const void* data, size_t nbytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& waiting = recvs_[tag];
+    if (!waiting.empty()) {
+      auto r = waiting.front();
+      waiting.pop_front();
+      deliver(*r, data, nbytes);
+    } else {
+      auto p = static_cast<const uint8_t*>(data);
+      sent_[tag].emplace_back(p, p + nbytes);
+    }
+    cv_.notify_all();
+  }
+
+  std::shared_ptr<Recv> post_recv(uint32_t tag, void* data, size_t nbytes) {
+    auto r = std::make_shared<Recv>();
+    r->data = data;
+    r->nbytes = nbytes;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& queued = sent_[tag];
+    if (!queued.empty()) {
+      deliver(*r, queued.front().data(), queued.front().size());
+      queued.pop_front();
+    } else {
+      recvs_[tag].push_back(r);
+    }
+    return r;
+  }
+
+  // Throws like a gloo wait would, so errors map the same way.
+  void wait(Recv& r, ms timeout, const std::atomic<bool>& aborted) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [&] { return r.done || aborted; }))
+      throw gloo::IoException("Timed out waiting " + std::to_string(timeout.count()) +
+                              "ms for a message this rank sent to itself");
+    if (!r.done) throw gloo::IoException("aborted while waiting for a message this rank sent to itself");
+    if (!r.error.empty()) throw gloo::Exception(r.error);
+  }
+
+  void wake() { cv_.notify_all(); }
+
+ private:
+  static void deliver(Recv& r, const void* data, size_t nbytes) {
+    if (nbytes != r.nbytes)
+      r.error = "message to self has " + std::to_string(nbytes) + " bytes but the recv buffer " +
+                std::to_string(r.nbytes);
+    else if (nbytes)
+      std::memcpy(r.data, data, nbytes);
+    r.done = true;
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<uint32_t, std::deque<std::vector<uint8_t>>> sent_;
+  std::map<uint32_t, std::deque<std::shared_ptr<Recv>>> recvs_;
+};
+
+class Comm {
+ public:
+  Comm(int rank, int size, ms timeout, std::shared_ptr<KeyStore> store, std::string prefix,
+       std::shared_ptr<gloo::transport::Device> device)
+      : rank(rank), size(size), timeout(timeout), store(std::move(store)), prefix(std::move(prefix)),
+        device(std::move(device)) {}
+
+  ~Comm() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
+
+  const int rank;
+  const int size;
+  const ms timeout;
+  const std::shared_ptr<KeyStore> store;  // shared by every split of one root
+  const std::string prefix;               // this communicator's keys in `store`
+  const std::shared_ptr<gloo::transport::Device> device;
+  std::shared_ptr<Context> ctx;
+  std::atomic<bool> aborted{false};
+  uint32_t split_seq = 0;  // advanced by the executing thread only
+  SelfMailbox self;
+
+  void connect() {
+    ctx = std::make_shared<Context>(rank, size);
+    ctx->setTimeout(timeout);
+    gloo::rendezvous::PrefixStore ps(prefix, *store);
+    auto dev = device;
+    ctx->connectFullMesh(ps, dev);
+  }
+
+  uint32_t next_tag() { return tag_++; }
+
+  std::string what(const char* op) const {
+    return std::string(op) + " on rank " + std::to_string(rank) + " of " + std::to_string(size);
+  }
+
+  // Runs `run` in issue order. work == nullptr: blocks and returns its status.
+  int submit(const char* op, std::function<void()> run, sp_work** work) {
+    auto state = std::make_shared<WorkState>(what(op), timeout);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!work && queue_.empty() && !busy_) {
+      busy_ = true;
+      lock.unlock();
+      execute(*state, run);
+      lock.lock();
+      busy_ = false;
+      lock.unlock();
+      cv_.notify_all();
+    } else {
+      if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+      queue_.push_back(Task{state, std::move(run)});
+      lock.unlock();
+      cv_.notify_all();
+      if (work) {
+        *work = new sp_work{state};
+        return SP_OK;
+      }
+      std::unique_lock<std::mutex> wl(state->mu);
+      state->cv.wait(wl, [&] { return state->done; });
+    }
+    if (state->status != SP_OK) t_error = "gloo " + state->what + ": " + state->error;
+    return state->status;
+  }
+
+  void abort() {
+    aborted = true;
+    if (ctx) ctx->abort("communicator aborted");
+    self.wake();
+    std::vector<std::shared_ptr<Comm>> kids;
+    {
+      std::lock_guard<std::mutex> lock(children_mu_);
+      for (auto& w : children_)
+        if (auto c = w.lock()) kids.push_back(std::move(c));
+    }
+    for (auto& c : kids) c->abort();
+  }
+
+  void adopt(const std::shared_ptr<Comm>& child) {
+    std::lock_guard<std::mutex> lock(children_mu_);
+    children_.erase(std::remove_if(children_.begin(), children_.end(),
+                                   [](const std::weak_ptr<Comm>& w) { return w.expired(); }),
+                    children_.end());
+    children_.push_back(child);
+  }
+
+ private:
+  struct Task {
+    std::shared_ptr<WorkState> state;
+    std::function<void()> run;
+  };
+
+  void execute(WorkState& state, std::function<void()>& run) {
+    {
+      std::lock_guard<std::mutex> lock(state.mu);
+      state.started = true;
+      state.start = Clock::now();
+    }
+    int status = SP_OK;
+    std::string err;
+    if (aborted) {
+      status = SP_ERR_ABORTED;
+      err = "the communicator was aborted";
+    } else {
+      try {
+        run();
+      } catch (const RendezvousError& e) {
+        status = e.status();
+        err = clean(e.what());
+      } catch (const gloo::IoException& e) {
+        err = clean(e.what());
+        status = mentions_timeout(err) ? SP_ERR_TIMEOUT : SP_ERR_INTERNAL;
+      } catch (const std::exception& e) {
+        status = SP_ERR_INTERNAL;
+        err = clean(e.what());
+      } catch (...) {
+        status = SP_ERR_INTERNAL;
+        err = "unknown error";
+      }
+      if (status != SP_OK && aborted) {
+        status = SP_ERR_ABORTED;
+        err = "the communicator was aborted (" + err + ")";
+      }
+    }
+    run = nullptr;  // frees temporaries before anyone is told it is done
+    state.finish(status, std::move(err));
+  }
+
+  void worker_loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !busy_); });
+      if (queue_.empty() || busy_) {
+        if (stopping_ && queue_.empty()) return;
+        continue;
+      }
+      Task task = std::move(queue_.front());
+      queue_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      execute(*task.state, task.run);
+      lock.lock();
+      busy_ = false;
+    }
+  }
+
+  uint32_t tag_ = 0;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  bool busy_ = false;
+  bool stopping_ = false;
+  std::thread worker_;
+
+  std::mutex children_mu_;
+  std::vector<std::weak_ptr<Comm>> children_;
+};
+
+namespace {
+
+// ------------------------------------------------------------ validation
+
+int check_buffer(const char* op, const char* which, const sp_buffer* b) {
+  if (!b) return fail(SP_ERR_INVALID, std::string("gloo ") + op + ": " + which + " buffer is NULL");
+  if (dtype_size(b->dtype) == 0)
+    return fail(SP_ERR_INVALID, std::string("gloo ") + op + ": " + which + " has unknown dtype " +
+                                    std::to_string(b->dtype));
+  if (b->device_type == SP_DEVICE_CUDA)
+    return fail(SP_ERR_UNSUPPORTED, std::string("gloo ") + op + ": " + which +
+                                        " is a CUDA buffer; this backend moves CPU memory only");
+  if (b->device_type != SP_DEVICE_CPU)
+    return fail(SP_ERR_INVALID, std::string("gloo ") + op + ": " + which + " has unknown device type " +
+                                    std::to_string(b->device_type));
+  if (b->count > 0 && !b->data)
+    return fail(SP_ERR_INVALID, std::string("gloo ") + op + ": " + which + " has " + std::to_string(b->count) +
+                                    " elements but no data");
+  return SP_OK;
+}
+
+int check_pair(const char* op, const sp_buffer* send, const sp_buffer* recv) {
+  int rc = check_buffer(op, "send", send);
+  if (rc == SP_OK) rc = check_buffer(op, "recv", recv);
+  if (rc == SP_OK && send->dtype != recv->dtype)
+    rc = fail(SP_ERR_INVALID, std::string("gloo ") + op + ": send is " + dtype_name(send->dtype) + " but recv is " +
+                                  dtype_name(recv->dtype));
+  return rc;
+}
+
+int count_mismatch(const char* op, const std::string& what) {
+  return fail(SP_ERR_INVALID, std::string("gloo ") + op + ": " + what);
+}
+
+int check_comm(const char* op, sp_comm* comm) {
+  if (!comm || !comm->impl) return fail(SP_ERR_INVALID, std::string("gloo ") + op + ": NULL communicator");
+  if (comm->impl->aborted)
+    return fail(SP_ERR_ABORTED, "gloo " + comm->impl->what(op) + ": the communicator was aborted");
+  return SP_OK;
+}
+
+int check_root(const char* op, const Comm& c, int32_t root) {
+  if (root < 0 || root >= c.size)
+    return fail(SP_ERR_INVALID, std::string("gloo ") + op + ": root " + std::to_string(root) +
+                                    " is outside the group of " + std::to_string(c.size));
+  return SP_OK;
+}
+
+template <typename Fn>
+int guarded(const char* op, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const RendezvousError& e) {
+    return fail(e.status(), std::string("gloo ") + op + ": " + clean(e.what()));
+  } catch (const gloo::IoException& e) {
+    std::string m = clean(e.what());
+    return fail(mentions_timeout(m) ? SP_ERR_TIMEOUT : SP_ERR_INTERNAL, std::string("gloo ") + op + ": " + m);
+  } catch (const std::exception& e) {
+    return fail(SP_ERR_INTERNAL, std::string("gloo ") + op + ": " + clean(e.what()));
+  } catch (...) {
+    return fail(SP_ERR_INTERNAL, std::string("gloo ") + op + ": unknown error");
+  }
+}
+
+// ---------------------------------------------------------------- create
+
+struct Options {
+  std::string local_addr;
+  std::string iface;
+  std::string file_store;
+  std::string prefix;
+};
+
+Options parse_options(const char* const* options) {
+  Options o;
+  for (auto p = options; p && *p; ++p) {
+    std::string kv(*p);
+    auto eq = kv.find('=');
+    std::string k = kv.substr(0, eq), v = eq == std::string::npos ? "" : kv.substr(eq + 1);
+    if (k == "local_addr") o.local_addr = v;
+    else if (k == "iface") o.iface = v;
+    else if (k == "file_store") o.file_store = v;
+    else if (k == "prefix") o.prefix = v;
+    // Anything else is meant for another backend or for the framework.
+  }
+  return o;
+}
+
+int api_create(const sp_comm_config* config, sp_comm** out) {
+  if (!out) return fail(SP_ERR_INVALID, "gloo create: out is NULL");
+  *out = nullptr;
+  if (!config || config->struct_size < sizeof(sp_comm_config))
+    return fail(SP_ERR_INVALID, "gloo create: config is NULL or from an older ABI");
+  if (config->world_size < 1 || config->rank < 0 || config->rank >= config->world_size)
+    return fail(SP_ERR_INVALID, "gloo create: rank " + std::to_string(config->rank) + " of world size " +
+                                    std::to_string(config->world_size));
+  const int rank = config->rank, size = config->world_size;
+  const ms timeout(config->timeout_ms > 0 ? config->timeout_ms : kDefaultTimeoutMs);
+  Options opt = parse_options(config->options);
+  std::string who = "gloo create (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
+
+  return guarded(who.c_str(), [&]() -> int {
+    std::shared_ptr<KeyStore> store;
+    if (config->store) store = std::make_shared<HostStore>(*config->store, timeout);
+    else if (!opt.file_store.empty()) store = std::make_shared<DirStore>(opt.file_store, timeout);
+    else if (size == 1) store = std::make_shared<SoloStore>(timeout);
+    else return fail(SP_ERR_INVALID, who + ": no rendezvous: pass a store or the option file_store=<dir>");
+
+    gloo::transport::tcp::attr attr;
+    if (!opt.iface.empty()) attr.iface = opt.iface;
+    else attr.hostname = opt.local_addr.empty() ? "127.0.0.1" : opt.local_addr;
+    std::shared_ptr<gloo::transport::Device> device;
+    try {
+      device = gloo::transport::tcp::CreateDevice(attr);
+    } catch (const std::exception& e) {
+      return fail(SP_ERR_INVALID, who + ": cannot listen on " + (opt.iface.empty() ? attr.hostname : opt.iface) +
+                                      ": " + clean(e.what()));
+    }
+
+    // A store may outlive one world (tests create several in a row); each
+    // rank counts its own earlier worlds on it, and all ranks count alike.
+    std::string prefix = opt.prefix;
+    if (prefix.empty()) {
+      int gen = 0;
+      auto key = [&](int g) { return "gloo/gen/" + std::to_string(g) + "/" + std::to_string(rank); };
+      while (store->check(key(gen))) ++gen;
+      store->set(key(gen), {'1'});
+      prefix = "gloo/" + std::to_string(gen);
+    }
+
+    auto comm = std::make_shared<Comm>(rank, size, timeout, store, prefix, device);
+    comm->connect();
+    *out = new sp_comm{comm};
+    return SP_OK;
+  });
+}
+
+// ----------------------------------------------------------------- split
+
+int api_split(sp_comm* parent, int32_t color, int32_t key, sp_comm** out) {
+  if (!out) return fail(SP_ERR_INVALID, "gloo split: out is NULL");
+  *out = nullptr;
+  if (int rc = check_comm("split", parent)) return rc;
+  Comm* p = parent->impl.get();
+  std::shared_ptr<Comm> child;
+  int rc = p->submit(
+      "split",
+      [&] {
+        int32_t mine[2] = {color, key};
+        std::vector<int32_t> all(2 * static_cast<size_t>(p->size));
+        gloo::AllgatherOptions ag(p->ctx);
+        ag.setInput(mine, 2);
+        ag.setOutput(all.data(), all.size());
+        ag.setTag(p->next_tag());
+        ag.setTimeout(p->timeout);
+        gloo::allgather(ag);
+        uint32_t seq = p->split_seq++;
+        if (color < 0) return;
+
+        std::vector<std::pair<int32_t, int>> members;  // (key, parent rank)
+        for (int r = 0; r < p->size; ++r)
+          if (all[2 * r] == color) members.emplace_back(all[2 * r + 1], r);
+        std::sort(members.begin(), members.end());
+        int new_rank = 0;
+        while (members[new_rank].second != p->rank) ++new_rank;
+
+        auto c = std::make_shared<Comm>(new_rank, static_cast<int>(members.size()), p->timeout, p->store,
+                                        p->prefix + "/split/" + std::to_string(seq) + "/" + std::to_string(color),
+                                        p->device);
+        c->connect();
+        child = std::move(c);
+      },
+      nullptr);
+  if (rc != SP_OK) return rc;
+  if (child) {
+    p->adopt(child);
+    // An abort that raced with the connect must still reach the child.
+    if (p->aborted) child->abort();
+    *out = new sp_comm{child};
+  }
+  return SP_OK;
+}
+
+int api_abort(sp_comm* comm) {
+  if (!comm || !comm->impl) return fail(SP_ERR_INVALID, "gloo abort: NULL communicator");
+  try {
+    comm->impl->abort();
+  } catch (const std::exception& e) {
+    return fail(SP_ERR_INTERNAL, std::string("gloo abort: ") + clean(e.what()));
+  }
+  return SP_OK;
+}
+
+void api_destroy(sp_comm* comm) {
+  try {
+    delete comm;
+  } catch (...) {
+  }
+}
+
+int32_t api_rank(const sp_comm* comm) { return comm && comm->impl ? comm->impl->rank : -1; }
+int32_t api_size(const sp_comm* comm) { return comm && comm->impl ? comm->impl->size : -1; }
+
+// ----------------------------------------------------------- collectives
+
+int api_all_reduce(sp_comm* comm, const sp_buffer* send, const sp_buffer* recv, int32_t op, sp_work** work) {
+  const char* name = "all_reduce";
+  return guarded(name, [&]() -> int {
+    if (int rc = check_comm(name, comm)) return rc;
+    if (int rc = check_pair(name, send, recv)) return rc;
+    if (send->count != recv->count)
+      return count_mismatch(name, "send has " + std::to_string(send->count) + " elements but recv has " +
+                                      std::to_string(recv->count));
+    ReduceFn fn = reduce_fn(recv->dtype, op);
+    if (!fn) return fail(SP_ERR_INVALID, std::string("gloo all_reduce: unknown reduce op ") + std::to_string(op));
+    Comm* c = comm->impl.get();
+    sp_buffer s = *send, r = *recv;
+    size_t es = dtype_size(r.dtype);
+    return c->submit(
+        name,
+        [c, s, r, es, fn] {
+          if (r.count == 0) return;
+          // Copying first and reducing in place costs what gloo's own
+          // out-of-place path costs (it copies per segment) and survives
+          // any overlap of send and recv.
+          if (s.data != r.data) std::memmove(r.data, s.data, r.count * es);
+          by_element_size(es, [&](auto e) {
+            using E = decltype(e);
+            gloo::AllreduceOptions o(c->ctx);
+            o.setOutput(static_cast<E*>(r.data), r.count);
+            o.setReduceFunction(fn);
+            o.setTag(c->next_tag());
+            o.setTimeout(c->timeout);
+            gloo::allreduce(o);
+          });
+        },
+        work);
+  });
+}
+
+int api_all_gather(sp_comm* comm, const sp_buffer* send, const sp_buffer* recv, sp_work** work) {
+  const char* name = "all_gather";
+  return guarded(name, [&]() -> int {
+    if (int rc = check_comm(name, comm)) return rc;
+    if (int rc = check_pair(name, send, recv)) return rc;
+    Comm* c = comm->impl.get();
+    if (recv->count != send->count * c->size)
+      return count_mismatch(name, "recv has " + std::to_string(recv->count) + " elements, expected send's " +
+                                      std::to_string(send->count) + " x " + std::to_string(c->size) + " ranks");
+    sp_buffer s = *send, r = *recv;
+    size_t es = dtype_size(r.dtype);
+    return c->submit(
+        name,
+        [c, s, r, es] {
+          if (s.count == 0) return;
+          size_t chunk = s.count * es;
+          uint8_t* mine = bytes(r, chunk * c->rank);
+          if (s.data != mine) std::memmove(mine, s.data, chunk);
+          by_element_size(es, [&](auto e) {
+            using E = decltype(e);
+            gloo::AllgatherOptions o(c->ctx);
+            o.setOutput(static_cast<E*>(r.data), r.count);
+            o.setTag(c->next_tag());
+            o.setTimeout(c->timeout);
+            gloo::allgather(o);
+          });
+        },
+        work);
+  });
+}
+
+// Ring reduce-scatter: in step s this rank sends the partial sum of chunk
+// (rank - s - 1) to the right and receives chunk (rank - s - 2) from the
+// left, which it reduces with its own copy of that chunk. After size - 1
+// steps the chunk received last is this rank's, fully reduced. recv is only
+// written in the last step, when send is no longer read except for this
+// rank's own chunk, so recv == send works as in-place.
+void ring_reduce_scatter(Comm& c, const sp_buffer& s, const sp_buffer& r, ReduceFn fn, size_t es) {
+  const size_t n = r.count, chunk = n * es;
+  const int P = c.size, me = c.rank;
+  if (P == 1) {
+    std::memmove(r.data, s.data, chunk);
+    return;
+  }
+  const uint8_t* own_chunk = bytes(s, chunk * me);
+  std::vector<uint8_t> own_copy;
+  if (r.data != s.data && r.data != own_chunk && overlaps(r.data, chunk, s.data, chunk * P)) {
+    own_copy.assign(own_chunk, own_chunk + chunk);
+    own_chunk = own_copy.data();
+  }
+  auto chunk_of = [&](int i) -> const uint8_t* { return i == me ? own_chunk : bytes(s, chunk * i); };
+
+  const auto slot = gloo::Slot::build(kReduceScatterSlotPrefix, c.next_tag());
+  const int right = (me + 1) % P, left = (me + P - 1) % P;
+  std::vector<uint8_t> incoming(chunk), partial(chunk);
+  auto in_buf = c.ctx->createUnboundBuffer(incoming.data(), chunk);
+  auto partial_buf = c.ctx->createUnboundBuffer(partial.data(), chunk);
+  auto send_buf = c.ctx->createUnboundBuffer(s.data, chunk * P);
+  for (int step = 0; step < P - 1; ++step) {
+    in_buf->recv(left, slot, 0, chunk);
+    auto& out_buf = step == 0 ? send_buf : partial_buf;
+    out_buf->send(right, slot, step == 0 ? chunk * ((me + P - 1) % P) : 0, chunk);
+    in_buf->waitRecv(c.timeout);
+    out_buf->waitSend(c.timeout);
+    const int idx = ((me - step - 2) % P + P) % P;
+    void* dst = step == P - 2 ? r.data : partial.data();
+    fn(dst, incoming.data(), chunk_of(idx), n);
+  }
+}
+
+int api_reduce_scatter(sp_comm* comm, const sp_buffer* send, const sp_buffer* recv, int32_t op, sp_work** work) {
+  const char* name = "reduce_scatter";
+  return guarded(name, [&]() -> int {
+    if (int rc = check_comm(name, comm)) return rc;
+    if (int rc = check_pair(name, send, recv)) return rc;
+    Comm* c = comm->impl.get();
+    if (send->count != recv->count * c->size)
+      return count_mismatch(name, "send has " + std::to_string(send->count) + " elements, expected recv's " +
+                                      std::to_string(recv->count) + " x " + std::to_string(c->size) + " ranks");
+    ReduceFn fn = reduce_fn(recv->dtype, op);
+    if (!fn) return fail(SP_ERR_INVALID, std::string("gloo reduce_scatter: unknown reduce op ") + std::to_string(op));
+    sp_buffer s = *send, r = *recv;
+    size_t es = dtype_size(r.dtype);
+    return c->submit(
+        name,
+        [c, s, r, es, fn] {
+          if (r.count == 0) return;
+          ring_reduce_scatter(*c, s, r, fn, es);
+        },
+        work);
+  });
+}
+
+int api_broadcast(sp_comm* comm, const sp_buffer* send, const sp_buffer* recv, int32_t root, sp_work** work) {
+  const char* name = "broadcast";
+  return guarded(name, [&]() -> int {
+    if (int rc = check_comm(name, comm)) return rc;
+    Comm* c = comm->impl.get();
+    if (int rc = check_root(name, *c, root)) return rc;
+    const bool is_root = c->rank == root;
+    if (int rc = is_root ? check_pair(name, send, recv) : check_buffer(name, "recv", recv)) return rc;
+    if (is_root && send->count != recv->count)
+      return count_mismatch(name, "send has " + std::to_string(send->count) + " elements but recv has " +
+                                      std::to_string(recv->count));
+    sp_buffer s = is_root ? *send : *recv, r = *recv;
+    size_t es = dtype_size(r.dtype);
+    return c->submit(
+        name,
+        [c, s, r, es, root, is_root] {
+          if (r.count == 0) return;
+          if (is_root && s.data != r.data) std::memmove(r.data, s.data, r.count * es);
+          by_element_size(es, [&](auto e) {
+            using E = decltype(e);
+            gloo::BroadcastOptions o(c->ctx);
+            o.setOutput(static_cast<E*>(r.data), r.count);
+            o.setRoot(root);
+            o.setTag(c->next_tag());
+            o.setTimeout(c->timeout);
+            gloo::broadcast(o);
+          });
+        },
+        work);
+  });
+}
+
+int api_scatter(sp_comm* comm, const sp_buffer* send, const sp_buffer* recv, int32_t root, sp_work** work) {
+  const char* name = "scatter";
+  return guarded(name, [&]() -> int {
+    if (int rc = check_comm(name, comm)) return rc;
+    Comm* c = comm->impl.get();
+    if (int rc = check_root(name, *c, root)) return rc;
+    const bool is_root = c->rank == root;
+    if (int rc = is_root ? check_pair(name, send, recv) : check_buffer(name, "recv", recv)) return rc;
+    if (is_root && send->count != recv->count * c->size)
+      return count_mismatch(name, "send has " + std::to_string(send->count) + " elements, expected recv's " +
+                                      std::to_string(recv->count) + " x " + std::to_string(c->size) + " ranks");
+    sp_buffer s = is_root ? *send : *recv, r = *recv;
+    size_t es = dtype_size(r.dtype);
+    return c->submit(
+        name,
+        [c, s, r, es, root, is_root] {
+          if (r.count == 0) return;
+          const size_t chunk = r.count * es;
+          by_element_size(es, [&](auto e) {
+            using E = decltype(e);
+            gloo::ScatterOptions o(c->ctx);
+            std::vector<uint8_t> copy;
+            if (is_root) {
+              // The root's sends are still in flight when gloo copies its
+              // own block into recv.
+              const uint8_t* src = bytes(s);
+              if (r.data != bytes(s, chunk * root) && overlaps(r.data, chunk, s.data, chunk * c->size)) {
+                copy.assign(src, src + chunk * c->size);
+                src = copy.data();
+              }
+              std::vector<E*> blocks;
+              for (int i = 0; i < c->size; ++i)
+                blocks.push_back(reinterpret_cast<E*>(const_cast<uint8_t*>(src) + chunk * i));
+              o.setInputs(blocks, r.count);
+            }
+            o.setOutput(static_cast<E*>(r.data), r.count);
+            o.setRoot(root);
+            o.setTag(c->next_tag());
+            o.setTimeout(c->timeout);
+            gloo::scatter(o);
+          });
+        },
+        work);
+  });
+}
+
+int api_gather(sp_comm* comm, const sp_buffer* send, const sp_buffer* recv, int32_t root, sp_work** work) {
+  const char* name = "gather";
+  return guarded(name, [&]() -> int {
+    if (int rc = check_comm(name, comm)) return rc;
+    Comm* c = comm->impl.get();
+    if (int rc = check_root(name, *c, root)) return rc;
+    const bool is_root = c->rank == root;
+    if (int rc = is_root ? check_pair(name, send, recv) : check_buffer(name, "send", send)) return rc;
+    if (is_root && recv->count != send->count * c->size)
+      return count_mismatch(name, "recv has " + std::to_string(recv->count) + " elements, expected send's " +
+                                      std::to_string(send->count) + " x " + std::to_string(c->size) + " ranks");
+    sp_buffer s = *send, r = is_root ? *recv : *send;
+    size_t es = dtype_size(s.dtype);
+    return c->submit(
+        name,
+        [c, s, r, es, root, is_root] {
+          if (s.count == 0) return;
+          const size_t chunk = s.count * es;
+          by_element_size(es, [&](auto e) {
+            using E = decltype(e);
+            gloo::GatherOptions o(c->ctx);
+            // Peers' blocks land in recv before gloo copies ours; an input
+            // overlapping another rank's block must be read first.
+            std::vector<uint8_t> copy;
+            void* src = s.data;
+            if (is_root && s.data != bytes(r, chunk * root) && overlaps(s.data, chunk, r.data, chunk * c->size)) {
+              copy.assign(bytes(s), bytes(s) + chunk);
+              src = copy.data();
+            }
+            o.setInput(static_cast<E*>(src), s.count);
+            if (is_root) o.setOutput(static_cast<E*>(r.data), r.count);
+            o.setRoot(root);
+            o.setTag(c->next_tag());
+            o.setTimeout(c->timeout);
+            gloo::gather(o);
+          });
+        },
+        work);
+  });
+}
+
+int api_all_to_all(sp_comm* comm, const sp_buffer* send, const sp_buffer* recv, sp_work** work) {
+  const char* name = "all_to_all";
+  return guarded(name, [&]() -> int {
+    if (int rc = check_comm(name, comm)) return rc;
+    if (int rc = check_pair(name, send, recv)) return rc;
+    Comm* c = comm->impl.get();
+    if (send->count != recv->count || send->count % c->size != 0)
+      return count_mismatch(name, "send has " + std::to_string(send->count) + " and recv " +
+                                      std::to_string(recv->count) + " elements; both must be equal and divisible by " +
+                                      std::to_string(c->size));
+    sp_buffer s = *send, r = *recv;
+    size_t es = dtype_size(r.dtype);
+    return c->submit(
+        name,
+        [c, s, r, es] {
+          if (r.count == 0) return;
+          const size_t total = r.count * es;
+          by_element_size(es, [&](auto e) {
+            using E = decltype(e);
+            gloo::AlltoallOptions o(c->ctx);
+            std::vector<uint8_t> copy;
+            void* src = s.data;
+            if (overlaps(s.data, total, r.data, total)) {
+              copy.assign(bytes(s), bytes(s) + total);
+              src = copy.data();
+            }
+            o.setInput(static_cast<E*>(src), s.count);
+            o.setOutput(static_cast<E*>(r.data), r.count);
+            o.setTag(c->next_tag());
+            o.setTimeout(c->timeout);
+            gloo::alltoall(o);
+          });
+        },
+        work);
+  });
+}
+
+int point_to_point(bool is_send, sp_comm* comm, const sp_buffer* buf, int32_t peer, int32_t tag, sp_work** work) {
+  const char* name = is_send ? "send" : "recv";
+  return guarded(name, [&]() -> int {
+    if (int rc = check_comm(name, comm)) return rc;
+    if (int rc = check_buffer(name, "buffer", buf)) return rc;
+    Comm* c = comm->impl.get();
+    if (peer < 0 || peer >= c->size)
+      return fail(SP_ERR_INVALID, "gloo " + c->what(name) + ": peer " + std::to_string(peer) +
+                                      " is outside the group of " + std::to_string(c->size));
+    const size_t nbytes = buf->count * dtype_size(buf->dtype);
+    if (peer == c->rank) {
+      std::shared_ptr<SelfMailbox::Recv> r;
+      if (is_send) c->self.send(static_cast<uint32_t>(tag), buf->data, nbytes);
+      else r = c->self.post_recv(static_cast<uint32_t>(tag), buf->data, nbytes);
+      return c->submit(
+          name,
+          [c, r] {
+            if (r) c->self.wait(*r, c->timeout, c->aborted);
+          },
+          work);
+    }
+    std::shared_ptr<gloo::transport::UnboundBuffer> ub;
+    if (nbytes > 0) {
+      ub = c->ctx->createUnboundBuffer(buf->data, nbytes);
+      const auto slot = gloo::Slot::build(kPointToPointSlotPrefix, static_cast<uint32_t>(tag));
+      if (is_send) ub->send(peer, slot, 0, nbytes);
+      else ub->recv(peer, slot, 0, nbytes);
+    }
+    ms timeout = c->timeout;
+    return c->submit(
+        name,
+        [ub, is_send, timeout] {
+          if (!ub) return;
+          if (is_send) ub->waitSend(timeout);
+          else ub->waitRecv(timeout);
+        },
+        work);
+  });
+}
+
+int api_send(sp_comm* comm, const sp_buffer* buf, int32_t peer, int32_t tag, sp_work** work) {
+  return point_to_point(true, comm, buf, peer, tag, work);
+}
+
+int api_recv(sp_comm* comm, const sp_buffer* buf, int32_t peer, int32_t tag, sp_work** work) {
+  return point_to_point(false, comm, buf, peer, tag, work);
+}
+
+int api_barrier(sp_comm* comm, sp_work** work) {
+  const char* name = "barrier";
+  return guarded(name, [&]() -> int {
+    if (int rc = check_comm(name, comm)) return rc;
+    Comm* c = comm->impl.get();
+    return c->submit(
+        name,
+        [c] {
+          gloo::BarrierOptions o(c->ctx);
+          o.setTag(c->next_tag());
+          o.setTimeout(c->timeout);
+          gloo::barrier(o);
+        },
+        work);
+  });
+}
+
+// ------------------------------------------------------------------ work
+
+int finished(WorkState& st) {
+  if (st.status != SP_OK) t_error = "gloo " + st.what + ": " + st.error;
+  return st.status;
+}
+
+int api_wait(sp_work* work, int64_t timeout_ms) {
+  if (!work || !work->state) return fail(SP_ERR_INVALID, "gloo wait: NULL work");
+  WorkState& st = *work->state;
+  std::unique_lock<std::mutex> lock(st.mu);
+  if (timeout_ms >= 0) {
+    if (!st.cv.wait_for(lock, ms(timeout_ms), [&] { return st.done; }))
+      return fail(SP_ERR_TIMEOUT, "gloo " + st.what + ": not finished after " + std::to_string(timeout_ms) + " ms");
+    return finished(st);
+  }
+  // Every gloo operation gives up after the communicator's timeout by
+  // itself; the margin only guards against a transport that never answers.
+  while (!st.cv.wait_for(lock, ms(200), [&] { return st.done; })) {
+    if (st.started && Clock::now() - st.start > st.limit + ms(30000))
+      return fail(SP_ERR_TIMEOUT, "gloo " + st.what + ": no answer from the transport " +
+                                      std::to_string(st.limit.count()) + " ms after it started");
+  }
+  return finished(st);
+}
+
+int api_test(sp_work* work, int32_t* done) {
+  if (!work || !work->state || !done) return fail(SP_ERR_INVALID, "gloo test: NULL work or done");
+  WorkState& st = *work->state;
+  std::lock_guard<std::mutex> lock(st.mu);
+  *done = st.done ? 1 : 0;
+  return st.done ? finished(st) : SP_OK;
+}
+
+void api_release(sp_work* work) { delete work; }
+
+const char* api_last_error() { return t_error.c_str(); }
+
+sp_comm_api make_api() {
+  sp_comm_api a{};
+  a.abi_version = SP_COMM_ABI_VERSION;
+  a.struct_size = sizeof(sp_comm_api);
+  a.name = "gloo";
+  a.caps = SP_CAP_CPU | SP_CAP_THREAD_RANKS | SP_CAP_PROCESS_RANKS;
+  a.last_error = &api_last_error;
+  a.create = &api_create;
+  a.split = &api_split;
+  a.abort = &api_abort;
+  a.destroy = &api_destroy;
+  a.rank = &api_rank;
+  a.size = &api_size;
+  a.all_reduce = &api_all_reduce;
+  a.all_gather = &api_all_gather;
+  a.reduce_scatter = &api_reduce_scatter;
+  a.broadcast = &api_broadcast;
+  a.scatter = &api_scatter;
+  a.gather = &api_gather;
+  a.all_to_all = &api_all_to_all;
+  a.send = &api_send;
+  a.recv = &api_recv;
+  a.barrier = &api_barrier;
+  a.wait = &api_wait;
+  a.test = &api_test;
+  a.release = &api_release;
+  return a;
+}
+
+const void* factory() {
+  static const sp_comm_api api = make_api();
+  return &api;
+}
+
+}  // namespace
+}  // namespace sp_gloo
+
+extern "C" SP_PLUGIN_EXPORT const sp_plugin_info* shardplan_plugin_entry(void) {
+  static const sp_plugin_info info = {SP_PLUGIN_ENTRY_VERSION, SP_PLUGIN_COMM, SP_COMM_ABI_VERSION, "gloo",
+                                      "shardplan gloo plugin 0.1 (gloo 0.5.0, TCP)", &sp_gloo::factory};
+  return &info;
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs every Debian package shardplan needs to build, test and run.
+# Idempotent: when everything is present it changes nothing and needs no network.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ccache git
+  libtorch-dev            # libtorch (CPU) and c10d's TCPStore/FileStore
+  libopenblas0-pthread    # libtorch on reference BLAS is ~15x slower
+  libgloo-dev             # gloo communication plugin
+  libyaml-cpp-dev         # plan parser
+  libboost-dev            # Boost.DLL plugin loading (header-only with std::filesystem)
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libopenmpi-dev openmpi-bin
+  iproute2                # multi-node tests bind ranks to other loopback addresses
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "setup-deps: installing ${missing[*]}" >&2
+$SUDO apt-get update -q
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,5 @@
+add_test(NAME install_consumer COMMAND ${CMAKE_COMMAND}
+  -DBIN=${PROJECT_BINARY_DIR} -DSRC=${CMAKE_CURRENT_SOURCE_DIR}/consumer
+  -DWORK=${CMAKE_CURRENT_BINARY_DIR}/consumer_work -DLAUNCHER=${CMAKE_CXX_COMPILER_LAUNCHER}
+  -P ${CMAKE_CURRENT_SOURCE_DIR}/consumer/run.cmake)
+set_tests_properties(install_consumer PROPERTIES TIMEOUT 600 RUN_SERIAL TRUE)

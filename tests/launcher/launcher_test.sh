@@ -1,0 +1,388 @@
+#!/usr/bin/env bash
+# Tests of `shardplan launch`, one case per ctest test:
+#   launcher_test.sh <shardplan> <launcher_probe> <case>
+# The ranks are launcher_probe processes (see its --help).
+set -u
+
+SP=$1
+PROBE=$2
+CASE=$3
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/launcher-test.XXXXXX")
+BG_PIDS=()
+cleanup() {
+  local p
+  for p in ${BG_PIDS[@]+"${BG_PIDS[@]}"}; do kill -KILL "$p" 2>/dev/null; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# The variables the launcher owns must come from it, not from whoever runs ctest.
+unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE MASTER_ADDR \
+  MASTER_PORT SHARDPLAN_BACKEND SHARDPLAN_STORE SHARDPLAN_LOCAL_ADDR SHARDPLAN_TIMEOUT_MS
+
+fail() {
+  echo "FAIL [$CASE]: $*" >&2
+  for f in out err; do
+    if [[ -s $WORK/$f ]]; then
+      echo "--- launcher std$f (first 40 lines):" >&2
+      head -n 40 "$WORK/$f" >&2
+    fi
+  done
+  exit 1
+}
+
+now_ms() { echo $(($(date +%s%N) / 1000000)); }
+
+# run ARGS...: runs the launcher; sets RC and ELAPSED_MS, output in $WORK/out, $WORK/err.
+run() {
+  local start
+  start=$(now_ms)
+  # A launcher that hangs fails here, with its output, instead of at ctest's timeout.
+  timeout -k 5 60 "$SP" "$@" >"$WORK/out" 2>"$WORK/err"
+  RC=$?
+  ELAPSED_MS=$(($(now_ms) - start))
+  [[ $RC -ne 124 && $RC -ne 137 ]] || fail "the launcher was still running after 60 s"
+}
+
+expect_rc() { [[ $RC -eq $1 ]] || fail "expected exit status $1, got $RC"; }
+expect_empty() { [[ ! -s $WORK/$1 ]] || fail "expected empty std$1"; }
+expect_faster_than() { ((ELAPSED_MS < $1)) || fail "took ${ELAPSED_MS} ms, limit $1 ms"; }
+# expect_lines FILE EXPECTED: FILE holds exactly the lines of EXPECTED, in any order.
+expect_lines() {
+  diff <(sort "$1") <(printf '%s\n' "$2" | sort) >"$WORK/diff" ||
+    fail "unexpected lines in $(basename "$1") (< got, > expected):
+$(cat "$WORK/diff")"
+}
+expect_exact() {
+  diff "$1" <(printf '%s\n' "$2") >"$WORK/diff" ||
+    fail "unexpected $(basename "$1") (< got, > expected):
+$(cat "$WORK/diff")"
+}
+
+# expected_env RANK LOCAL NPROC NNODES NODE ADDR PORT BACKEND STORE LOCAL_ADDR TIMEOUT STORE_DIR
+expected_env() {
+  local p="[rank $1]"
+  printf '%s\n' "$p RANK=$1" "$p WORLD_SIZE=$(($3 * $4))" "$p LOCAL_RANK=$2" \
+    "$p LOCAL_WORLD_SIZE=$3" "$p GROUP_RANK=$5" "$p GROUP_WORLD_SIZE=$4" "$p MASTER_ADDR=$6" \
+    "$p MASTER_PORT=$7" "$p SHARDPLAN_BACKEND=$8" "$p SHARDPLAN_STORE=$9" \
+    "$p SHARDPLAN_LOCAL_ADDR=${10}" "$p SHARDPLAN_TIMEOUT_MS=${11}" "$p STORE_DIR=${12}"
+}
+
+# The file:// store every rank saw; it must be one fresh directory, gone now.
+single_store() {
+  local stores
+  stores=$(sed -n 's/^\[rank [0-9]*\] SHARDPLAN_STORE=//p' "$WORK/out" | sort -u)
+  [[ $(printf '%s\n' "$stores" | wc -l) -eq 1 ]] || fail "ranks saw different stores: $stores"
+  [[ $stores =~ ^file:///.*/shardplan-launch-[A-Za-z0-9]{6}/store$ ]] || fail "bad store URL '$stores'"
+  local dir=${stores#file://}
+  dir=${dir%/store}
+  [[ ! -e $dir ]] || fail "store directory $dir still exists after the launcher exited"
+  STORE=$stores
+}
+
+pid_of() { cat "$WORK/$1.pid" 2>/dev/null || fail "no pid file $1.pid"; }
+expect_dead() {
+  local name pid
+  for name in "$@"; do
+    pid=$(pid_of "$name")
+    if kill -0 "$pid" 2>/dev/null; then
+      fail "$name (pid $pid) is still alive after the launcher exited"
+    fi
+  done
+}
+wait_for_files() {
+  local deadline=$(($(now_ms) + 20000)) f
+  for f in "$@"; do
+    while [[ ! -e $WORK/$f ]]; do
+      (($(now_ms) < deadline)) || fail "timed out waiting for $f"
+      sleep 0.05
+    done
+  done
+}
+
+case $CASE in
+help)
+  run --help
+  expect_rc 0
+  grep -q '^  launch ' "$WORK/out" || fail "'shardplan --help' does not list launch"
+  expect_empty err
+  run launch --help
+  expect_rc 0
+  [[ $(head -n 1 "$WORK/out") == "usage: shardplan launch -n N [options] [--] program [args...]" ]] ||
+    fail "'shardplan launch --help' does not start with the usage line"
+  grep -q -- '--nproc-per-node' "$WORK/out" || fail "help does not mention --nproc-per-node"
+  expect_empty err
+  run help launch
+  expect_rc 0
+  grep -q '^usage: shardplan launch' "$WORK/out" || fail "'shardplan help launch' shows no launch usage"
+  run launch -n 2 -h
+  expect_rc 0
+  grep -q '^usage: shardplan launch' "$WORK/out" || fail "-h shows no usage"
+  ;;
+
+usage_errors)
+  check_usage() {
+    local expected=$1
+    shift
+    run "$@"
+    [[ $RC -eq 2 ]] || fail "'$*' exited with $RC, expected 2"
+    [[ ! -s $WORK/out ]] || fail "'$*' printed to stdout"
+    expect_exact "$WORK/err" "$expected"
+  }
+  check_usage "shardplan: missing command (try 'shardplan --help')"
+  check_usage "shardplan: unknown command 'lunch' (try 'shardplan --help')" lunch -n 2 -- true
+  check_usage "shardplan launch: -n/--nproc-per-node is required" launch
+  check_usage "shardplan launch: -n/--nproc-per-node is required" launch -- "$PROBE"
+  check_usage "shardplan launch: -n/--nproc-per-node must be an integer from 1 to 1024, got '0'" \
+    launch -n 0 -- "$PROBE"
+  check_usage "shardplan launch: -n/--nproc-per-node must be an integer from 1 to 1024, got 'two'" \
+    launch --nproc-per-node two -- "$PROBE"
+  check_usage "shardplan launch: -n/--nproc-per-node must be an integer from 1 to 1024, got '2x'" \
+    launch -n2x -- "$PROBE"
+  check_usage "shardplan launch: no program given (usage: shardplan launch -n N [options] -- program [args...])" \
+    launch -n 2
+  check_usage "shardplan launch: no program given (usage: shardplan launch -n N [options] -- program [args...])" \
+    launch -n 2 --
+  check_usage "shardplan launch: unknown option '--bogus'" launch -n 2 --bogus -- "$PROBE"
+  check_usage "shardplan launch: unknown option '-x'" launch -x -n 2 -- "$PROBE"
+  check_usage "shardplan launch: option '--backend' needs a value" launch -n 2 --backend
+  check_usage "shardplan launch: --backend must not be empty" launch -n 2 --backend= -- "$PROBE"
+  check_usage "shardplan launch: backend 'local' runs ranks as threads of one process; run the program with --ranks N instead of the launcher" \
+    launch -n 2 --backend local -- "$PROBE"
+  check_usage "shardplan launch: --node-rank must be below --nnodes (2), got 2" \
+    launch -n 2 --nnodes 2 --node-rank 2 -- "$PROBE"
+  check_usage "shardplan launch: --node-rank must be below --nnodes (1), got 1" \
+    launch -n 2 --node-rank 1 -- "$PROBE"
+  check_usage "shardplan launch: --nnodes must be an integer from 1 to 1048576, got '0'" \
+    launch -n 2 --nnodes 0 -- "$PROBE"
+  check_usage "shardplan launch: --master-port must be an integer from 1 to 65535, got '70000'" \
+    launch -n 2 --master-port 70000 -- "$PROBE"
+  check_usage "shardplan launch: --timeout-ms must be an integer from 1 to 1000000000000, got '-5'" \
+    launch -n 2 --timeout-ms -5 -- "$PROBE"
+  check_usage "shardplan launch: --master-addr must not be empty" launch -n 2 --master-addr "" -- "$PROBE"
+  check_usage "shardplan launch: --local-addr must not be empty" launch -n 2 --local-addr= -- "$PROBE"
+  check_usage "shardplan launch: cannot execute '/nonexistent/prog': No such file or directory" \
+    launch -n 2 -- /nonexistent/prog
+  check_usage "shardplan launch: cannot execute 'shardplan-no-such-program': not found in PATH" \
+    launch -n 2 shardplan-no-such-program
+  check_usage "shardplan launch: cannot execute '$WORK': Is a directory" launch -n 2 -- "$WORK"
+  ;;
+
+env_single_node)
+  # Values exported by the caller must not leak into the ranks.
+  RANK=99 WORLD_SIZE=99 SHARDPLAN_STORE=tcp://bogus:1 MASTER_PORT=1 run launch -n 2 -- "$PROBE" --env
+  expect_rc 0
+  expect_empty err
+  single_store
+  expect_lines "$WORK/out" "$(
+    expected_env 0 0 2 1 0 127.0.0.1 29500 gloo "$STORE" '<unset>' '<unset>' exists
+    expected_env 1 1 2 1 0 127.0.0.1 29500 gloo "$STORE" '<unset>' '<unset>' exists
+  )"
+  ;;
+
+env_options)
+  # torchrun spellings too; the program without '--'.
+  run launch --nproc_per_node=3 --backend nccl --master-addr 10.1.2.3 --master_port 29777 \
+    --local-addr 127.0.0.3 --timeout-ms 1234 "$PROBE" --env
+  expect_rc 0
+  expect_empty err
+  single_store
+  expect_lines "$WORK/out" "$(
+    for r in 0 1 2; do
+      expected_env $r $r 3 1 0 10.1.2.3 29777 nccl "$STORE" 127.0.0.3 1234 exists
+    done
+  )"
+  ;;
+
+env_node_rank)
+  # The second node of three, alone: enough to check the numbering.
+  run launch -n 2 --nnodes 3 --node-rank 1 --master-addr 10.0.0.1 --master-port 1234 -- "$PROBE" --env
+  expect_rc 0
+  expect_empty err
+  expect_lines "$WORK/out" "$(
+    expected_env 2 0 2 3 1 10.0.0.1 1234 gloo tcp://10.0.0.1:1234 '<unset>' '<unset>' n/a
+    expected_env 3 1 2 3 1 10.0.0.1 1234 gloo tcp://10.0.0.1:1234 '<unset>' '<unset>' n/a
+  )"
+  ;;
+
+two_nodes_env)
+  port=$("$PROBE" --free-port) || fail "launcher_probe --free-port failed"
+  [[ $port =~ ^[0-9]+$ ]] || fail "bad free port '$port'"
+  start=$(now_ms)
+  bash "$HERE/two_nodes.sh" "$SP" 2 "$port" --timeout-ms 5000 -- "$PROBE" --env >"$WORK/out" 2>"$WORK/err"
+  RC=$?
+  expect_rc 0
+  expect_empty err
+  store=tcp://127.0.0.1:$port
+  expect_lines "$WORK/out" "$(
+    expected_env 0 0 2 2 0 127.0.0.1 "$port" gloo "$store" 127.0.0.1 5000 n/a
+    expected_env 1 1 2 2 0 127.0.0.1 "$port" gloo "$store" 127.0.0.1 5000 n/a
+    expected_env 2 0 2 2 1 127.0.0.1 "$port" gloo "$store" 127.0.0.2 5000 n/a
+    expected_env 3 1 2 2 1 127.0.0.1 "$port" gloo "$store" 127.0.0.2 5000 n/a
+  )"
+  ;;
+
+two_nodes_failure)
+  # Rank 2 (node 1) fails; node 0's ranks would otherwise sleep for 300 s.
+  port=$("$PROBE" --free-port) || fail "launcher_probe --free-port failed"
+  start=$(now_ms)
+  bash "$HERE/two_nodes.sh" "$SP" 2 "$port" -- "$PROBE" --pidfile "$WORK" \
+    --if-rank 2 --sleep-ms 500 --if-rank 2 --exit 5 --sleep-ms 300000 >"$WORK/out" 2>"$WORK/err"
+  RC=$?
+  ELAPSED_MS=$(($(now_ms) - start))
+  expect_rc 1
+  expect_faster_than 30000
+  grep -qx "shardplan launch: rank 2 (pid $(pid_of rank2)) exited with status 5; terminating 1 other rank(s)" \
+    "$WORK/err" || fail "node 1's launcher did not report rank 2"
+  grep -qx "two_nodes.sh: node 1's launcher exited with status 1; stopping node 0" "$WORK/err" ||
+    fail "two_nodes.sh did not report stopping node 0"
+  grep -qx "shardplan launch: received SIGTERM; forwarding it to 2 rank(s)" "$WORK/err" ||
+    fail "node 0's launcher did not forward SIGTERM"
+  grep -qx "two_nodes.sh: launcher exit statuses: node 0 143, node 1 1" "$WORK/err" ||
+    fail "two_nodes.sh did not summarise the exit statuses"
+  expect_dead rank0 rank1 rank2 rank3
+  ;;
+
+prefix_many_lines)
+  n=3000
+  run launch -n 3 -- "$PROBE" --lines $n --err-lines $n
+  expect_rc 0
+  for stream in out err; do
+    kind=line
+    [[ $stream == err ]] && kind=err
+    # Every line whole, prefixed with the rank that wrote it, numbered in order.
+    awk -v n=$n -v kind=$kind '
+      {
+        if (!match($0, /^\[rank [0-2]\] rank [0-2] [a-z]+ [0-9]+ x*$/)) { print "malformed: " $0; bad = 1; exit }
+        split($0, f, " ")
+        r = f[2]; sub(/\]/, "", r)
+        if (f[4] != r || f[5] != kind) { print "wrong rank or stream: " $0; bad = 1; exit }
+        if (f[6] != next_line[r] + 0) { print "out of order: " $0; bad = 1; exit }
+        if (length(f[7]) != (f[6] * 37) % 151) { print "truncated: " $0; bad = 1; exit }
+        next_line[r] = f[6] + 1
+      }
+      END {
+        if (bad) exit 1
+        for (r = 0; r < 3; r++) if (next_line[r] != n) { print "rank " r ": " next_line[r] " lines"; exit 1 }
+      }' "$WORK/$stream" >"$WORK/awk" || fail "std$stream: $(cat "$WORK/awk")"
+  done
+  ;;
+
+partial_line)
+  run launch -n 2 -- "$PROBE" --lines 2 --partial "tail without newline"
+  expect_rc 0
+  expect_empty err
+  for r in 0 1; do
+    grep "^\[rank $r\] " "$WORK/out" >"$WORK/rank$r"
+    expect_exact "$WORK/rank$r" "[rank $r] rank $r line 0 
+[rank $r] rank $r line 1 $(printf 'x%.0s' $(seq 37))
+[rank $r] tail without newline"
+  done
+  [[ $(wc -l <"$WORK/out") -eq 6 ]] || fail "expected 6 lines"
+  ;;
+
+all_zero)
+  run launch -n 3 -- "$PROBE" --sleep-ms 100 --exit 0
+  expect_rc 0
+  expect_empty out
+  expect_empty err
+  ;;
+
+fail_fast)
+  # Rank 1's last words come before the launcher's verdict on it.
+  run launch -n 4 -- "$PROBE" --pidfile "$WORK" --if-rank 1 --sleep-ms 500 --if-rank 1 --err-lines 1 \
+    --if-rank 1 --exit 3 --sleep-ms 300000
+  expect_rc 1
+  expect_faster_than 30000
+  expect_exact "$WORK/err" "[rank 1] rank 1 err 0 
+shardplan launch: rank 1 (pid $(pid_of rank1)) exited with status 3; terminating 3 other rank(s)"
+  expect_empty out
+  expect_dead rank0 rank1 rank2 rank3
+  ;;
+
+killed_by_signal)
+  run launch -n 2 -- "$PROBE" --pidfile "$WORK" --if-rank 0 --sleep-ms 500 --if-rank 0 --kill 9 \
+    --sleep-ms 300000
+  expect_rc 1
+  expect_faster_than 30000
+  expect_exact "$WORK/err" \
+    "shardplan launch: rank 0 (pid $(pid_of rank0)) was killed by signal 9 (SIGKILL); terminating 1 other rank(s)"
+  expect_dead rank0 rank1
+  ;;
+
+sigkill_escalation)
+  # Rank 1 ignores SIGTERM: only SIGKILL, 5 s later, ends it.
+  run launch -n 2 -- "$PROBE" --pidfile "$WORK" --ignore-term --if-rank 0 --sleep-ms 500 \
+    --if-rank 0 --exit 4 --sleep-ms 300000
+  expect_rc 1
+  ((ELAPSED_MS >= 5000)) || fail "SIGKILL came after ${ELAPSED_MS} ms, before the 5 s grace period"
+  expect_faster_than 30000
+  expect_exact "$WORK/err" \
+    "shardplan launch: rank 0 (pid $(pid_of rank0)) exited with status 4; terminating 1 other rank(s)
+shardplan launch: 1 rank(s) still running 5 s after SIGTERM; sending SIGKILL"
+  expect_dead rank0 rank1
+  ;;
+
+leftover_descendants)
+  # Rank 0 leaves a child behind that holds its stdout; the launcher must
+  # neither wait 300 s for it nor leave it running.
+  run launch -n 2 -- "$PROBE" --if-rank 0 --grandchild "$WORK" --exit 0
+  expect_rc 0
+  expect_faster_than 10000
+  expect_empty err
+  expect_dead grandchild0
+  # The same when a rank with such a child fails and the others are stopped.
+  run launch -n 3 -- "$PROBE" --pidfile "$WORK" --grandchild "$WORK" --if-rank 2 --sleep-ms 500 \
+    --if-rank 2 --exit 7 --sleep-ms 300000
+  expect_rc 1
+  expect_faster_than 30000
+  expect_exact "$WORK/err" \
+    "shardplan launch: rank 2 (pid $(pid_of rank2)) exited with status 7; terminating 2 other rank(s)"
+  expect_dead rank0 rank1 rank2 grandchild0 grandchild1 grandchild2
+  ;;
+
+forward_sigterm | forward_sigint)
+  if [[ $CASE == forward_sigint ]]; then sig=INT signo=2; else sig=TERM signo=15; fi
+  # Job control, so the background launcher does not start with SIGINT ignored.
+  set -m
+  "$SP" launch -n 2 -- "$PROBE" --pidfile "$WORK" --sleep-ms 300000 >"$WORK/out" 2>"$WORK/err" &
+  launcher=$!
+  BG_PIDS+=("$launcher")
+  set +m
+  wait_for_files rank0.pid rank1.pid
+  start=$(now_ms)
+  kill -$sig "$launcher"
+  wait "$launcher"
+  RC=$?
+  ELAPSED_MS=$(($(now_ms) - start))
+  expect_rc $((128 + signo))
+  expect_faster_than 10000
+  expect_exact "$WORK/err" "shardplan launch: received SIG$sig; forwarding it to 2 rank(s)"
+  expect_dead rank0 rank1
+  ;;
+
+exec_failure)
+  # Passes the launcher's check but fails in execve (missing interpreter):
+  # every rank reports it on its stderr, and the launcher gives its verdict.
+  printf '#!/nonexistent/interpreter\n' >"$WORK/script"
+  chmod +x "$WORK/script"
+  run launch -n 2 -- "$WORK/script"
+  expect_rc 1
+  expect_faster_than 30000
+  expect_empty out
+  msg="shardplan launch: cannot execute '$WORK/script': No such file or directory"
+  verdicts=$(grep -Ex "shardplan launch: rank [01] \(pid [0-9]+\) exited with status 127(; terminating 1 other rank\(s\))?" "$WORK/err")
+  [[ $(grep -c '^shardplan launch:' "$WORK/err") -eq 1 && -n $verdicts ]] ||
+    fail "expected exactly one verdict, on a rank exiting with 127"
+  failed_rank=$(sed 's/^shardplan launch: rank \([01]\).*/\1/' <<<"$verdicts")
+  # The other rank may be stopped before it gets to say anything.
+  grep -qx "\[rank $failed_rank\] $msg" "$WORK/err" || fail "rank $failed_rank's exec error is missing"
+  [[ $(grep -vx "\[rank [01]\] $msg" "$WORK/err" | wc -l) -eq 1 ]] || fail "unexpected lines on stderr"
+  ;;
+
+*)
+  fail "unknown case"
+  ;;
+esac
+echo "PASS [$CASE] (${ELAPSED_MS:-0} ms)"

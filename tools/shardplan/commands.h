@@ -1,0 +1,11 @@
+#pragma once
+// Subcommands of the `shardplan` tool, one per source file; main.cpp
+// dispatches to them. Each takes its own argv (argv[0] is the subcommand
+// name) and returns the process exit status: 0 success, 1 failure, 2 usage
+// error.
+
+namespace shardplan_cli {
+
+int launch_main(int argc, char** argv);
+
+}  // namespace shardplan_cli
