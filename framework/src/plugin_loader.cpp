@@ -194,7 +194,7 @@ std::vector<std::pair<const LoadedPlugin*, LayerPlugin*>> PluginLoader::all_laye
 }
 
 std::string framework_library_dir() {
-  return boost::dll::this_line_location().parent_path().string();
+  return fs::weakly_canonical(boost::dll::this_line_location().parent_path().string()).string();
 }
 
 std::string default_plugin_dir() {

@@ -16,6 +16,10 @@
 
 #include "shardplan/abi/comm.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace sp_local {
 
 inline uint32_t bits_of(float f) {
@@ -137,11 +141,52 @@ struct OpMin {
 
 constexpr size_t kTile = 2048;
 
-// dst[j][i] = op over k of src[k][i], i in [0, len), for every j.
-using ReduceFn = void (*)(void* const* dsts, int ndst, const void* const* srcs, int nsrc, size_t len);
+// Copy with non-temporal stores: for a large destination that nobody has read
+// (out of place), a normal store first reads every line from memory (write
+// allocate), a third of the traffic for nothing. The caller must fence
+// (stream_fence) before another thread may read the data.
+inline void stream_copy(void* dst, const void* src, size_t bytes) {
+#if defined(__SSE2__)
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  size_t head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;
+  if (head > bytes) head = bytes;
+  std::memcpy(d, s, head);
+  d += head;
+  s += head;
+  bytes -= head;
+  for (; bytes >= 64; bytes -= 64, d += 64, s += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 32));
+    const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 48), e);
+  }
+  for (; bytes >= 16; bytes -= 16, d += 16, s += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(d), _mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+  std::memcpy(d, s, bytes);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+// Non-temporal stores are not ordered by the barrier's release/acquire.
+inline void stream_fence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
+
+// dst[j][i] = op over k of src[k][i], i in [0, len), for every j. With
+// `stream`, destinations that are not also sources (dsts[j] != srcs[j]) are
+// written with non-temporal stores; the caller fences.
+using ReduceFn = void (*)(void* const* dsts, int ndst, const void* const* srcs, int nsrc, size_t len, bool stream);
 
 template <int DT, class Op>
-void reduce_kernel(void* const* dsts, int ndst, const void* const* srcs, int nsrc, size_t len) {
+void reduce_kernel(void* const* dsts, int ndst, const void* const* srcs, int nsrc, size_t len, bool stream) {
   using E = Elem<DT>;
   using S = typename E::S;
   using A = typename E::A;
@@ -168,7 +213,13 @@ void reduce_kernel(void* const* dsts, int ndst, const void* const* srcs, int nsr
     } else {
       res = acc;
     }
-    for (int j = 0; j < ndst; ++j) std::memcpy(static_cast<S*>(dsts[j]) + t, res, m * sizeof(S));
+    for (int j = 0; j < ndst; ++j) {
+      S* dst = static_cast<S*>(dsts[j]) + t;
+      if (stream && (j >= nsrc || dsts[j] != srcs[j]))
+        stream_copy(dst, res, m * sizeof(S));
+      else
+        std::memcpy(dst, res, m * sizeof(S));
+    }
   }
 }
 

@@ -32,6 +32,7 @@
 // a peer that sends after the collective).
 #include <sched.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -542,6 +543,25 @@ std::string describe_slot(const Slot& s) {
   return out;
 }
 
+// Whether a collective moving `bytes` (all ranks' buffers together) should
+// write with non-temporal stores: only when the data cannot stay in the last
+// level cache anyway, so a consumer reading the result right away after a
+// small collective still finds it cached.
+bool use_streaming(size_t bytes) {
+  static const size_t threshold = [] {
+    long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    return l3 > 0 ? static_cast<size_t>(l3) : size_t{32} << 20;
+  }();
+  return bytes > threshold;
+}
+
+void copy(void* dst, const void* src, size_t bytes, bool stream) {
+  if (stream)
+    stream_copy(dst, src, bytes);
+  else
+    std::memcpy(dst, src, bytes);
+}
+
 // What to do after the exit barrier (copies into this rank's own buffers that
 // had to wait until no peer reads the source any more).
 struct After {
@@ -666,6 +686,11 @@ int run_collective(Comm* c, const Desc& d, std::string& msg, sp_comm** split_out
   if (bad < 0) {
     const size_t cnt = L.count;
     const size_t blk = cnt * es;
+    // Every rank's input and output, as seen by the cache.
+    const size_t rank_bytes = d.kind == K_ALL_REDUCE || d.kind == K_ALL_TO_ALL ? 2 * blk
+                              : d.kind == K_BROADCAST || d.kind == K_SCATTER || d.kind == K_GATHER ? blk
+                                                                                                   : (n + 1) * blk;
+    const bool stream = use_streaming(rank_bytes * n);
     switch (d.kind) {
       case K_ALL_REDUCE: {
         // 64-byte aligned chunks: no two ranks write the same cache line.
@@ -677,7 +702,7 @@ int run_collective(Comm* c, const Desc& d, std::string& msg, sp_comm** split_out
             c->srcs[k] = static_cast<const char*>(g.slots[k].send) + lo * es;
             c->dsts[k] = static_cast<char*>(g.slots[k].recv) + lo * es;
           }
-          reduce_fn(L.dtype, d.op)(c->dsts.data(), n, c->srcs.data(), n, hi - lo);
+          reduce_fn(L.dtype, d.op)(c->dsts.data(), n, c->srcs.data(), n, hi - lo, stream);
         }
         break;
       }
@@ -685,13 +710,14 @@ int run_collective(Comm* c, const Desc& d, std::string& msg, sp_comm** split_out
         if (cnt) {
           for (int k = 0; k < n; ++k) c->srcs[k] = static_cast<const char*>(g.slots[k].send) + r * blk;
           c->dsts[0] = rs_dst;
-          reduce_fn(L.dtype, d.op)(c->dsts.data(), 1, c->srcs.data(), n, cnt);
+          reduce_fn(L.dtype, d.op)(c->dsts.data(), 1, c->srcs.data(), n, cnt,
+                                   stream && !after.bytes && rs_dst != c->srcs[r]);
         }
         break;
       case K_ALL_GATHER:
         for (int j = 0; j < n && blk; ++j) {
           char* dst = static_cast<char*>(recv) + j * blk;
-          if (dst != g.slots[j].send) std::memcpy(dst, g.slots[j].send, blk);
+          if (dst != g.slots[j].send) copy(dst, g.slots[j].send, blk, stream);
         }
         break;
       case K_ALL_TO_ALL: {
@@ -699,21 +725,21 @@ int run_collective(Comm* c, const Desc& d, std::string& msg, sp_comm** split_out
         for (int j = 0; j < n && b; ++j) {
           char* dst = static_cast<char*>(recv) + j * b;
           const char* src = static_cast<const char*>(g.slots[j].send) + r * b;
-          if (dst != src) std::memcpy(dst, src, b);
+          if (dst != src) copy(dst, src, b, stream);
         }
         break;
       }
       case K_BROADCAST:
         if (blk && recv && !after.bytes && recv != g.slots[d.root].send)
-          std::memcpy(recv, g.slots[d.root].send, blk);
+          copy(recv, g.slots[d.root].send, blk, stream);
         break;
       case K_SCATTER: {
         const char* src = static_cast<const char*>(g.slots[d.root].send) + r * blk;
-        if (blk && !after.bytes && recv != src) std::memcpy(recv, src, blk);
+        if (blk && !after.bytes && recv != src) copy(recv, src, blk, stream);
         break;
       }
       case K_GATHER:
-        if (blk && r != d.root) std::memcpy(static_cast<char*>(g.slots[d.root].recv) + r * blk, send, blk);
+        if (blk && r != d.root) copy(static_cast<char*>(g.slots[d.root].recv) + r * blk, send, blk, stream);
         break;
       case K_SPLIT:
         split_phase(c, new_rank, child);
@@ -721,6 +747,7 @@ int run_collective(Comm* c, const Desc& d, std::string& msg, sp_comm** split_out
       default:
         break;
     }
+    if (stream) stream_fence();
   }
 
   leave(c);

@@ -78,6 +78,7 @@ const char* const kUsage =
     "  SHARDPLAN_STORE=file://<temporary dir>/store with one node (the directory is\n"
     "    removed when the launcher exits), tcp://A:P with several\n"
     "  SHARDPLAN_LOCAL_ADDR=ADDR, SHARDPLAN_TIMEOUT_MS=T when those options are given\n"
+    "  OMP_NUM_THREADS=1 with several ranks per node, unless already set\n"
     "Standard input of the ranks is /dev/null.\n"
     "\n"
     "exit status: 0 when every rank exits 0; 1 when a rank fails (the others get\n"
@@ -436,6 +437,9 @@ std::vector<std::string> Launcher::environment_for(int local_rank) const {
   // Without the option, a value the user exported is passed through untouched.
   if (opt_.has_local_addr) ours.emplace_back("SHARDPLAN_LOCAL_ADDR", opt_.local_addr);
   if (opt_.has_timeout) ours.emplace_back("SHARDPLAN_TIMEOUT_MS", std::to_string(opt_.timeout_ms));
+  // As torchrun: several ranks per node each running a full-width OpenMP pool
+  // oversubscribe the cores many times over. A value the user set wins.
+  if (opt_.nproc > 1 && !getenv("OMP_NUM_THREADS")) ours.emplace_back("OMP_NUM_THREADS", "1");
 
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {

@@ -1,0 +1,174 @@
+// Worlds: environment parsing, mesh groups over real communicators, and a
+// failing rank that must not leave the others waiting.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdlib>
+
+#include "shardplan/error.h"
+#include "shardplan/mesh.h"
+#include "shardplan/world.h"
+
+namespace {
+
+using shardplan::World;
+using shardplan::WorldOptions;
+
+class EnvGuard {
+ public:
+  explicit EnvGuard(std::vector<std::pair<std::string, std::string>> vars) {
+    for (const char* k : kAll) {
+      if (const char* v = std::getenv(k)) saved_.emplace_back(k, v);
+      unsetenv(k);
+    }
+    for (auto& kv : vars) setenv(kv.first.c_str(), kv.second.c_str(), 1);
+  }
+  ~EnvGuard() {
+    for (const char* k : kAll) unsetenv(k);
+    for (auto& kv : saved_) setenv(kv.first.c_str(), kv.second.c_str(), 1);
+  }
+
+ private:
+  static constexpr const char* kAll[] = {
+      "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+      "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+      "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "PMI_RANK",
+      "SHARDPLAN_BACKEND", "SHARDPLAN_STORE", "SHARDPLAN_TIMEOUT_MS", "SHARDPLAN_LOCAL_ADDR"};
+  std::vector<std::pair<std::string, std::string>> saved_;
+};
+
+TEST(WorldOptions, TorchrunVariables) {
+  EnvGuard env({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
+                {"MASTER_ADDR", "10.1.2.3"}, {"MASTER_PORT", "1234"}, {"SHARDPLAN_LOCAL_ADDR", "127.0.0.2"},
+                {"SHARDPLAN_TIMEOUT_MS", "1500"}});
+  auto o = WorldOptions::from_env();
+  EXPECT_EQ(o.rank, 3);
+  EXPECT_EQ(o.world_size, 4);
+  EXPECT_EQ(o.local_rank, 1);
+  EXPECT_EQ(o.local_world_size, 2);
+  EXPECT_EQ(o.backend, "gloo");
+  EXPECT_EQ(o.store_url, "tcp://10.1.2.3:1234");
+  EXPECT_EQ(o.timeout, std::chrono::milliseconds(1500));
+  EXPECT_EQ(o.backend_options, std::vector<std::string>{"local_addr=127.0.0.2"});
+  EXPECT_TRUE(WorldOptions::env_has_job());
+}
+
+TEST(WorldOptions, OpenMPIAndSlurmVariables) {
+  {
+    EnvGuard env({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "6"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                  {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}, {"SHARDPLAN_STORE", "file:///tmp/x"}});
+    auto o = WorldOptions::from_env();
+    EXPECT_EQ(o.rank, 2);
+    EXPECT_EQ(o.world_size, 6);
+    EXPECT_EQ(o.local_world_size, 3);
+    EXPECT_EQ(o.store_url, "file:///tmp/x");
+  }
+  {
+    EnvGuard env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
+                  {"SLURM_NTASKS_PER_NODE", "4(x2)"}, {"SHARDPLAN_BACKEND", "mpi"}});
+    auto o = WorldOptions::from_env();
+    EXPECT_EQ(o.rank, 5);
+    EXPECT_EQ(o.world_size, 8);
+    EXPECT_EQ(o.local_rank, 1);
+    EXPECT_EQ(o.local_world_size, 4);
+    EXPECT_EQ(o.backend, "mpi");
+  }
+}
+
+TEST(WorldOptions, NoJobMeansOneLocalRank) {
+  EnvGuard env({});
+  auto o = WorldOptions::from_env();
+  EXPECT_FALSE(WorldOptions::env_has_job());
+  EXPECT_EQ(o.rank, 0);
+  EXPECT_EQ(o.world_size, 1);
+  EXPECT_EQ(o.backend, "local");
+}
+
+TEST(WorldOptions, BadValuesAreOneLineErrors) {
+  EnvGuard env({{"RANK", "4"}, {"WORLD_SIZE", "4"}});
+  EXPECT_THROW(WorldOptions::from_env(), shardplan::Error);
+  EnvGuard env2({{"RANK", "x"}, {"WORLD_SIZE", "4"}});
+  try {
+    WorldOptions::from_env();
+    FAIL();
+  } catch (const shardplan::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("RANK='x' is not an integer"), std::string::npos) << e.what();
+  }
+}
+
+TEST(World, MissingRendezvousIsAClearError) {
+  WorldOptions o;
+  o.backend = "gloo";
+  o.rank = 1;
+  o.world_size = 2;
+  try {
+    shardplan::init_world(o);
+    FAIL();
+  } catch (const shardplan::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no rendezvous given"), std::string::npos) << e.what();
+  }
+}
+
+TEST(World, LocalBackendRefusesProcessRanks) {
+  WorldOptions o;
+  o.backend = "local";
+  o.rank = 0;
+  o.world_size = 2;
+  o.store_url = "tcp://127.0.0.1:1";
+  try {
+    shardplan::init_world(o);
+    FAIL();
+  } catch (const shardplan::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--ranks N"), std::string::npos) << e.what();
+  }
+}
+
+// {data: 2, model: 2}: the model groups are {0,1},{2,3}, the data groups
+// {0,2},{1,3}; a reduction in each sums exactly its members.
+TEST(World, TwoDimensionalMeshGroups) {
+  shardplan::Mesh mesh({{"data", 2}, {"model", 2}});
+  std::vector<std::vector<int>> model_ranks(4), data_ranks(4);
+  std::vector<double> model_sum(4), data_sum(4);
+  shardplan::run_ranks_in_threads(4, [&](World& w) {
+    auto groups = w.groups(mesh);
+    const int r = w.rank();
+    model_ranks[r] = groups.at("model")->ranks();
+    data_ranks[r] = groups.at("data")->ranks();
+    auto x = torch::full({1}, double(1 << r), torch::kDouble);
+    groups.at("model")->all_reduce(x);
+    model_sum[r] = x.item<double>();
+    auto y = torch::full({1}, double(1 << r), torch::kDouble);
+    groups.at("data")->all_reduce(y);
+    data_sum[r] = y.item<double>();
+    EXPECT_EQ(groups.at("model")->rank(), mesh.coord(r, "model"));
+    EXPECT_EQ(groups.at("data")->rank(), mesh.coord(r, "data"));
+    EXPECT_EQ(w.group(mesh, "model"), groups.at("model"));  // cached, no second split
+  });
+  EXPECT_EQ(model_ranks[0], (std::vector<int>{0, 1}));
+  EXPECT_EQ(model_ranks[3], (std::vector<int>{2, 3}));
+  EXPECT_EQ(data_ranks[1], (std::vector<int>{1, 3}));
+  EXPECT_EQ(data_ranks[2], (std::vector<int>{0, 2}));
+  EXPECT_EQ(model_sum, (std::vector<double>{3, 3, 12, 12}));
+  EXPECT_EQ(data_sum, (std::vector<double>{5, 10, 5, 10}));
+}
+
+TEST(World, FailingRankAbortsPeersInsteadOfHanging) {
+  auto start = std::chrono::steady_clock::now();
+  try {
+    shardplan::run_ranks_in_threads(
+        3,
+        [](World& w) {
+          if (w.rank() == 1) throw std::runtime_error("boom");
+          auto x = torch::ones({4});
+          w.comm().all_reduce(x);  // rank 1 never comes
+        },
+        "local", {}, std::chrono::seconds(60));
+    FAIL() << "no error";
+  } catch (const shardplan::Error& e) {
+    EXPECT_EQ(std::string(e.what()), "rank 1: boom");
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+}  // namespace
