@@ -26,6 +26,7 @@ using Clock = std::chrono::steady_clock;
 // Backends the conformance runs on, each at world sizes 1..4.
 const std::vector<std::string> kConformanceBackends = {
     "local",
+    "gloo",
 };
 
 class CommConformance : public ::testing::TestWithParam<std::tuple<std::string, int>> {};

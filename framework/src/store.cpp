@@ -3,7 +3,11 @@
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -181,11 +185,18 @@ class TcpStore final : public Store {
 
 class FileStore final : public Store {
  public:
-  FileStore(const std::string& path, int world_size) : path_(path) {
+  FileStore(const std::string& path, int world_size, std::chrono::milliseconds timeout) : path_(path) {
     try {
       auto parent = std::filesystem::path(path).parent_path();
       if (!parent.empty()) std::filesystem::create_directories(parent);
+      // c10d opens the file read-only for lookups and retries while it does
+      // not exist, so a check() before anybody's first set() would stall for
+      // the whole timeout. O_CREAT without O_TRUNC keeps a peer's data.
+      int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+      if (fd < 0) throw Error(std::strerror(errno));
+      ::close(fd);
       store_ = std::make_unique<c10d::FileStore>(path, std::max(world_size, 1));
+      store_->setTimeout(timeout);
     } catch (const std::exception& e) {
       throw Error("cannot open store " + describe() + ": " + reason(e));
     }
@@ -284,8 +295,7 @@ std::shared_ptr<Store> make_tcp_store(const std::string& host, int port, bool is
 }
 
 std::shared_ptr<Store> make_file_store(const std::string& path, int world_size, std::chrono::milliseconds timeout) {
-  (void)timeout;  // every get() carries its own
-  return std::make_shared<FileStore>(path, world_size);
+  return std::make_shared<FileStore>(path, world_size, timeout);
 }
 
 std::shared_ptr<Store> make_memory_store() { return std::make_shared<MemoryStore>(); }

@@ -252,12 +252,20 @@ class Comm {
   uint32_t split_seq = 0;  // advanced by the executing thread only
   SelfMailbox self;
 
-  void connect() {
+  // `cancel`: the abort flag of whoever else is waiting for this connect
+  // (the parent of a split).
+  void connect(const std::atomic<bool>* cancel = nullptr) {
     ctx = std::make_shared<Context>(rank, size);
     ctx->setTimeout(timeout);
-    gloo::rendezvous::PrefixStore ps(prefix, *store);
     auto dev = device;
-    ctx->connectFullMesh(ps, dev);
+    if (cancel) {
+      InterruptibleStore interruptible(*store, *cancel, timeout);
+      gloo::rendezvous::PrefixStore ps(prefix, interruptible);
+      ctx->connectFullMesh(ps, dev);
+    } else {
+      gloo::rendezvous::PrefixStore ps(prefix, *store);
+      ctx->connectFullMesh(ps, dev);
+    }
   }
 
   uint32_t next_tag() { return tag_++; }
@@ -487,9 +495,10 @@ int api_create(const sp_comm_config* config, sp_comm** out) {
   const int rank = config->rank, size = config->world_size;
   const ms timeout(config->timeout_ms > 0 ? config->timeout_ms : kDefaultTimeoutMs);
   Options opt = parse_options(config->options);
-  std::string who = "gloo create (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
+  const std::string op = "create (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
+  const std::string who = "gloo " + op;
 
-  return guarded(who.c_str(), [&]() -> int {
+  return guarded(op.c_str(), [&]() -> int {
     std::shared_ptr<KeyStore> store;
     if (config->store) store = std::make_shared<HostStore>(*config->store, timeout);
     else if (!opt.file_store.empty()) store = std::make_shared<DirStore>(opt.file_store, timeout);
@@ -557,7 +566,7 @@ int api_split(sp_comm* parent, int32_t color, int32_t key, sp_comm** out) {
         auto c = std::make_shared<Comm>(new_rank, static_cast<int>(members.size()), p->timeout, p->store,
                                         p->prefix + "/split/" + std::to_string(seq) + "/" + std::to_string(color),
                                         p->device);
-        c->connect();
+        c->connect(&p->aborted);
         child = std::move(c);
       },
       nullptr);

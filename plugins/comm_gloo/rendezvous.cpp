@@ -37,10 +37,12 @@ std::vector<char> HostStore::get(const std::string& key, std::chrono::millisecon
 }
 
 void HostStore::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
+  // One deadline for all keys; the first gets the whole timeout exactly so
+  // the message quotes the number the user configured.
   auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (const auto& key : keys) {
+  for (size_t i = 0; i < keys.size(); ++i) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    get(key, std::max(left, std::chrono::milliseconds(0)));
+    get(keys[i], i == 0 ? timeout : std::max(left, std::chrono::milliseconds(0)));
   }
 }
 
@@ -90,6 +92,27 @@ void DirStore::wait(const std::vector<std::string>& keys, const std::chrono::mil
 }
 
 bool DirStore::check(const std::string& key) { return files_->check({key}); }
+
+std::vector<char> InterruptibleStore::get(const std::string& key) {
+  wait({key}, timeout_);
+  return inner_.get(key);
+}
+
+void InterruptibleStore::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto nap = std::chrono::milliseconds(1);
+  for (const auto& key : keys) {
+    while (!inner_.check(key)) {
+      if (cancel_) throw RendezvousError("aborted while waiting for key '" + key + "'", SP_ERR_ABORTED);
+      if (std::chrono::steady_clock::now() >= deadline)
+        throw RendezvousError("rendezvous timed out after " + std::to_string(timeout.count()) +
+                                  " ms waiting for key '" + key + "' in " + inner_.describe(),
+                              SP_ERR_TIMEOUT);
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::milliseconds(50));
+    }
+  }
+}
 
 void SoloStore::set(const std::string& key, const std::vector<char>& data) {
   {

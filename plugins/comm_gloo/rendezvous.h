@@ -5,6 +5,7 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/store.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <map>
@@ -51,7 +52,7 @@ class HostStore final : public KeyStore {
   std::vector<char> get(const std::string& key) override;
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
   bool check(const std::string& key) override;
-  std::string describe() const override { return "the host's store"; }
+  std::string describe() const override { return "the framework's store"; }
 
  private:
   std::vector<char> get(const std::string& key, std::chrono::milliseconds timeout);
@@ -77,6 +78,24 @@ class DirStore final : public KeyStore {
   };
   std::string dir_;
   std::unique_ptr<Files> files_;
+};
+
+// Waits by polling check() so that `cancel` (a communicator's abort flag)
+// can end a rendezvous whose peers will never come, e.g. a split that a
+// failed rank never reached.
+class InterruptibleStore final : public gloo::rendezvous::Store {
+ public:
+  InterruptibleStore(KeyStore& inner, const std::atomic<bool>& cancel, std::chrono::milliseconds timeout)
+      : inner_(inner), cancel_(cancel), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override { inner_.set(key, data); }
+  std::vector<char> get(const std::string& key) override;
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+
+ private:
+  KeyStore& inner_;
+  const std::atomic<bool>& cancel_;
+  std::chrono::milliseconds timeout_;
 };
 
 // For a world of one, which has nobody to meet but still needs a context.

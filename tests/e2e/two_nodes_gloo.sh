@@ -6,4 +6,4 @@ shardplan=$1 probe=$2 nproc=$3
 shift 3
 [ "$1" = "--" ] && shift
 port=$("$probe" --free-port)
-exec "$(dirname "$0")/../launcher/two_nodes.sh" "$shardplan" "$nproc" "$port" --backend gloo -- "$@"
+exec bash "$(dirname "$0")/../launcher/two_nodes.sh" "$shardplan" "$nproc" "$port" --backend gloo -- "$@"

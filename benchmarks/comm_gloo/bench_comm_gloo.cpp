@@ -1,0 +1,270 @@
+// bench_comm_gloo: the gloo plugin's all_reduce, driven through the C ABI,
+// against gloo::allreduce called directly, in the same run, on identical
+// buffers (float32, sum, in place), with the ranks as fork()ed processes
+// talking TCP over loopback.
+//
+//   bench_comm_gloo [--ranks N] [--rounds R] [--max-bytes B] [--plugin PATH]
+//
+// Each size runs R rounds; a round times a block of all_reduces through the
+// plugin and an equal block through raw gloo, alternating which goes first,
+// so drift (other load on the machine, CPU frequency) hits both alike. The
+// table gives the median time per call and the ratio raw/plugin: plugin
+// throughput as a fraction of raw gloo's (1.00 = no overhead).
+#include <dlfcn.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardplan/abi/comm.h"
+#include "shardplan/abi/plugin.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int64_t kTimeoutMs = 120000;
+
+[[noreturn]] void die(const std::string& msg) {
+  std::fprintf(stderr, "bench_comm_gloo: %s\n", msg.c_str());
+  std::fflush(stderr);
+  ::_exit(1);
+}
+
+const sp_comm_api* load_plugin(const std::string& path) {
+  void* lib = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!lib) die(std::string("cannot load ") + path + ": " + ::dlerror());
+  auto entry = reinterpret_cast<sp_plugin_entry_fn>(::dlsym(lib, SP_PLUGIN_ENTRY_SYMBOL));
+  if (!entry) die(path + " has no " SP_PLUGIN_ENTRY_SYMBOL);
+  const sp_plugin_info* info = entry();
+  if (info->entry_version != SP_PLUGIN_ENTRY_VERSION || info->kind != SP_PLUGIN_COMM ||
+      info->abi_version != SP_COMM_ABI_VERSION)
+    die(path + " is not a comm plugin of ABI version " + std::to_string(SP_COMM_ABI_VERSION));
+  return static_cast<const sp_comm_api*>(info->factory());
+}
+
+struct Ranks {
+  int rank;
+  int size;
+  std::string dir;
+};
+
+class Plugin {
+ public:
+  Plugin(const sp_comm_api* api, const Ranks& r) : api_(api) {
+    std::string store = "file_store=" + r.dir + "/plugin";
+    const char* options[] = {store.c_str(), "local_addr=127.0.0.1", nullptr};
+    sp_comm_config cfg{};
+    cfg.struct_size = sizeof cfg;
+    cfg.rank = r.rank;
+    cfg.world_size = r.size;
+    cfg.timeout_ms = kTimeoutMs;
+    cfg.options = options;
+    if (api_->create(&cfg, &comm_) != SP_OK) die(std::string("plugin create: ") + api_->last_error());
+  }
+  ~Plugin() { api_->destroy(comm_); }
+
+  void all_reduce(float* data, size_t n) {
+    sp_buffer b{};
+    b.data = data;
+    b.count = n;
+    b.dtype = SP_FLOAT32;
+    b.device_type = SP_DEVICE_CPU;
+    if (api_->all_reduce(comm_, &b, &b, SP_SUM, nullptr) != SP_OK) die(api_->last_error());
+  }
+  void barrier() {
+    if (api_->barrier(comm_, nullptr) != SP_OK) die(api_->last_error());
+  }
+
+ private:
+  const sp_comm_api* api_;
+  sp_comm* comm_ = nullptr;
+};
+
+// What a program using gloo by hand writes: one TCP device, a context met
+// through a FileStore, gloo's own sum kernel, a fresh tag per call.
+class Raw {
+ public:
+  explicit Raw(const Ranks& r) {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";
+    device_ = gloo::transport::tcp::CreateDevice(attr);
+    std::filesystem::create_directories(r.dir + "/raw");
+    gloo::rendezvous::FileStore files(r.dir + "/raw");
+    gloo::rendezvous::PrefixStore store("raw", files);
+    auto ctx = std::make_shared<gloo::rendezvous::Context>(r.rank, r.size);
+    ctx->setTimeout(std::chrono::milliseconds(kTimeoutMs));
+    ctx->connectFullMesh(store, device_);
+    ctx_ = ctx;
+  }
+
+  void all_reduce(float* data, size_t n) {
+    gloo::AllreduceOptions o(ctx_);
+    o.setOutput(data, n);
+    o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+    o.setTag(tag_++);
+    o.setTimeout(std::chrono::milliseconds(kTimeoutMs));
+    gloo::allreduce(o);
+  }
+  void barrier() {
+    gloo::BarrierOptions o(ctx_);
+    o.setTag(tag_++);
+    gloo::barrier(o);
+  }
+
+ private:
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::Context> ctx_;
+  uint32_t tag_ = 0;
+};
+
+// Same count on every rank: the block size may not depend on local timing.
+int iterations_for(size_t bytes) {
+  size_t target = size_t(256) << 20;  // ~256 MiB reduced per block
+  return static_cast<int>(std::clamp<size_t>(target / bytes, 3, 2000));
+}
+
+template <typename Backend>
+double time_block(Backend& b, std::vector<float>& buf, int iters) {
+  b.barrier();
+  auto t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) b.all_reduce(buf.data(), buf.size());
+  return std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+}
+
+template <typename Backend>
+void check_sum(Backend& b, const Ranks& r, const char* name) {
+  std::vector<float> v(1027, float(r.rank + 1));
+  b.all_reduce(v.data(), v.size());
+  float want = float(r.size * (r.size + 1) / 2);
+  for (float x : v)
+    if (x != want) die(std::string(name) + " all_reduce gave " + std::to_string(x) + ", expected " + std::to_string(want));
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+std::string human(size_t bytes) {
+  char buf[32];
+  if (bytes >= (1u << 20)) std::snprintf(buf, sizeof buf, "%zu MiB", bytes >> 20);
+  else std::snprintf(buf, sizeof buf, "%zu KiB", bytes >> 10);
+  return buf;
+}
+
+void run_rank(const Ranks& r, const sp_comm_api* api, int rounds, size_t max_bytes) {
+  Plugin plugin(api, r);
+  Raw raw(r);
+  check_sum(plugin, r, "plugin");
+  check_sum(raw, r, "raw gloo");
+
+  if (r.rank == 0) {
+    std::printf("all_reduce float32 sum in place, %d ranks (processes), gloo TCP over 127.0.0.1, "
+                "median of %d rounds\n",
+                r.size, rounds);
+    std::printf("%9s %6s %14s %14s %10s %12s %11s\n", "size", "iters", "raw gloo (us)", "plugin (us)", "raw GB/s",
+                "plugin GB/s", "plugin/raw");
+  }
+  for (size_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+    std::vector<float> a(bytes / sizeof(float), 0.0f), b(bytes / sizeof(float), 0.0f);
+    const int iters = iterations_for(bytes);
+    std::vector<double> tp, tr;
+    time_block(plugin, a, 1);  // warm-up: first touch, socket buffers
+    time_block(raw, b, 1);
+    for (int k = 0; k < rounds; ++k) {
+      if (k % 2 == 0) {
+        tp.push_back(time_block(plugin, a, iters));
+        tr.push_back(time_block(raw, b, iters));
+      } else {
+        tr.push_back(time_block(raw, b, iters));
+        tp.push_back(time_block(plugin, a, iters));
+      }
+    }
+    if (r.rank == 0) {
+      double p = median(tp), w = median(tr);
+      std::printf("%9s %6d %14.1f %14.1f %10.3f %12.3f %11.2f\n", human(bytes).c_str(), iters, w * 1e6, p * 1e6,
+                  bytes / w / 1e9, bytes / p / 1e9, w / p);
+      std::fflush(stdout);
+    }
+  }
+}
+
+int usage() {
+  std::fprintf(stderr, "usage: bench_comm_gloo [--ranks N] [--rounds R] [--max-bytes B] [--plugin PATH]\n");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int ranks = 2, rounds = 5;
+  size_t max_bytes = size_t(64) << 20;
+  std::string plugin_path = SHARDPLAN_GLOO_PLUGIN;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
+    if (!v) return usage();
+    ++i;
+    if (a == "--ranks") ranks = std::atoi(v);
+    else if (a == "--rounds") rounds = std::atoi(v);
+    else if (a == "--max-bytes") max_bytes = std::strtoull(v, nullptr, 10);
+    else if (a == "--plugin") plugin_path = v;
+    else return usage();
+  }
+  if (ranks < 2 || rounds < 1 || max_bytes < 4096) return usage();
+
+  char tmpl[] = "/tmp/bench_comm_gloo.XXXXXX";
+  if (!::mkdtemp(tmpl)) die("mkdtemp failed");
+  const std::string dir = tmpl;
+  const sp_comm_api* api = load_plugin(plugin_path);
+  std::fflush(stdout);
+
+  std::vector<pid_t> children;
+  for (int r = 1; r < ranks; ++r) {
+    pid_t pid = ::fork();
+    if (pid < 0) die("fork failed");
+    if (pid == 0) {
+      try {
+        run_rank({r, ranks, dir}, api, rounds, max_bytes);
+      } catch (const std::exception& e) {
+        die(std::string("rank ") + std::to_string(r) + ": " + e.what());
+      }
+      std::fflush(stdout);
+      ::_exit(0);
+    }
+    children.push_back(pid);
+  }
+  int rc = 0;
+  try {
+    run_rank({0, ranks, dir}, api, rounds, max_bytes);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_comm_gloo: %s\n", e.what());
+    rc = 1;
+  }
+  for (pid_t pid : children) {
+    if (rc) ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) rc = 1;
+  }
+  std::filesystem::remove_all(dir);
+  return rc;
+}

@@ -1,0 +1,266 @@
+// The gloo plugin's failure behaviour through the raw C ABI: a peer that
+// vanishes, a peer that never comes, abort (also through splits), rendezvous
+// without the framework (file_store=), and half-precision rounding. The
+// conformance suite (test_comm.cpp, comm_gloo.cmake) covers the results.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shardplan/plugin_loader.h"
+#include "shardplan/store.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+const sp_comm_api* gloo_api() { return shardplan::PluginLoader::instance().comm("gloo"); }
+
+sp_buffer cpu(void* data, uint64_t count, int32_t dtype) {
+  sp_buffer b{};
+  b.data = data;
+  b.count = count;
+  b.dtype = dtype;
+  b.device_type = SP_DEVICE_CPU;
+  return b;
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// n communicators meeting through one memory store, created on n threads
+// (creation is collective).
+struct Group {
+  const sp_comm_api* api = gloo_api();
+  std::shared_ptr<shardplan::Store> store = shardplan::make_memory_store();
+  std::vector<sp_comm*> comms;
+
+  Group(int n, int64_t timeout_ms) : comms(n, nullptr) {
+    std::vector<std::thread> ts;
+    std::vector<int> rcs(n, -1);
+    std::vector<std::string> errs(n);
+    for (int r = 0; r < n; ++r)
+      ts.emplace_back([&, r] {
+        sp_comm_config cfg{};
+        cfg.struct_size = sizeof cfg;
+        cfg.rank = r;
+        cfg.world_size = n;
+        cfg.timeout_ms = timeout_ms;
+        cfg.store = store->abi();
+        rcs[r] = api->create(&cfg, &comms[r]);
+        if (rcs[r] != SP_OK) errs[r] = api->last_error();
+      });
+    for (auto& t : ts) t.join();
+    for (int r = 0; r < n; ++r) EXPECT_EQ(rcs[r], SP_OK) << "rank " << r << ": " << errs[r];
+  }
+  ~Group() {
+    for (auto* c : comms)
+      if (c) api->destroy(c);
+  }
+
+  // Runs fn(rank) on one thread per rank.
+  void each(const std::function<void(int)>& fn) {
+    std::vector<std::thread> ts;
+    for (int r = 0; r < static_cast<int>(comms.size()); ++r) ts.emplace_back(fn, r);
+    for (auto& t : ts) t.join();
+  }
+};
+
+struct Outcome {
+  int status = -1;
+  std::string error;
+  Clock::duration took{};
+};
+
+// A blocking all_reduce of one float on `comm`, on its own thread.
+std::future<Outcome> all_reduce_async(const sp_comm_api* api, sp_comm* comm) {
+  return std::async(std::launch::async, [api, comm] {
+    float x = 1;
+    sp_buffer b = cpu(&x, 1, SP_FLOAT32);
+    auto t0 = Clock::now();
+    Outcome o;
+    o.status = api->all_reduce(comm, &b, &b, SP_SUM, nullptr);
+    o.took = Clock::now() - t0;
+    if (o.status != SP_OK) o.error = api->last_error();
+    return o;
+  });
+}
+
+TEST(CommGloo, PeerThatNeverComesTimesOut) {
+  Group g(2, 2000);
+  auto f = all_reduce_async(g.api, g.comms[1]);  // rank 0 never joins
+  Outcome o = f.get();
+  EXPECT_EQ(o.status, SP_ERR_TIMEOUT) << o.error;
+  EXPECT_TRUE(contains(o.error, "all_reduce")) << o.error;
+  EXPECT_EQ(o.error.find('\n'), std::string::npos) << o.error;
+  EXPECT_GT(o.took, 1s);
+  EXPECT_LT(o.took, 15s);
+}
+
+TEST(CommGloo, PeerThatVanishesFailsTheCollective) {
+  Group g(2, 60000);
+  float x = 1;
+  sp_buffer b = cpu(&x, 1, SP_FLOAT32);
+  g.each([&](int r) { ASSERT_EQ(g.api->barrier(g.comms[r], nullptr), SP_OK); });
+  auto f = all_reduce_async(g.api, g.comms[1]);
+  std::this_thread::sleep_for(200ms);
+  g.api->destroy(g.comms[0]);  // closes its sockets, as a dying process would
+  g.comms[0] = nullptr;
+  Outcome o = f.get();
+  EXPECT_EQ(o.status, SP_ERR_INTERNAL) << o.error;
+  EXPECT_TRUE(contains(o.error, "all_reduce on rank 1 of 2")) << o.error;
+  EXPECT_LT(o.took, 30s);
+  // The broken communicator keeps failing instead of hanging.
+  EXPECT_NE(g.api->all_reduce(g.comms[1], &b, &b, SP_SUM, nullptr), SP_OK);
+}
+
+TEST(CommGloo, AbortFailsPendingAndFutureWork) {
+  Group g(2, 60000);
+  auto f = all_reduce_async(g.api, g.comms[1]);  // blocks: rank 0 is not there
+  float y[3] = {1, 2, 3};
+  std::this_thread::sleep_for(200ms);
+  ASSERT_EQ(g.api->abort(g.comms[1]), SP_OK);
+  Outcome o = f.get();
+  EXPECT_EQ(o.status, SP_ERR_ABORTED) << o.error;
+  EXPECT_TRUE(contains(o.error, "all_reduce")) << o.error;
+  EXPECT_LT(o.took, 10s);
+
+  sp_buffer b = cpu(y, 3, SP_FLOAT32);
+  EXPECT_EQ(g.api->all_reduce(g.comms[1], &b, &b, SP_SUM, nullptr), SP_ERR_ABORTED);
+  sp_work* w = nullptr;
+  EXPECT_EQ(g.api->barrier(g.comms[1], &w), SP_ERR_ABORTED);
+  // The peer, reached through the closed connection, fails instead of waiting.
+  auto t0 = Clock::now();
+  EXPECT_NE(g.api->all_reduce(g.comms[0], &b, &b, SP_SUM, nullptr), SP_OK);
+  EXPECT_LT(Clock::now() - t0, 30s);
+}
+
+TEST(CommGloo, AbortFailsQueuedAsyncWork) {
+  Group g(2, 60000);
+  std::vector<float> data(4, 1.0f);
+  sp_buffer b = cpu(data.data(), 4, SP_FLOAT32);
+  std::vector<sp_work*> works(3, nullptr);
+  for (auto& w : works) ASSERT_EQ(g.api->all_reduce(g.comms[1], &b, &b, SP_SUM, &w), SP_OK);
+  int32_t done = 1;
+  EXPECT_EQ(g.api->test(works[0], &done), SP_OK);
+  EXPECT_EQ(done, 0);
+  EXPECT_EQ(g.api->wait(works[0], 100), SP_ERR_TIMEOUT);  // the work stays valid
+  ASSERT_EQ(g.api->abort(g.comms[1]), SP_OK);
+  for (auto* w : works) {
+    EXPECT_EQ(g.api->wait(w, 20000), SP_ERR_ABORTED) << g.api->last_error();
+    g.api->release(w);
+  }
+}
+
+TEST(CommGloo, AbortReachesSplits) {
+  Group g(2, 60000);
+  std::vector<sp_comm*> subs(2, nullptr);
+  g.each([&](int r) { ASSERT_EQ(g.api->split(g.comms[r], 0, r, &subs[r]), SP_OK); });
+  ASSERT_NE(subs[1], nullptr);
+  auto f = all_reduce_async(g.api, subs[1]);
+  std::this_thread::sleep_for(200ms);
+  ASSERT_EQ(g.api->abort(g.comms[1]), SP_OK);  // the parent
+  Outcome o = f.get();
+  EXPECT_EQ(o.status, SP_ERR_ABORTED) << o.error;
+  EXPECT_LT(o.took, 10s);
+  for (auto* s : subs) g.api->destroy(s);
+}
+
+TEST(CommGloo, BadArgumentsAreRefusedUpFront) {
+  Group g(1, 10000);
+  float x[4] = {};
+  sp_buffer b4 = cpu(x, 4, SP_FLOAT32), b3 = cpu(x, 3, SP_FLOAT32), i4 = cpu(x, 4, SP_INT32);
+  EXPECT_EQ(g.api->all_reduce(g.comms[0], &b4, &b3, SP_SUM, nullptr), SP_ERR_INVALID);
+  EXPECT_TRUE(contains(g.api->last_error(), "all_reduce")) << g.api->last_error();
+  EXPECT_EQ(g.api->all_reduce(g.comms[0], &b4, &i4, SP_SUM, nullptr), SP_ERR_INVALID);
+  EXPECT_EQ(g.api->all_reduce(g.comms[0], &b4, &b4, 17, nullptr), SP_ERR_INVALID);
+  EXPECT_EQ(g.api->broadcast(g.comms[0], &b4, &b4, 1, nullptr), SP_ERR_INVALID);
+  EXPECT_EQ(g.api->send(g.comms[0], &b4, 3, 0, nullptr), SP_ERR_INVALID);
+  sp_buffer cuda = b4;
+  cuda.device_type = SP_DEVICE_CUDA;
+  EXPECT_EQ(g.api->all_reduce(g.comms[0], &cuda, &cuda, SP_SUM, nullptr), SP_ERR_UNSUPPORTED);
+}
+
+// Half types are reduced in float and rounded to nearest, ties to even.
+TEST(CommGloo, HalfPrecisionSumRoundsToNearestEven) {
+  Group g(2, 30000);
+  // bfloat16 keeps 7 fraction bits: 1 + 2^-8 is a tie between 1 and 1 + 2^-7
+  // (goes to 1), 1 + 2^-7 + 2^-8 a tie between odd 1 + 2^-7 and 1 + 2^-6.
+  const uint16_t bf_one = 0x3f80, bf_one_ulp = 0x3f81, bf_2m8 = 0x3b80, bf_one_2ulp = 0x3f82;
+  // float16 keeps 10: the same with 2^-11 (0x1000) on 1 (0x3c00).
+  const uint16_t h_one = 0x3c00, h_one_ulp = 0x3c01, h_2m11 = 0x1000, h_one_2ulp = 0x3c02;
+  std::vector<std::vector<uint16_t>> bf(2), h(2);
+  bf[0] = {bf_one, bf_one_ulp};
+  bf[1] = {bf_2m8, bf_2m8};
+  h[0] = {h_one, h_one_ulp};
+  h[1] = {h_2m11, h_2m11};
+  g.each([&](int r) {
+    sp_buffer b = cpu(bf[r].data(), 2, SP_BFLOAT16), c = cpu(h[r].data(), 2, SP_FLOAT16);
+    EXPECT_EQ(g.api->all_reduce(g.comms[r], &b, &b, SP_SUM, nullptr), SP_OK) << g.api->last_error();
+    EXPECT_EQ(g.api->all_reduce(g.comms[r], &c, &c, SP_SUM, nullptr), SP_OK) << g.api->last_error();
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(bf[r], (std::vector<uint16_t>{bf_one, bf_one_2ulp})) << "rank " << r;
+    EXPECT_EQ(h[r], (std::vector<uint16_t>{h_one, h_one_2ulp})) << "rank " << r;
+  }
+}
+
+// Raw use without the framework: two processes meet in a directory
+// (file_store=). The child then exits without a word; the parent's next
+// collective fails naming it instead of hanging.
+TEST(CommGloo, FileStoreProcessesAndAPeerThatDies) {
+  const sp_comm_api* api = gloo_api();
+  auto dir = std::filesystem::temp_directory_path() / ("shardplan-test-gloo-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::string opt = "file_store=" + dir.string();
+  const char* options[] = {opt.c_str(), "local_addr=127.0.0.1", nullptr};
+  auto create = [&](int rank, sp_comm** out) {
+    sp_comm_config cfg{};
+    cfg.struct_size = sizeof cfg;
+    cfg.rank = rank;
+    cfg.world_size = 2;
+    cfg.timeout_ms = 30000;
+    cfg.options = options;
+    return api->create(&cfg, out);
+  };
+
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    sp_comm* c = nullptr;
+    int64_t v = 5;
+    sp_buffer b = cpu(&v, 1, SP_INT64);
+    bool ok = create(1, &c) == SP_OK && api->all_reduce(c, &b, &b, SP_SUM, nullptr) == SP_OK && v == 7;
+    ::_exit(ok ? 0 : 3);  // no destroy: the kernel closes the sockets
+  }
+  sp_comm* c = nullptr;
+  ASSERT_EQ(create(0, &c), SP_OK) << api->last_error();
+  int64_t v = 2;
+  sp_buffer b = cpu(&v, 1, SP_INT64);
+  EXPECT_EQ(api->all_reduce(c, &b, &b, SP_SUM, nullptr), SP_OK) << api->last_error();
+  EXPECT_EQ(v, 7);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+
+  auto t0 = Clock::now();
+  int st = api->all_reduce(c, &b, &b, SP_SUM, nullptr);
+  std::string err = st == SP_OK ? "" : api->last_error();
+  EXPECT_TRUE(st == SP_ERR_INTERNAL || st == SP_ERR_TIMEOUT) << st << " " << err;
+  EXPECT_TRUE(contains(err, "all_reduce on rank 0 of 2")) << err;
+  EXPECT_LT(Clock::now() - t0, 30s);
+  api->destroy(c);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
