@@ -3,13 +3,15 @@
 // buffers (float32, sum, in place), with the ranks as fork()ed processes
 // talking TCP over loopback.
 //
-//   bench_comm_gloo [--ranks N] [--rounds R] [--max-bytes B] [--plugin PATH]
+//   bench_comm_gloo [--ranks N] [--scale S] [--max-bytes B] [--plugin PATH] [--control]
 //
-// Each size runs R rounds; a round times a block of all_reduces through the
-// plugin and an equal block through raw gloo, alternating which goes first,
-// so drift (other load on the machine, CPU frequency) hits both alike. The
-// table gives the median time per call and the ratio raw/plugin: plugin
-// throughput as a fraction of raw gloo's (1.00 = no overhead).
+// Per size, blocks of calls through the plugin and through raw gloo alternate
+// (plugin, raw, raw, plugin, ...), each block starting after a barrier. The
+// table gives the median time per call of each side and the median over
+// neighbouring pairs of blocks of the ratio raw/plugin: plugin throughput as a
+// fraction of raw gloo's (1.00 = no overhead). --scale multiplies the blocks.
+// --control measures raw gloo against itself (a second context) instead of
+// the plugin: the spread of its ratio column is the noise floor.
 #include <dlfcn.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -65,7 +67,14 @@ struct Ranks {
   std::string dir;
 };
 
-class Plugin {
+class Side {
+ public:
+  virtual ~Side() = default;
+  virtual void all_reduce(float* data, size_t n) = 0;
+  virtual void barrier() = 0;
+};
+
+class Plugin final : public Side {
  public:
   Plugin(const sp_comm_api* api, const Ranks& r) : api_(api) {
     std::string store = "file_store=" + r.dir + "/plugin";
@@ -78,9 +87,9 @@ class Plugin {
     cfg.options = options;
     if (api_->create(&cfg, &comm_) != SP_OK) die(std::string("plugin create: ") + api_->last_error());
   }
-  ~Plugin() { api_->destroy(comm_); }
+  ~Plugin() override { api_->destroy(comm_); }
 
-  void all_reduce(float* data, size_t n) {
+  void all_reduce(float* data, size_t n) override {
     sp_buffer b{};
     b.data = data;
     b.count = n;
@@ -88,7 +97,7 @@ class Plugin {
     b.device_type = SP_DEVICE_CPU;
     if (api_->all_reduce(comm_, &b, &b, SP_SUM, nullptr) != SP_OK) die(api_->last_error());
   }
-  void barrier() {
+  void barrier() override {
     if (api_->barrier(comm_, nullptr) != SP_OK) die(api_->last_error());
   }
 
@@ -99,22 +108,22 @@ class Plugin {
 
 // What a program using gloo by hand writes: one TCP device, a context met
 // through a FileStore, gloo's own sum kernel, a fresh tag per call.
-class Raw {
+class Raw final : public Side {
  public:
-  explicit Raw(const Ranks& r) {
+  Raw(const Ranks& r, const std::string& name) {
     gloo::transport::tcp::attr attr;
     attr.hostname = "127.0.0.1";
     device_ = gloo::transport::tcp::CreateDevice(attr);
-    std::filesystem::create_directories(r.dir + "/raw");
-    gloo::rendezvous::FileStore files(r.dir + "/raw");
-    gloo::rendezvous::PrefixStore store("raw", files);
+    std::filesystem::create_directories(r.dir + "/" + name);
+    gloo::rendezvous::FileStore files(r.dir + "/" + name);
+    gloo::rendezvous::PrefixStore store(name, files);
     auto ctx = std::make_shared<gloo::rendezvous::Context>(r.rank, r.size);
     ctx->setTimeout(std::chrono::milliseconds(kTimeoutMs));
     ctx->connectFullMesh(store, device_);
     ctx_ = ctx;
   }
 
-  void all_reduce(float* data, size_t n) {
+  void all_reduce(float* data, size_t n) override {
     gloo::AllreduceOptions o(ctx_);
     o.setOutput(data, n);
     o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
@@ -122,7 +131,7 @@ class Raw {
     o.setTimeout(std::chrono::milliseconds(kTimeoutMs));
     gloo::allreduce(o);
   }
-  void barrier() {
+  void barrier() override {
     gloo::BarrierOptions o(ctx_);
     o.setTag(tag_++);
     gloo::barrier(o);
@@ -134,22 +143,24 @@ class Raw {
   uint32_t tag_ = 0;
 };
 
-// Same count on every rank: the block size may not depend on local timing.
-int iterations_for(size_t bytes) {
-  size_t target = size_t(256) << 20;  // ~256 MiB reduced per block
-  return static_cast<int>(std::clamp<size_t>(target / bytes, 3, 2000));
+// Calls per block and blocks per side; equal on every rank, so they may not
+// depend on local timing.
+int calls_per_block(size_t bytes) { return static_cast<int>(std::clamp<size_t>((size_t(4) << 20) / bytes, 1, 20)); }
+int blocks_for(size_t bytes, int scale) {
+  size_t per_block = bytes * calls_per_block(bytes);
+  return static_cast<int>(std::clamp<size_t>((size_t(128) << 20) * scale / per_block, 8, 100 * scale));
 }
 
-template <typename Backend>
-double time_block(Backend& b, std::vector<float>& buf, int iters) {
+// Mean time per call over one block. The barrier first lets both ranks start
+// together, so a late rank does not bill its delay to the other side.
+double time_block(Side& b, std::vector<float>& buf, int calls) {
   b.barrier();
   auto t0 = Clock::now();
-  for (int i = 0; i < iters; ++i) b.all_reduce(buf.data(), buf.size());
-  return std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+  for (int i = 0; i < calls; ++i) b.all_reduce(buf.data(), buf.size());
+  return std::chrono::duration<double>(Clock::now() - t0).count() / calls;
 }
 
-template <typename Backend>
-void check_sum(Backend& b, const Ranks& r, const char* name) {
+void check_sum(Side& b, const Ranks& r, const char* name) {
   std::vector<float> v(1027, float(r.rank + 1));
   b.all_reduce(v.data(), v.size());
   float want = float(r.size * (r.size + 1) / 2);
@@ -170,66 +181,84 @@ std::string human(size_t bytes) {
   return buf;
 }
 
-void run_rank(const Ranks& r, const sp_comm_api* api, int rounds, size_t max_bytes) {
-  Plugin plugin(api, r);
-  Raw raw(r);
-  check_sum(plugin, r, "plugin");
+// control: the "plugin" side is a second raw gloo context, so the ratio
+// column shows what noise alone does to it on this machine.
+void run_rank(const Ranks& r, const sp_comm_api* api, int scale, size_t max_bytes, bool control) {
+  std::unique_ptr<Side> tested;
+  if (control) tested = std::make_unique<Raw>(r, "control");
+  else tested = std::make_unique<Plugin>(api, r);
+  Raw reference(r, "raw");
+  Side& plugin = *tested;
+  Side& raw = reference;
+  check_sum(plugin, r, control ? "control" : "plugin");
   check_sum(raw, r, "raw gloo");
 
   if (r.rank == 0) {
-    std::printf("all_reduce float32 sum in place, %d ranks (processes), gloo TCP over 127.0.0.1, "
-                "median of %d rounds\n",
-                r.size, rounds);
-    std::printf("%9s %6s %14s %14s %10s %12s %11s\n", "size", "iters", "raw gloo (us)", "plugin (us)", "raw GB/s",
-                "plugin GB/s", "plugin/raw");
+    std::printf("all_reduce float32 sum in place, %d ranks (processes), gloo TCP over 127.0.0.1%s\n", r.size,
+                control ? "; CONTROL: raw gloo against a second raw gloo context" : "");
+    const std::string name = control ? "control" : "plugin";
+    std::printf("%9s %5s %6s %14s %14s %10s %12s %11s\n", "size", "calls", "blocks", "raw gloo (us)",
+                (name + " (us)").c_str(), "raw GB/s", (name + " GB/s").c_str(), (name + "/raw").c_str());
   }
   for (size_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
     std::vector<float> a(bytes / sizeof(float), 0.0f), b(bytes / sizeof(float), 0.0f);
-    const int iters = iterations_for(bytes);
-    std::vector<double> tp, tr;
-    time_block(plugin, a, 1);  // warm-up: first touch, socket buffers
-    time_block(raw, b, 1);
-    for (int k = 0; k < rounds; ++k) {
+    const int calls = calls_per_block(bytes), blocks = blocks_for(bytes, scale);
+    time_block(plugin, a, calls);  // warm-up: first touch, socket buffers
+    time_block(raw, b, calls);
+    // Blocks alternate (plugin, raw, raw, plugin, ...), and each plugin block
+    // is compared with its neighbour: load that comes and goes on a shared
+    // machine falls on both sides of a pair alike.
+    std::vector<double> tp, tr, ratio;
+    for (int k = 0; k < blocks; ++k) {
+      double p, w;
       if (k % 2 == 0) {
-        tp.push_back(time_block(plugin, a, iters));
-        tr.push_back(time_block(raw, b, iters));
+        p = time_block(plugin, a, calls);
+        w = time_block(raw, b, calls);
       } else {
-        tr.push_back(time_block(raw, b, iters));
-        tp.push_back(time_block(plugin, a, iters));
+        w = time_block(raw, b, calls);
+        p = time_block(plugin, a, calls);
       }
+      tp.push_back(p);
+      tr.push_back(w);
+      ratio.push_back(w / p);
     }
     if (r.rank == 0) {
       double p = median(tp), w = median(tr);
-      std::printf("%9s %6d %14.1f %14.1f %10.3f %12.3f %11.2f\n", human(bytes).c_str(), iters, w * 1e6, p * 1e6,
-                  bytes / w / 1e9, bytes / p / 1e9, w / p);
+      std::printf("%9s %5d %6d %14.1f %14.1f %10.3f %12.3f %11.2f\n", human(bytes).c_str(), calls, blocks, w * 1e6,
+                  p * 1e6, bytes / w / 1e9, bytes / p / 1e9, median(ratio));
       std::fflush(stdout);
     }
   }
 }
 
 int usage() {
-  std::fprintf(stderr, "usage: bench_comm_gloo [--ranks N] [--rounds R] [--max-bytes B] [--plugin PATH]\n");
+  std::fprintf(stderr, "usage: bench_comm_gloo [--ranks N] [--scale S] [--max-bytes B] [--plugin PATH] [--control]\n");
   return 2;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int ranks = 2, rounds = 5;
+  int ranks = 2, scale = 1;
+  bool control = false;
   size_t max_bytes = size_t(64) << 20;
   std::string plugin_path = SHARDPLAN_GLOO_PLUGIN;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
+    if (a == "--control") {
+      control = true;
+      continue;
+    }
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
     if (!v) return usage();
     ++i;
     if (a == "--ranks") ranks = std::atoi(v);
-    else if (a == "--rounds") rounds = std::atoi(v);
+    else if (a == "--scale") scale = std::atoi(v);
     else if (a == "--max-bytes") max_bytes = std::strtoull(v, nullptr, 10);
     else if (a == "--plugin") plugin_path = v;
     else return usage();
   }
-  if (ranks < 2 || rounds < 1 || max_bytes < 4096) return usage();
+  if (ranks < 2 || scale < 1 || max_bytes < 4096) return usage();
 
   char tmpl[] = "/tmp/bench_comm_gloo.XXXXXX";
   if (!::mkdtemp(tmpl)) die("mkdtemp failed");
@@ -243,7 +272,7 @@ int main(int argc, char** argv) {
     if (pid < 0) die("fork failed");
     if (pid == 0) {
       try {
-        run_rank({r, ranks, dir}, api, rounds, max_bytes);
+        run_rank({r, ranks, dir}, api, scale, max_bytes, control);
       } catch (const std::exception& e) {
         die(std::string("rank ") + std::to_string(r) + ": " + e.what());
       }
@@ -254,7 +283,7 @@ int main(int argc, char** argv) {
   }
   int rc = 0;
   try {
-    run_rank({0, ranks, dir}, api, rounds, max_bytes);
+    run_rank({0, ranks, dir}, api, scale, max_bytes, control);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_comm_gloo: %s\n", e.what());
     rc = 1;

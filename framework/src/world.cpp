@@ -128,7 +128,7 @@ std::shared_ptr<World> create_world(const WorldOptions& options, std::shared_ptr
   for (const auto& opt : options.backend_options) threads = threads || opt.rfind("local_id=", 0) == 0;
   if (!threads && !(api->caps & SP_CAP_PROCESS_RANKS))
     throw Error("backend '" + options.backend +
-                "' runs ranks as threads of one process; start the program with --ranks N instead of a launcher");
+                "' runs ranks as threads of one process (e.g. train_mlp --ranks N), not under a launcher");
   if (!store && options.world_size > 1 && !threads) {
     if (options.store_url.empty())
       throw Error("rank " + std::to_string(options.rank) + " of " + std::to_string(options.world_size) +

@@ -23,11 +23,14 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
+#include <pthread.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <ctime>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -75,6 +78,44 @@ int fail(int status, std::string msg) {
   t_error = std::move(msg);
   return status;
 }
+
+// gloo writes to its sockets with writev(), so a peer that died raises
+// SIGPIPE in whichever thread writes next, and the default action kills the
+// whole process before gloo can report the error. SIGPIPE is thread-directed:
+// blocking it around our calls (and in threads we start; gloo's event loop
+// inherits the mask when the device is created inside such a call) turns it
+// into EPIPE without changing how the host process treats its own pipes.
+class SigpipeBlock {
+ public:
+  SigpipeBlock() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    sigset_t pending;
+    sigpending(&pending);
+    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~SigpipeBlock() {
+    // A SIGPIPE raised meanwhile is ours; consume it before unblocking. One
+    // that was already pending belongs to the host and stays.
+    if (!was_pending_ && !sigismember(&old_, SIGPIPE)) {
+      sigset_t pending;
+      sigpending(&pending);
+      if (sigismember(&pending, SIGPIPE) == 1) {
+        timespec zero{};
+        sigtimedwait(&pipe_, nullptr, &zero);
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SigpipeBlock(const SigpipeBlock&) = delete;
+  SigpipeBlock& operator=(const SigpipeBlock&) = delete;
+
+ private:
+  sigset_t pipe_;
+  sigset_t old_;
+  bool was_pending_ = false;
+};
 
 // gloo prefixes messages with "[file:line] ", sometimes twice; users want
 // the cause on one line.
@@ -162,8 +203,9 @@ struct WorkState {
 class SelfMailbox {
  public:
   struct Recv {
-    void* data;
-    size_t nbytes;
+    uint32_t tag = 0;
+    void* data = nullptr;
+    size_t nbytes = 0;
     bool done = false;
     std::string error;
   };
@@ -184,6 +226,7 @@ class SelfMailbox {
 
   std::shared_ptr<Recv> post_recv(uint32_t tag, void* data, size_t nbytes) {
     auto r = std::make_shared<Recv>();
+    r->tag = tag;
     r->data = data;
     r->nbytes = nbytes;
     std::lock_guard<std::mutex> lock(mu_);
@@ -200,10 +243,18 @@ class SelfMailbox {
   // Throws like a gloo wait would, so errors map the same way.
   void wait(Recv& r, ms timeout, const std::atomic<bool>& aborted) {
     std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, timeout, [&] { return r.done || aborted; }))
-      throw gloo::IoException("Timed out waiting " + std::to_string(timeout.count()) +
-                              "ms for a message this rank sent to itself");
-    if (!r.done) throw gloo::IoException("aborted while waiting for a message this rank sent to itself");
+    bool finished = cv_.wait_for(lock, timeout, [&] { return r.done || aborted; });
+    if (!r.done) {
+      // The caller may free the buffer once we give up on it.
+      auto& waiting = recvs_[r.tag];
+      waiting.erase(std::remove_if(waiting.begin(), waiting.end(),
+                                   [&](const std::shared_ptr<Recv>& p) { return p.get() == &r; }),
+                    waiting.end());
+      if (!finished)
+        throw gloo::IoException("Timed out waiting " + std::to_string(timeout.count()) +
+                                "ms for a message this rank sent to itself");
+      throw gloo::IoException("aborted while waiting for a message this rank sent to itself");
+    }
     if (!r.error.empty()) throw gloo::Exception(r.error);
   }
 
@@ -366,6 +417,10 @@ class Comm {
   }
 
   void worker_loop() {
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
       cv_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !busy_); });
@@ -446,6 +501,7 @@ int check_root(const char* op, const Comm& c, int32_t root) {
 
 template <typename Fn>
 int guarded(const char* op, Fn&& fn) {
+  SigpipeBlock no_sigpipe;
   try {
     return fn();
   } catch (const RendezvousError& e) {
@@ -540,6 +596,7 @@ int api_split(sp_comm* parent, int32_t color, int32_t key, sp_comm** out) {
   if (!out) return fail(SP_ERR_INVALID, "gloo split: out is NULL");
   *out = nullptr;
   if (int rc = check_comm("split", parent)) return rc;
+  SigpipeBlock no_sigpipe;
   Comm* p = parent->impl.get();
   std::shared_ptr<Comm> child;
   int rc = p->submit(
@@ -582,6 +639,7 @@ int api_split(sp_comm* parent, int32_t color, int32_t key, sp_comm** out) {
 
 int api_abort(sp_comm* comm) {
   if (!comm || !comm->impl) return fail(SP_ERR_INVALID, "gloo abort: NULL communicator");
+  SigpipeBlock no_sigpipe;
   try {
     comm->impl->abort();
   } catch (const std::exception& e) {
@@ -591,6 +649,7 @@ int api_abort(sp_comm* comm) {
 }
 
 void api_destroy(sp_comm* comm) {
+  SigpipeBlock no_sigpipe;
   try {
     delete comm;
   } catch (...) {

@@ -125,16 +125,33 @@ inline void cpu_relax() {
 // Waiting for a peer: spin briefly (a peer on another core arrives within a
 // microsecond or two), then yield (ranks may outnumber cores, and the rank we
 // wait for may need our core), then sleep in short slices so a long wait (a
-// peer busy computing) does not burn a core. The spin is short on purpose:
-// with 4 ranks on 2 cores, 2000 spins instead of 100 made a small all_reduce
-// ~10x slower, while 2 ranks on 2 idle cores stay at ~0.5 us either way.
+// peer busy computing) does not burn a core.
+//
+// How long to spin adapts per communicator: it doubles while peers keep
+// arriving during the spin and halves each time we end up yielding. With 2
+// ranks on 2 idle cores every wait ends in the spin (~0.5 us per small
+// all_reduce); when ranks share a core (more ranks than cores, or a busy
+// machine) spinning only delays the peer that needs our core, and a fixed
+// spin of 2000 made 4 ranks on 2 cores ~10x slower.
 class Backoff {
  public:
+  static constexpr uint32_t kMinSpins = 4;
+  static constexpr uint32_t kMaxSpins = 512;  // ~14 us of PAUSE on current x86
+  static constexpr uint32_t kInitialSpins = 64;
+
+  explicit Backoff(uint32_t& budget) : budget_(budget), spins_(budget) {}
+  ~Backoff() {
+    if (n_ == 0) return;  // did not wait at all: no evidence either way
+    budget_ = n_ < spins_ ? std::min(kMaxSpins, budget_ * 2) : std::max(kMinSpins, budget_ / 2);
+  }
+  Backoff(const Backoff&) = delete;
+  Backoff& operator=(const Backoff&) = delete;
+
   void pause() {
     ++n_;
-    if (n_ < kSpins) {
+    if (n_ < spins_) {
       cpu_relax();
-    } else if (n_ < kSpins + kYields) {
+    } else if (n_ < spins_ + kYields) {
       sched_yield();
     } else {
       struct timespec ts = {0, 50 * 1000};
@@ -143,11 +160,12 @@ class Backoff {
   }
   // The clock is read every iteration once we yield (a yield costs more than
   // the vDSO clock read) and every 64 spins before that.
-  bool clock_due() const { return n_ >= kSpins || (n_ & 63u) == 0; }
+  bool clock_due() const { return n_ >= spins_ || (n_ & 63u) == 0; }
 
  private:
-  static constexpr uint32_t kSpins = 100;  // ~3 us of PAUSE on current x86
   static constexpr uint32_t kYields = 4000;
+  uint32_t& budget_;
+  const uint32_t spins_;
   uint32_t n_ = 0;
 };
 
@@ -300,8 +318,8 @@ struct Comm {
   const int64_t timeout_ms;
   uint64_t seq = 0;      // collectives entered on g
   uint32_t splits = 0;   // splits done on g, names the children
+  uint32_t spin_budget = Backoff::kInitialSpins;  // see Backoff; touched by whichever thread runs the op
   std::vector<unsigned char> scratch;
-  std::vector<unsigned char> scratch2;
   std::vector<const void*> srcs;
   std::vector<void*> dsts;
 
@@ -365,7 +383,7 @@ int enter(Comm* c, const char* what, std::string& msg) {
     return SP_OK;
   }
   const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(c->timeout_ms);
-  Backoff backoff;
+  Backoff backoff(c->spin_budget);
   for (;;) {
     v = w.load(std::memory_order_acquire);
     if ((v >> 32) != gen || (v & kCountMask) == static_cast<uint64_t>(c->n)) return SP_OK;
@@ -403,7 +421,7 @@ void leave(Comm* c) {
     w.store((gen + 1) << 32, std::memory_order_release);
     return;
   }
-  Backoff backoff;
+  Backoff backoff(c->spin_budget);
   while ((w.load(std::memory_order_acquire) >> 32) == gen) backoff.pause();
 }
 
@@ -548,11 +566,14 @@ std::string describe_slot(const Slot& s) {
 // Whether a collective moving `bytes` (all ranks' buffers together) should
 // write with non-temporal stores: only when the data cannot stay in the last
 // level cache anyway, so a consumer reading the result right away after a
-// small collective still finds it cached.
+// small collective still finds it cached. Capped at 32 MiB because VMs and
+// chiplet CPUs report the whole package's L3 (384 MiB on the 2-core Debian VM
+// this was tuned on), far more than the slice these threads share.
 bool use_streaming(size_t bytes) {
   static const size_t threshold = [] {
-    long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-    return l3 > 0 ? static_cast<size_t>(l3) : size_t{32} << 20;
+    const size_t cap = size_t{32} << 20;
+    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    return l3 > 0 ? std::min(static_cast<size_t>(l3), cap) : cap;
   }();
   return bytes > threshold;
 }
@@ -623,10 +644,13 @@ int run_collective(Comm* c, const Desc& d, std::string& msg, sp_comm** split_out
         }
         break;
       case K_BROADCAST:
-        if (r == d.root && d.has_recv && recv != send && ov) after = {recv, send, rbytes};
+        if (r == d.root && d.has_recv && recv != send && ov) after = {recv, send, rbytes};  // as for scatter
         break;
       case K_SCATTER:
-        if (r == d.root && ov && recv != static_cast<const char*>(send) + r * blk) after = {recv, static_cast<const char*>(send) + r * blk, rbytes};
+        // Peers read our send during the data phase: an overlapping recv is
+        // filled after the exit barrier.
+        if (r == d.root && ov && recv != static_cast<const char*>(send) + r * blk)
+          after = {recv, static_cast<const char*>(send) + r * blk, rbytes};
         break;
       case K_GATHER:
         // Our own block goes in before anyone writes the others, so it does
