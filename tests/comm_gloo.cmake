@@ -14,12 +14,8 @@ foreach(np 2 3 4)
 endforeach()
 
 find_program(SHARDPLAN_BASH bash REQUIRED)
-# A fixed port: two launchers cannot agree on a random one. The lock keeps
-# parallel ctest runs of this file from colliding on it.
-set(SHARDPLAN_GLOO_TEST_PORT 29631 CACHE STRING "TCP store port of the comm_gloo_two_nodes test")
+# tests/e2e/two_nodes_gloo.sh picks a free port with launcher_probe.
 add_test(NAME comm_gloo_two_nodes
-  COMMAND ${SHARDPLAN_BASH} ${CMAKE_CURRENT_LIST_DIR}/launcher/two_nodes.sh $<TARGET_FILE:shardplan_cli> 2
-    ${SHARDPLAN_GLOO_TEST_PORT} --backend gloo --timeout-ms 120000
-    -- $<TARGET_FILE:comm_conformance> --backend gloo --quick)
-set_tests_properties(comm_gloo_two_nodes PROPERTIES TIMEOUT 600 LABELS "comm;gloo"
-  RESOURCE_LOCK shardplan_gloo_test_port)
+  COMMAND ${SHARDPLAN_BASH} ${CMAKE_CURRENT_LIST_DIR}/e2e/two_nodes_gloo.sh $<TARGET_FILE:shardplan_cli>
+    $<TARGET_FILE:launcher_probe> 2 -- $<TARGET_FILE:comm_conformance> --backend gloo --quick --timeout-ms 120000)
+set_tests_properties(comm_gloo_two_nodes PROPERTIES TIMEOUT 600 LABELS "comm;gloo")

@@ -258,7 +258,7 @@ int main(int argc, char** argv) {
     else if (a == "--plugin") plugin_path = v;
     else return usage();
   }
-  if (ranks < 2 || scale < 1 || max_bytes < 4096) return usage();
+  if (ranks < 1 || scale < 1 || max_bytes < 4096) return usage();
 
   char tmpl[] = "/tmp/bench_comm_gloo.XXXXXX";
   if (!::mkdtemp(tmpl)) die("mkdtemp failed");

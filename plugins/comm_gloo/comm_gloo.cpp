@@ -8,7 +8,8 @@
 // without talking. Point-to-point operations are posted at issue time and only
 // their completion is queued: gloo's TCP send waits for the matching receive,
 // so posting them in order from the queue would deadlock an isend/irecv
-// exchange between two ranks.
+// exchange between two ranks. Messages to oneself (gloo has no pair to self)
+// go through an in-process mailbox.
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
@@ -28,10 +29,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <condition_variable>
-#include <ctime>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <functional>
 #include <map>
@@ -90,15 +92,13 @@ class SigpipeBlock {
   SigpipeBlock() {
     sigemptyset(&pipe_);
     sigaddset(&pipe_, SIGPIPE);
-    sigset_t pending;
-    sigpending(&pending);
-    was_pending_ = sigismember(&pending, SIGPIPE) == 1;
     pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
   }
   ~SigpipeBlock() {
-    // A SIGPIPE raised meanwhile is ours; consume it before unblocking. One
-    // that was already pending belongs to the host and stays.
-    if (!was_pending_ && !sigismember(&old_, SIGPIPE)) {
+    // Where SIGPIPE was not blocked before, one pending now was raised by
+    // our writes (an earlier one would have been delivered); consume it
+    // before unblocking. Where it was blocked, the host handles it.
+    if (!sigismember(&old_, SIGPIPE)) {
       sigset_t pending;
       sigpending(&pending);
       if (sigismember(&pending, SIGPIPE) == 1) {
@@ -114,7 +114,6 @@ class SigpipeBlock {
  private:
   sigset_t pipe_;
   sigset_t old_;
-  bool was_pending_ = false;
 };
 
 // gloo prefixes messages with "[file:line] ", sometimes twice; users want
@@ -175,9 +174,16 @@ class Context final : public gloo::rendezvous::Context {
 };
 
 struct WorkState {
-  WorkState(std::string what, ms limit) : what(std::move(what)), limit(limit) {}
-  const std::string what;  // "all_reduce on rank 1 of 4", for messages
-  const ms limit;          // the communicator's timeout
+  WorkState(const char* op, int rank, int size, ms limit) : op(op), rank(rank), size(size), limit(limit) {}
+  const char* const op;  // a string literal
+  const int rank;
+  const int size;
+  const ms limit;  // the communicator's timeout
+
+  // "all_reduce on rank 1 of 4", for messages; built only when one is needed.
+  std::string what() const {
+    return std::string(op) + " on rank " + std::to_string(rank) + " of " + std::to_string(size);
+  }
 
   std::mutex mu;
   std::condition_variable cv;
@@ -327,7 +333,7 @@ class Comm {
 
   // Runs `run` in issue order. work == nullptr: blocks and returns its status.
   int submit(const char* op, std::function<void()> run, sp_work** work) {
-    auto state = std::make_shared<WorkState>(what(op), timeout);
+    auto state = std::make_shared<WorkState>(op, rank, size, timeout);
     std::unique_lock<std::mutex> lock(mu_);
     if (!work && queue_.empty() && !busy_) {
       busy_ = true;
@@ -349,7 +355,7 @@ class Comm {
       std::unique_lock<std::mutex> wl(state->mu);
       state->cv.wait(wl, [&] { return state->done; });
     }
-    if (state->status != SP_OK) t_error = "gloo " + state->what + ": " + state->error;
+    if (state->status != SP_OK) t_error = "gloo " + state->what() + ": " + state->error;
     return state->status;
   }
 
@@ -1013,7 +1019,7 @@ int api_barrier(sp_comm* comm, sp_work** work) {
 // ------------------------------------------------------------------ work
 
 int finished(WorkState& st) {
-  if (st.status != SP_OK) t_error = "gloo " + st.what + ": " + st.error;
+  if (st.status != SP_OK) t_error = "gloo " + st.what() + ": " + st.error;
   return st.status;
 }
 
@@ -1023,14 +1029,14 @@ int api_wait(sp_work* work, int64_t timeout_ms) {
   std::unique_lock<std::mutex> lock(st.mu);
   if (timeout_ms >= 0) {
     if (!st.cv.wait_for(lock, ms(timeout_ms), [&] { return st.done; }))
-      return fail(SP_ERR_TIMEOUT, "gloo " + st.what + ": not finished after " + std::to_string(timeout_ms) + " ms");
+      return fail(SP_ERR_TIMEOUT, "gloo " + st.what() + ": not finished after " + std::to_string(timeout_ms) + " ms");
     return finished(st);
   }
   // Every gloo operation gives up after the communicator's timeout by
   // itself; the margin only guards against a transport that never answers.
   while (!st.cv.wait_for(lock, ms(200), [&] { return st.done; })) {
     if (st.started && Clock::now() - st.start > st.limit + ms(30000))
-      return fail(SP_ERR_TIMEOUT, "gloo " + st.what + ": no answer from the transport " +
+      return fail(SP_ERR_TIMEOUT, "gloo " + st.what() + ": no answer from the transport " +
                                       std::to_string(st.limit.count()) + " ms after it started");
   }
   return finished(st);
