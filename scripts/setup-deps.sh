@@ -13,6 +13,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
   iproute2                # multi-node tests bind ranks to other loopback addresses
+  gnuplot-nox             # shardplan bench comm --plot
 )
 
 missing=()

@@ -12,19 +12,13 @@
 // fraction of raw gloo's (1.00 = no overhead). --scale multiplies the blocks.
 // --control measures raw gloo against itself (a second context) instead of
 // the plugin: the spread of its ratio column is the noise floor.
-#include <dlfcn.h>
+// `shardplan bench comm` shows raw gloo next to every backend; this program
+// stays for its interleaved plugin/raw ratio. Plugin loading and raw gloo
+// come from that suite (tools/bench/comm).
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gloo/allreduce.h>
-#include <gloo/barrier.h>
-#include <gloo/math.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/file_store.h>
-#include <gloo/rendezvous/prefix_store.h>
-#include <gloo/transport/tcp/device.h>
 
 #include <algorithm>
 #include <chrono>
@@ -35,8 +29,10 @@
 #include <string>
 #include <vector>
 
+#include "plugin.h"
+#include "raw_gloo.h"
 #include "shardplan/abi/comm.h"
-#include "shardplan/abi/plugin.h"
+#include "stats.h"
 
 namespace {
 
@@ -50,15 +46,11 @@ constexpr int64_t kTimeoutMs = 120000;
 }
 
 const sp_comm_api* load_plugin(const std::string& path) {
-  void* lib = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!lib) die(std::string("cannot load ") + path + ": " + ::dlerror());
-  auto entry = reinterpret_cast<sp_plugin_entry_fn>(::dlsym(lib, SP_PLUGIN_ENTRY_SYMBOL));
-  if (!entry) die(path + " has no " SP_PLUGIN_ENTRY_SYMBOL);
-  const sp_plugin_info* info = entry();
-  if (info->entry_version != SP_PLUGIN_ENTRY_VERSION || info->kind != SP_PLUGIN_COMM ||
-      info->abi_version != SP_COMM_ABI_VERSION)
-    die(path + " is not a comm plugin of ABI version " + std::to_string(SP_COMM_ABI_VERSION));
-  return static_cast<const sp_comm_api*>(info->factory());
+  try {
+    return shardplan_bench::open_comm_plugin(path);
+  } catch (const std::exception& e) {
+    die(e.what());
+  }
 }
 
 struct Ranks {
@@ -106,41 +98,18 @@ class Plugin final : public Side {
   sp_comm* comm_ = nullptr;
 };
 
-// What a program using gloo by hand writes: one TCP device, a context met
-// through a FileStore, gloo's own sum kernel, a fresh tag per call.
+// What a program using gloo by hand writes (shardplan_bench::RawGloo: one
+// TCP device, a context met through a FileStore, gloo's own sum kernel, a
+// fresh tag per call).
 class Raw final : public Side {
  public:
-  Raw(const Ranks& r, const std::string& name) {
-    gloo::transport::tcp::attr attr;
-    attr.hostname = "127.0.0.1";
-    device_ = gloo::transport::tcp::CreateDevice(attr);
-    std::filesystem::create_directories(r.dir + "/" + name);
-    gloo::rendezvous::FileStore files(r.dir + "/" + name);
-    gloo::rendezvous::PrefixStore store(name, files);
-    auto ctx = std::make_shared<gloo::rendezvous::Context>(r.rank, r.size);
-    ctx->setTimeout(std::chrono::milliseconds(kTimeoutMs));
-    ctx->connectFullMesh(store, device_);
-    ctx_ = ctx;
-  }
-
-  void all_reduce(float* data, size_t n) override {
-    gloo::AllreduceOptions o(ctx_);
-    o.setOutput(data, n);
-    o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
-    o.setTag(tag_++);
-    o.setTimeout(std::chrono::milliseconds(kTimeoutMs));
-    gloo::allreduce(o);
-  }
-  void barrier() override {
-    gloo::BarrierOptions o(ctx_);
-    o.setTag(tag_++);
-    gloo::barrier(o);
-  }
+  Raw(const Ranks& r, const std::string& name)
+      : gloo_(r.rank, r.size, r.dir, name, std::chrono::milliseconds(kTimeoutMs)) {}
+  void all_reduce(float* data, size_t n) override { gloo_.all_reduce(data, data, n, SP_FLOAT32); }
+  void barrier() override { gloo_.barrier(); }
 
  private:
-  std::shared_ptr<gloo::transport::Device> device_;
-  std::shared_ptr<gloo::Context> ctx_;
-  uint32_t tag_ = 0;
+  shardplan_bench::RawGloo gloo_;
 };
 
 // Calls per block and blocks per side; equal on every rank, so they may not
@@ -168,11 +137,7 @@ void check_sum(Side& b, const Ranks& r, const char* name) {
     if (x != want) die(std::string(name) + " all_reduce gave " + std::to_string(x) + ", expected " + std::to_string(want));
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
+double median(const std::vector<double>& v) { return shardplan_bench::median_of(v); }
 
 std::string human(size_t bytes) {
   char buf[32];

@@ -10,8 +10,9 @@
 // arrays between two spin barriers -- the least work any 2-rank sum needs.
 // Repetitions of all variants are interleaved, so noise from other processes
 // hits them alike. ratio = roofline time / all-reduce time.
-#include <dlfcn.h>
-
+// `shardplan bench comm` shows the same roofline next to every backend; this
+// program stays for its interleaved, 2-rank, float32 focus. Plugin loading
+// and the roofline kernel come from that suite (tools/bench/comm).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -22,8 +23,10 @@
 #include <thread>
 #include <vector>
 
+#include "plugin.h"
+#include "roofline.h"
 #include "shardplan/abi/comm.h"
-#include "shardplan/abi/plugin.h"
+#include "stats.h"
 
 namespace {
 
@@ -31,42 +34,10 @@ using Clock = std::chrono::steady_clock;
 
 double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-double pct(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[static_cast<size_t>(p * (v.size() - 1))];
-}
+using shardplan_bench::SpinBarrier;
 
-// Sense-free generation barrier for the roofline's two threads.
-class SpinBarrier {
- public:
-  explicit SpinBarrier(int n) : n_(n) {}
-  void wait() {
-    const uint64_t gen = gen_.load(std::memory_order_acquire);
-    if (count_.fetch_add(1, std::memory_order_acq_rel) + 1 == n_) {
-      count_.store(0, std::memory_order_relaxed);
-      gen_.store(gen + 1, std::memory_order_release);
-      return;
-    }
-    int spins = 0;
-    while (gen_.load(std::memory_order_acquire) == gen)
-      if (++spins > 2000) std::this_thread::yield();
-  }
-
- private:
-  const int n_;
-  std::atomic<int> count_{0};
-  std::atomic<uint64_t> gen_{0};
-};
-
-__attribute__((noinline)) void add_into(float* __restrict__ a, const float* __restrict__ b, size_t n) {
-  for (size_t i = 0; i < n; ++i) a[i] += b[i];
-}
+double median(const std::vector<double>& v) { return shardplan_bench::median_of(v); }
+double pct(const std::vector<double>& v, double p) { return shardplan_bench::percentile(v, p); }
 
 sp_buffer fbuf(float* p, uint64_t n) {
   sp_buffer b{};
@@ -112,17 +83,13 @@ int main(int argc, char** argv) {
     }
   }
 
-  void* lib = dlopen(plugin.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    std::fprintf(stderr, "bench_comm_local: %s\n", dlerror());
+  const sp_comm_api* api;
+  try {
+    api = shardplan_bench::open_comm_plugin(plugin);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_comm_local: %s\n", e.what());
     return 1;
   }
-  auto entry = reinterpret_cast<sp_plugin_entry_fn>(dlsym(lib, SP_PLUGIN_ENTRY_SYMBOL));
-  if (!entry) {
-    std::fprintf(stderr, "bench_comm_local: %s has no %s\n", plugin.c_str(), SP_PLUGIN_ENTRY_SYMBOL);
-    return 1;
-  }
-  const sp_comm_api* api = static_cast<const sp_comm_api*>(entry()->factory());
 
   const int n = 2;
   std::vector<double> latency;
@@ -192,7 +159,7 @@ int main(int argc, char** argv) {
         auto t3 = Clock::now();
         roof_barrier.wait();
         auto t4 = Clock::now();
-        add_into(shared[0] + lo, shared[1] + lo, len);
+        shardplan_bench::accumulate_f32(shared[0] + lo, shared[1] + lo, len);
         roof_barrier.wait();
         auto t5 = Clock::now();
         if (r == 0) {

@@ -7,7 +7,10 @@
 #include <iomanip>
 #include <map>
 #include <sstream>
+#include <typeindex>
 #include <typeinfo>
+#include <unordered_map>
+#include <utility>
 
 #include "shardplan/error.h"
 #include "shardplan/layer_plugin.h"
@@ -43,14 +46,25 @@ struct Planned {
   std::vector<ModuleShard> shards;        // modules a plugin handles
   std::vector<LayerPlugin*> plugins;      // parallel to shards
   std::vector<ReportRow> rows;
-  std::map<std::string, size_t> row_of;   // path -> index in rows
   std::vector<std::string> warnings;
   Mesh mesh;
 };
 
+struct PluginChoice {
+  LayerPlugin* plugin;
+  std::string name;
+};
+// Finding a plugin scans the plugin directories and loads what it finds, and
+// models repeat a few module types thousands of times (a 10,000-parameter
+// model spent 70% of plan_model here), so each (module type, requested
+// plugin) is resolved once per plan application. Only successful lookups are
+// kept: a failure throws at the first module that hits it, as before.
+using PluginCache = std::map<std::pair<std::string, std::string>, PluginChoice>;
+
 // Which plugin handles a type: the plan's `plugin:` option, else the first
 // plugin on the search path that lists the type.
-LayerPlugin* plugin_for(const std::string& type, const ModuleShard& shard, std::string* plugin_name) {
+LayerPlugin* plugin_for(const std::string& type, const ModuleShard& shard, PluginCache& cache,
+                        std::string* plugin_name) {
   auto& loader = PluginLoader::instance();
   std::string requested;
   const Assignment* requested_by = nullptr;
@@ -64,6 +78,11 @@ LayerPlugin* plugin_for(const std::string& type, const ModuleShard& shard, std::
     requested = opt->value;
     requested_by = &p.assignment;
   }
+  const auto key = std::make_pair(type, requested);
+  if (auto hit = cache.find(key); hit != cache.end()) {
+    *plugin_name = hit->second.name;
+    return hit->second.plugin;
+  }
   if (!requested.empty()) {
     LayerPlugin* plugin = loader.layer(requested);
     auto types = plugin->module_types();
@@ -71,12 +90,14 @@ LayerPlugin* plugin_for(const std::string& type, const ModuleShard& shard, std::
       throw PlanError(requested_by->rule->option("plugin")->loc,
                       "plugin '" + requested + "' does not handle '" + requested_by->path + "' of type " + type);
     *plugin_name = plugin->name();
+    cache.emplace(key, PluginChoice{plugin, *plugin_name});
     return plugin;
   }
   for (auto& entry : loader.all_layers()) {
     auto types = entry.second->module_types();
     if (std::find(types.begin(), types.end(), type) != types.end()) {
       *plugin_name = entry.second->name();
+      cache.emplace(key, PluginChoice{entry.second, *plugin_name});
       return entry.second;
     }
   }
@@ -89,60 +110,92 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
   // Every parameter with its owning module, in named_parameters() order.
   std::vector<ParamInfo> infos;
   std::vector<std::pair<torch::nn::Module*, std::string>> owners;  // (module, local name)
-  std::vector<std::string> module_paths;
-  auto collect = [&](torch::nn::Module& m, const std::string& prefix) {
+  std::vector<std::string> module_paths;                           // one per module visited
+  std::vector<size_t> module_of;                                   // per parameter: index in module_paths
+  // apply() visits the root by reference under the prefix "" (users may hold
+  // it on the stack, and named_modules() can only include it when it lives in
+  // a shared_ptr), then every submodule under the name named_modules() gives
+  // it, in the same order, without building named_modules()' dictionary.
+  model.apply([&](const std::string& prefix, torch::nn::Module& m) {
+    bool any = false;
     for (const auto& p : m.named_parameters(/*recurse=*/false)) {
       if (!p.value().defined()) continue;
+      if (!any) module_paths.push_back(prefix);
+      any = true;
       infos.push_back({prefix.empty() ? p.key() : prefix + "." + p.key(), p.value().sizes().vec()});
       owners.emplace_back(&m, p.key());
-      module_paths.push_back(prefix);
+      module_of.push_back(module_paths.size() - 1);
     }
-  };
-  // The root is visited by reference: users may hold it on the stack, and
-  // named_modules() can only include it when it lives in a shared_ptr.
-  collect(model, "");
-  for (const auto& item : model.named_modules("", /*include_self=*/false)) collect(*item.value(), item.key());
+  });
 
   Planned out;
   PlanMatch match = plan.assign(infos, world_size);
   out.mesh = match.mesh;
-  out.warnings = match.warnings;
+  out.warnings = std::move(match.warnings);
+
+  // Report strings that depend only on the rule (or, unmatched, on the rank
+  // of the tensor), made once rather than once per parameter.
+  std::vector<std::string> rule_loc, rule_layout;
+  for (const Rule& r : plan.rules) {
+    rule_loc.push_back(r.loc.str());
+    rule_layout.push_back(layout_str(r.layout));
+  }
+  std::map<size_t, std::string> unmatched_layout;  // by tensor rank
+  // c10::demangle per module was a visible cost on models with thousands of
+  // modules of a handful of types.
+  std::unordered_map<std::type_index, std::string> type_names;
 
   // Group by module, keeping first-seen order.
-  std::map<torch::nn::Module*, size_t> shard_of_module;
+  std::unordered_map<torch::nn::Module*, size_t> shard_of_module;
   std::vector<ModuleShard> candidates;
+  std::vector<std::vector<size_t>> candidate_rows;  // parallel to candidates: index in out.rows per param
+  out.rows.reserve(infos.size());
   for (size_t i = 0; i < infos.size(); ++i) {
     torch::nn::Module* m = owners[i].first;
     auto it = shard_of_module.find(m);
     if (it == shard_of_module.end()) {
       ModuleShard s;
-      s.path = module_paths[i];
-      s.type = type_of(*m);
+      s.path = module_paths[module_of[i]];
+      auto type = type_names.find(std::type_index(typeid(*m)));
+      if (type == type_names.end()) type = type_names.emplace(std::type_index(typeid(*m)), type_of(*m)).first;
+      s.type = type->second;
       s.module = m;
       s.mesh = &out.mesh;
       s.rank = rank;
       it = shard_of_module.emplace(m, candidates.size()).first;
       candidates.push_back(std::move(s));
+      candidate_rows.emplace_back();
     }
-    ParamShard ps;
-    ps.name = owners[i].second;
-    ps.assignment = match.params[i];
-    ps.local_shape = infos[i].shape;
-    candidates[it->second].params.push_back(std::move(ps));
+    Assignment& a = match.params[i];
 
     ReportRow row;
     row.path = infos[i].path;
     row.module_type = candidates[it->second].type;
-    row.rule = match.params[i].rule ? match.params[i].rule->loc.str() : "";
-    row.layout = layout_str(match.params[i].layout);
+    if (a.rule) {
+      const size_t r = static_cast<size_t>(a.rule - plan.rules.data());
+      row.rule = rule_loc[r];
+      row.layout = rule_layout[r];
+    } else {
+      auto u = unmatched_layout.find(a.layout.size());
+      if (u == unmatched_layout.end()) u = unmatched_layout.emplace(a.layout.size(), layout_str(a.layout)).first;
+      row.layout = u->second;
+      row.note = "replicated, unmatched";
+    }
     row.global_shape = infos[i].shape;
     row.local_shape = infos[i].shape;
-    row.note = match.params[i].rule ? "" : "replicated, unmatched";
-    out.row_of[row.path] = out.rows.size();
+    candidate_rows[it->second].push_back(out.rows.size());
     out.rows.push_back(std::move(row));
+
+    ParamShard ps;
+    ps.name = std::move(owners[i].second);
+    ps.local_shape = std::move(infos[i].shape);
+    ps.assignment = std::move(a);
+    candidates[it->second].params.push_back(std::move(ps));
   }
 
-  for (auto& s : candidates) {
+  PluginCache plugins;
+  for (size_t c = 0; c < candidates.size(); ++c) {
+    ModuleShard& s = candidates[c];
     const Assignment* first_matched = nullptr;
     for (const auto& p : s.params)
       if (p.assignment.rule && !first_matched) first_matched = &p.assignment;
@@ -152,7 +205,7 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
                   ", which cannot be sharded: build the model with " + shardable_twin(s.type) +
                   " (same options and parameter names)");
     std::string plugin_name;
-    LayerPlugin* plugin = plugin_for(s.type, s, &plugin_name);
+    LayerPlugin* plugin = plugin_for(s.type, s, plugins, &plugin_name);
     if (!plugin) {
       std::string dirs;
       for (const auto& d : PluginLoader::instance().search_path()) dirs += (dirs.empty() ? "" : ", ") + d;
@@ -160,8 +213,9 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
                   s.type + " that no layer plugin handles (searched: " + dirs + ")");
     }
     plugin->check(s);
-    for (const auto& p : s.params) {
-      ReportRow& row = out.rows[out.row_of[p.assignment.path]];
+    for (size_t k = 0; k < s.params.size(); ++k) {
+      const ParamShard& p = s.params[k];
+      ReportRow& row = out.rows[candidate_rows[c][k]];
       row.plugin = plugin_name;
       row.local_shape = p.local_shape;
       if (!p.note.empty()) row.note = p.note;
@@ -172,13 +226,13 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
   return out;
 }
 
-ParallelReport report_of(const Planned& p, int world_size, int rank, torch::nn::Module& model) {
+ParallelReport report_of(Planned&& p, int world_size, int rank, torch::nn::Module& model) {
   ParallelReport r;
   r.mesh = p.mesh;
   r.rank = rank;
   r.world_size = world_size;
-  r.rows = p.rows;
-  r.warnings = p.warnings;
+  r.rows = std::move(p.rows);
+  r.warnings = std::move(p.warnings);
   auto params = model.named_parameters(true);
   for (auto& row : r.rows) {
     auto* t = params.find(row.path);
@@ -209,7 +263,7 @@ const ParamShard* ModuleShard::param(const std::string& name) const {
 
 ParallelReport check_plan(torch::nn::Module& model, const Plan& plan, int world_size, int rank) {
   Planned p = plan_model(model, plan, world_size, rank);
-  return report_of(p, world_size, rank, model);
+  return report_of(std::move(p), world_size, rank, model);
 }
 
 ParallelReport parallelize(torch::nn::Module& model, const Plan& plan, World& world) {
@@ -222,7 +276,7 @@ ParallelReport parallelize(torch::nn::Module& model, const Plan& plan, World& wo
     p.shards[i].groups = groups;
     p.plugins[i]->apply(p.shards[i]);
   }
-  return report_of(p, world.size(), world.rank(), model);
+  return report_of(std::move(p), world.size(), world.rank(), model);
 }
 
 int64_t ParallelReport::local_bytes() const {

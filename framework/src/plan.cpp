@@ -3,9 +3,11 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <bitset>
 #include <cctype>
 #include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -20,18 +22,199 @@ namespace fs = std::filesystem;
 // Matcher: a rule's pattern, compiled once. std::regex is slow (microseconds
 // per match), and plans are matched against every parameter of large models,
 // so literal patterns become a string compare and the others are guarded by
-// the literal prefix and suffix every full match must have.
+// the literal prefix and suffix every full match must have. Patterns in the
+// subset SimplePattern understands (what rules like 'blocks\.\d+\.fc1\.weight'
+// use) skip std::regex altogether.
+
+// A sequence of single-character atoms (a literal, '.', \d \w \s and their
+// negations, a [...] set), each with an optional quantifier (* + ? {n} {n,}
+// {n,m}, greedy or lazy), optionally between '^' and '$'. Groups,
+// alternation, back-references and the rarer escapes are left to std::regex.
+// For this subset a full match exists or not regardless of greediness, so the
+// answer is regex_match's. Classes are evaluated with std::regex_traits, as
+// std::regex does, so locale-dependent sets agree too.
+class SimplePattern {
+ public:
+  static std::optional<SimplePattern> compile(const std::string& p) {
+    SimplePattern out;
+    const std::regex_traits<char> traits;
+    size_t i = 0, end = p.size();
+    if (i < end && p[i] == '^') ++i;
+    if (end > i && p[end - 1] == '$' && !escaped(p, end - 1)) --end;
+    while (i < end) {
+      Atom atom;
+      const char c = p[i];
+      if (c == '\\') {
+        if (i + 1 >= end) return std::nullopt;
+        const char e = p[i + 1];
+        if (!add_class(traits, e, atom.set)) {
+          if (!is_identity_escape(e)) return std::nullopt;
+          atom.set.set(static_cast<unsigned char>(e));
+        }
+        i += 2;
+      } else if (c == '[') {
+        const size_t close = parse_set(traits, p, i + 1, end, atom.set);
+        if (close == std::string::npos) return std::nullopt;
+        i = close + 1;
+      } else if (c == '.') {
+        atom.set.set();
+        atom.set.reset('\n');
+        atom.set.reset('\r');
+        ++i;
+      } else if (std::string("^$()|*+?{}]").find(c) != std::string::npos) {
+        return std::nullopt;
+      } else {
+        atom.set.set(static_cast<unsigned char>(c));
+        ++i;
+      }
+      if (i < end && !parse_quantifier(p, i, end, atom)) return std::nullopt;
+      out.atoms_.push_back(atom);
+    }
+    return out;
+  }
+
+  bool matches(const std::string& s) const {
+    // Failed (atom, position) states, so overlapping quantifiers cannot make
+    // the search exponential.
+    std::vector<bool> failed((atoms_.size() + 1) * (s.size() + 1), false);
+    return match(s, 0, 0, failed);
+  }
+
+ private:
+  struct Atom {
+    std::bitset<256> set;
+    size_t min = 1, max = 1;  // max == kMany: unbounded
+  };
+  static constexpr size_t kMany = static_cast<size_t>(-1);
+
+  static bool escaped(const std::string& p, size_t pos) {
+    size_t backslashes = 0;
+    while (pos > backslashes && p[pos - backslashes - 1] == '\\') ++backslashes;
+    return backslashes % 2 == 1;
+  }
+
+  static bool is_identity_escape(char e) { return std::string("^$\\.*+?()[]{}|/-").find(e) != std::string::npos; }
+
+  static bool add_class(const std::regex_traits<char>& traits, char e, std::bitset<256>& set) {
+    const char* names = "dwsDWS";
+    const char* at = std::strchr(names, e);
+    if (!at || e == '\0') return false;
+    const char name[2] = {static_cast<char>(std::tolower(static_cast<unsigned char>(e))), 0};
+    auto cls = traits.lookup_classname(name, name + 1);
+    const bool negate = std::isupper(static_cast<unsigned char>(e)) != 0;
+    for (int ch = 0; ch < 256; ++ch)
+      if (traits.isctype(static_cast<char>(ch), cls) != negate) set.set(static_cast<size_t>(ch));
+    return true;
+  }
+
+  // [...] starting after '['; returns the index of the closing ']'. Accepts
+  // ASCII literals, ranges between them, \d \w \s and identity escapes.
+  static size_t parse_set(const std::regex_traits<char>& traits, const std::string& p, size_t i, size_t end,
+                          std::bitset<256>& set) {
+    bool negate = false;
+    if (i < end && p[i] == '^') {
+      negate = true;
+      ++i;
+    }
+    if (i < end && p[i] == ']') return std::string::npos;  // "[]" and "[^]" differ across dialects
+    const size_t first = i;
+    auto literal = [&](size_t& k, int* out) {
+      const char c = p[k];
+      if (static_cast<unsigned char>(c) >= 0x80 || c == '[') return false;
+      // A bare '-' is unambiguous only first or last in the set.
+      if (c == '-' && k != first && !(k + 1 < end && p[k + 1] == ']')) return false;
+      if (c == '\\') {
+        if (k + 1 >= end || !is_identity_escape(p[k + 1])) return false;
+        *out = static_cast<unsigned char>(p[k + 1]);
+        k += 2;
+        return true;
+      }
+      *out = static_cast<unsigned char>(c);
+      ++k;
+      return true;
+    };
+    while (i < end && p[i] != ']') {
+      if (p[i] == '\\' && i + 1 < end && std::strchr("dws", p[i + 1]) && p[i + 1] != '\0') {
+        add_class(traits, p[i + 1], set);
+        i += 2;
+        continue;
+      }
+      int lo = 0;
+      if (!literal(i, &lo)) return std::string::npos;
+      if (i + 1 < end && p[i] == '-' && p[i + 1] != ']') {
+        ++i;
+        int hi = 0;
+        if (!literal(i, &hi) || hi < lo) return std::string::npos;
+        for (int ch = lo; ch <= hi; ++ch) set.set(static_cast<size_t>(ch));
+      } else {
+        set.set(static_cast<size_t>(lo));
+      }
+    }
+    if (i >= end) return std::string::npos;
+    if (negate) set.flip();
+    return i;
+  }
+
+  static bool parse_quantifier(const std::string& p, size_t& i, size_t end, Atom& atom) {
+    const char c = p[i];
+    if (c == '*' || c == '+' || c == '?') {
+      atom.min = c == '+' ? 1 : 0;
+      atom.max = c == '?' ? 1 : kMany;
+      ++i;
+    } else if (c == '{') {
+      auto number = [&](size_t& k, size_t* out) {
+        const size_t start = k;
+        size_t v = 0;
+        while (k < end && std::isdigit(static_cast<unsigned char>(p[k])) && k - start < 6) v = v * 10 + (p[k++] - '0');
+        *out = v;
+        return k > start && !(k < end && std::isdigit(static_cast<unsigned char>(p[k])));
+      };
+      size_t k = i + 1;
+      if (!number(k, &atom.min)) return false;
+      atom.max = atom.min;
+      if (k < end && p[k] == ',') {
+        ++k;
+        atom.max = kMany;
+        if (k < end && p[k] != '}' && !number(k, &atom.max)) return false;
+      }
+      if (k >= end || p[k] != '}' || atom.max < atom.min) return false;
+      i = k + 1;
+    } else {
+      return true;
+    }
+    if (i < end && p[i] == '?') ++i;  // lazy: same full-match answer
+    return !(i < end && std::strchr("*+?{", p[i]) && p[i] != '\0');
+  }
+
+  bool match(const std::string& s, size_t a, size_t pos, std::vector<bool>& failed) const {
+    if (a == atoms_.size()) return pos == s.size();
+    const size_t state = a * (s.size() + 1) + pos;
+    if (failed[state]) return false;
+    const Atom& atom = atoms_[a];
+    size_t run = 0;
+    while (run < atom.max && pos + run < s.size() && atom.set.test(static_cast<unsigned char>(s[pos + run]))) ++run;
+    for (size_t k = run + 1; k-- > atom.min;)
+      if (match(s, a + 1, pos + k, failed)) return true;
+    failed[state] = true;
+    return false;
+  }
+
+  std::vector<Atom> atoms_;
+};
 
 class Matcher {
  public:
-  explicit Matcher(const std::string& pattern) : regex_(pattern, std::regex::ECMAScript) { analyze(pattern); }
+  explicit Matcher(const std::string& pattern)
+      : regex_(pattern, std::regex::ECMAScript), simple_(SimplePattern::compile(pattern)) {
+    analyze(pattern);
+  }
 
   bool matches(const std::string& s) const {
     if (exact_) return s == *exact_;
     if (s.size() < prefix_.size() + suffix_.size()) return false;
     if (s.compare(0, prefix_.size(), prefix_) != 0) return false;
     if (s.compare(s.size() - suffix_.size(), suffix_.size(), suffix_) != 0) return false;
-    return std::regex_match(s, regex_);
+    return simple_ ? simple_->matches(s) : std::regex_match(s, regex_);
   }
 
  private:
@@ -102,6 +285,7 @@ class Matcher {
   }
 
   std::regex regex_;
+  std::optional<SimplePattern> simple_;  // the pattern without std::regex, when it is that simple
   std::optional<std::string> exact_;  // the pattern is this literal string
   std::string prefix_, suffix_;       // every full match starts/ends with these
 };

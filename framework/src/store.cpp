@@ -111,12 +111,60 @@ void poll_until(CheckFn&& exists, std::chrono::milliseconds timeout, const std::
   }
 }
 
+// ----------------------------------------------------------------- c10d
+
+// The c10d-backed stores differ in how they open and name themselves; their
+// requests and error messages are the same.
+template <typename C10d>
+class C10dStore : public Store {
+ public:
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    try {
+      store_->set(key, value);
+    } catch (const std::exception& e) {
+      throw Error("store " + describe() + ": cannot set key '" + key + "': " + reason(e));
+    }
+  }
+
+  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    poll_until([&] { return check(key); }, timeout, key, describe());
+    std::lock_guard<std::mutex> lock(mu_);
+    try {
+      return store_->get(key);
+    } catch (const std::exception& e) {
+      throw Error("store " + describe() + ": cannot get key '" + key + "': " + reason(e));
+    }
+  }
+
+  bool check(const std::string& key) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    try {
+      return store_->check({key});
+    } catch (const std::exception& e) {
+      throw Error("store " + describe() + ": " + lookup_failure_ + " key '" + key + "': " + reason(e));
+    }
+  }
+
+ protected:
+  // `lookup_failure` words a failed check(): a TCP client that cannot look a
+  // key up has lost its server, a file store has not.
+  explicit C10dStore(const char* lookup_failure) : lookup_failure_(lookup_failure) {}
+
+  std::unique_ptr<C10d> store_;
+
+ private:
+  const char* const lookup_failure_;
+  // c10d's TCP client is one socket; concurrent requests would interleave.
+  std::mutex mu_;
+};
+
 // ------------------------------------------------------------------ TCP
 
-class TcpStore final : public Store {
+class TcpStore final : public C10dStore<c10d::TCPStore> {
  public:
   TcpStore(const std::string& host, int port, bool is_server, int world_size, std::chrono::milliseconds timeout)
-      : host_(host) {
+      : C10dStore("lost connection while looking up"), host_(host) {
     if (port < 0 || port > 65535) throw Error("invalid port " + std::to_string(port) + " for tcp://" + host);
     c10d::TCPStoreOptions o;
     o.port = static_cast<uint16_t>(port);
@@ -140,34 +188,6 @@ class TcpStore final : public Store {
     port_ = store_->getPort();
   }
 
-  void set(const std::string& key, const std::vector<uint8_t>& value) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    try {
-      store_->set(key, value);
-    } catch (const std::exception& e) {
-      throw Error("store " + describe() + ": cannot set key '" + key + "': " + reason(e));
-    }
-  }
-
-  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
-    poll_until([&] { return check(key); }, timeout, key, describe());
-    std::lock_guard<std::mutex> lock(mu_);
-    try {
-      return store_->get(key);
-    } catch (const std::exception& e) {
-      throw Error("store " + describe() + ": cannot get key '" + key + "': " + reason(e));
-    }
-  }
-
-  bool check(const std::string& key) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    try {
-      return store_->check({key});
-    } catch (const std::exception& e) {
-      throw Error("store " + describe() + ": lost connection while looking up key '" + key + "': " + reason(e));
-    }
-  }
-
   std::string describe() const override {
     bool v6 = host_.find(':') != std::string::npos;
     return "tcp://" + (v6 ? "[" + host_ + "]" : host_) + ":" + std::to_string(port_);
@@ -176,16 +196,14 @@ class TcpStore final : public Store {
  private:
   std::string host_;
   int port_ = 0;
-  // c10d's client is one socket; concurrent requests would interleave.
-  std::mutex mu_;
-  std::unique_ptr<c10d::TCPStore> store_;
 };
 
 // ----------------------------------------------------------------- file
 
-class FileStore final : public Store {
+class FileStore final : public C10dStore<c10d::FileStore> {
  public:
-  FileStore(const std::string& path, int world_size, std::chrono::milliseconds timeout) : path_(path) {
+  FileStore(const std::string& path, int world_size, std::chrono::milliseconds timeout)
+      : C10dStore("cannot look up"), path_(path) {
     try {
       auto parent = std::filesystem::path(path).parent_path();
       if (!parent.empty()) std::filesystem::create_directories(parent);
@@ -202,40 +220,10 @@ class FileStore final : public Store {
     }
   }
 
-  void set(const std::string& key, const std::vector<uint8_t>& value) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    try {
-      store_->set(key, value);
-    } catch (const std::exception& e) {
-      throw Error("store " + describe() + ": cannot set key '" + key + "': " + reason(e));
-    }
-  }
-
-  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
-    poll_until([&] { return check(key); }, timeout, key, describe());
-    std::lock_guard<std::mutex> lock(mu_);
-    try {
-      return store_->get(key);
-    } catch (const std::exception& e) {
-      throw Error("store " + describe() + ": cannot get key '" + key + "': " + reason(e));
-    }
-  }
-
-  bool check(const std::string& key) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    try {
-      return store_->check({key});
-    } catch (const std::exception& e) {
-      throw Error("store " + describe() + ": cannot look up key '" + key + "': " + reason(e));
-    }
-  }
-
   std::string describe() const override { return "file://" + path_; }
 
  private:
   std::string path_;
-  std::mutex mu_;
-  std::unique_ptr<c10d::FileStore> store_;
 };
 
 // --------------------------------------------------------------- memory

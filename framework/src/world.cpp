@@ -129,15 +129,17 @@ std::shared_ptr<World> create_world(const WorldOptions& options, std::shared_ptr
   if (!threads && !(api->caps & SP_CAP_PROCESS_RANKS))
     throw Error("backend '" + options.backend +
                 "' runs ranks as threads of one process (e.g. train_mlp --ranks N), not under a launcher");
-  if (!store && options.world_size > 1 && !threads) {
-    if (options.store_url.empty())
-      throw Error("rank " + std::to_string(options.rank) + " of " + std::to_string(options.world_size) +
-                  ": no rendezvous given (set MASTER_ADDR/MASTER_PORT or SHARDPLAN_STORE, or use shardplan launch)");
+  // The store is optional: a backend that meets its peers by other means
+  // (MPI's ranks come from mpirun) gets none, and one that needs it says so.
+  const bool no_rendezvous = !store && options.world_size > 1 && !threads && options.store_url.empty();
+  if (!store && options.world_size > 1 && !threads && !options.store_url.empty())
     store = make_store(options.store_url, options.rank, options.world_size, options.timeout);
-  }
 
+  // A device backend picks its GPU by the rank within the node.
+  std::vector<std::string> backend_options = options.backend_options;
+  backend_options.push_back("local_rank=" + std::to_string(options.local_rank));
   std::vector<const char*> opts;
-  for (const auto& o : options.backend_options) opts.push_back(o.c_str());
+  for (const auto& o : backend_options) opts.push_back(o.c_str());
   opts.push_back(nullptr);
   sp_comm_config cfg{};
   cfg.struct_size = sizeof(cfg);
@@ -149,9 +151,17 @@ std::shared_ptr<World> create_world(const WorldOptions& options, std::shared_ptr
   sp_comm* comm = nullptr;
   if (api->create(&cfg, &comm) != SP_OK || !comm) {
     const char* why = api->last_error();
+    // A backend that needed the store it did not get says so; then the user
+    // wants to know how to give one.
+    const std::string reason = why && *why ? why : "";
+    const bool wants_store =
+        no_rendezvous && (reason.find("store") != std::string::npos || reason.find("rendezvous") != std::string::npos);
     throw CommError("backend '" + options.backend + "': rank " + std::to_string(options.rank) + " of " +
                         std::to_string(options.world_size) + " could not join the world: " +
-                        (why && *why ? why : "unknown error"),
+                        (reason.empty() ? "unknown error" : reason) +
+                        (wants_store ? " (no rendezvous given: set MASTER_ADDR/MASTER_PORT or SHARDPLAN_STORE, "
+                                         "or use shardplan launch)"
+                                       : ""),
                     SP_ERR_INTERNAL);
   }
   auto c = std::make_shared<Communicator>(api, comm, "world", std::vector<int>{}, options.timeout);

@@ -20,7 +20,9 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/scatter.h>
+#if SHARDPLAN_GLOO_TCP_HEADERS
 #include <gloo/transport/tcp/context.h>
+#endif
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
@@ -41,6 +43,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -48,6 +51,7 @@
 #include "rendezvous.h"
 #include "shardplan/abi/comm.h"
 #include "shardplan/abi/plugin.h"
+#include "shardplan/comm_dtype.h"
 
 namespace sp_gloo {
 class Comm;
@@ -67,6 +71,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using ms = std::chrono::milliseconds;
+using shardplan::comm::dtype_name;
+using shardplan::comm::dtype_size;
 
 // Slot prefixes of our own algorithms; gloo's collectives use 0x01..0x08.
 constexpr uint8_t kReduceScatterSlotPrefix = 0x21;
@@ -154,11 +160,28 @@ void by_element_size(size_t es, F&& f) {
 }
 
 // tcp::Context::signalException is what gloo itself calls when an operation
-// times out: it fails every pending buffer and closes every pair. It is
-// protected; naming it through a derived class yields a usable pointer.
+// times out: it fails every pending buffer and closes every pair. Aborting a
+// communicator is exactly that, on demand.
+#if SHARDPLAN_GLOO_TCP_HEADERS
+// It is protected; naming it through a derived class yields a usable pointer.
 struct TcpContextAccess : gloo::transport::tcp::Context {
   static auto signal() { return &TcpContextAccess::signalException; }
 };
+void fail_pending(gloo::transport::Context* ctx, const std::string& why) {
+  (static_cast<gloo::transport::tcp::Context*>(ctx)->*TcpContextAccess::signal())(why);
+}
+#else
+// Some packages (Debian's libgloo-dev 0.5.0) ship tcp/context.h without the
+// gloo/common/memory.h it includes, so the class cannot be named. The member
+// is exported and non-virtual; on the Itanium C++ ABI a member function takes
+// `this` as its first argument, and transport::Context is tcp::Context's
+// primary base, so the transport context's address is `this`.
+void gloo_tcp_context_signal_exception(void* self, const std::string& why) __asm__(
+    "_ZN4gloo9transport3tcp7Context15signalExceptionERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE");
+void fail_pending(gloo::transport::Context* ctx, const std::string& why) {
+  gloo_tcp_context_signal_exception(ctx, why);
+}
+#endif
 
 }  // namespace
 
@@ -168,8 +191,7 @@ class Context final : public gloo::rendezvous::Context {
 
   void abort(const std::string& why) {
     // Every context of this plugin comes from a TCP device.
-    auto* tcp = static_cast<gloo::transport::tcp::Context*>(transportContext_.get());
-    if (tcp) (tcp->*TcpContextAccess::signal())(why);
+    if (transportContext_) fail_pending(transportContext_.get(), why);
   }
 };
 
@@ -459,6 +481,63 @@ class Comm {
 
 namespace {
 
+// ------------------------------------------------------------ running gloo
+
+// Runs one of gloo's collectives on `c`: `fill` completes its options, which
+// already carry the communicator's timeout and its next tag, drawn by the
+// executing thread in issue order so that all ranks agree on it without
+// talking.
+template <typename Opts, typename Fill>
+void run_gloo(Comm& c, void (*collective)(Opts&), Fill&& fill) {
+  std::remove_const_t<Opts> o(c.ctx);
+  o.setTag(c.next_tag());
+  o.setTimeout(c.timeout);
+  fill(o);
+  collective(o);
+}
+
+// The same over buffers of `es`-byte elements: `fill(o, e)` also gets a value
+// e of an unsigned type of that size, for gloo's typed setters.
+template <typename Opts, typename Fill>
+void run_gloo(Comm& c, size_t es, void (*collective)(Opts&), Fill&& fill) {
+  by_element_size(es, [&](auto e) { run_gloo(c, collective, [&](auto& o) { fill(o, e); }); });
+}
+
+// The same for a collective with a root.
+template <typename Opts, typename Fill>
+void run_gloo(Comm& c, size_t es, int32_t root, void (*collective)(Opts&), Fill&& fill) {
+  run_gloo(c, es, collective, [&](auto& o, auto e) {
+    o.setRoot(root);
+    fill(o, e);
+  });
+}
+
+// What gloo should read for an input of n bytes at p: p itself, or a private
+// copy when this collective's own writes may land there first.
+class StableInput {
+ public:
+  StableInput(uint8_t* p, size_t n, bool overwritten) : data_(p) {
+    if (!overwritten) return;
+    copy_.assign(p, p + n);
+    data_ = copy_.data();
+  }
+  StableInput(const StableInput&) = delete;
+  StableInput& operator=(const StableInput&) = delete;
+
+  uint8_t* data() const { return data_; }
+
+ private:
+  std::vector<uint8_t> copy_;
+  uint8_t* data_;
+};
+
+// At the root of scatter and gather: whether a rank's own buffer of one block
+// overlaps the root's buffer of one block per rank other than as the root's
+// own block (that in-place layout is safe).
+bool overlaps_other_blocks(const void* own, const sp_buffer& blocks, size_t block_bytes, const Comm& c, int32_t root) {
+  return own != bytes(blocks, block_bytes * root) && overlaps(own, block_bytes, blocks.data, block_bytes * c.size);
+}
+
 // ------------------------------------------------------------ validation
 
 int check_buffer(const char* op, const char* which, const sp_buffer* b) {
@@ -478,17 +557,52 @@ int check_buffer(const char* op, const char* which, const sp_buffer* b) {
   return SP_OK;
 }
 
-int check_pair(const char* op, const sp_buffer* send, const sp_buffer* recv) {
-  int rc = check_buffer(op, "send", send);
-  if (rc == SP_OK) rc = check_buffer(op, "recv", recv);
-  if (rc == SP_OK && send->dtype != recv->dtype)
-    rc = fail(SP_ERR_INVALID, std::string("gloo ") + op + ": send is " + dtype_name(send->dtype) + " but recv is " +
-                                  dtype_name(recv->dtype));
-  return rc;
+// How send and recv counts relate; rank-major layouts hold one block of the
+// other buffer's count per rank.
+enum class Counts { kEqual, kRecvPerRank, kSendPerRank, kEqualPerRank };
+
+int check_counts(const char* op, const sp_buffer& send, const sp_buffer& recv, Counts counts, int size) {
+  auto n = [](uint64_t count) { return std::to_string(count); };
+  std::string what;
+  switch (counts) {
+    case Counts::kEqual:
+      if (send.count == recv.count) return SP_OK;
+      what = "send has " + n(send.count) + " elements but recv has " + n(recv.count);
+      break;
+    case Counts::kRecvPerRank:
+      if (recv.count == send.count * size) return SP_OK;
+      what = "recv has " + n(recv.count) + " elements, expected send's " + n(send.count) + " x " + n(size) + " ranks";
+      break;
+    case Counts::kSendPerRank:
+      if (send.count == recv.count * size) return SP_OK;
+      what = "send has " + n(send.count) + " elements, expected recv's " + n(recv.count) + " x " + n(size) + " ranks";
+      break;
+    case Counts::kEqualPerRank:
+      if (send.count == recv.count && send.count % size == 0) return SP_OK;
+      what = "send has " + n(send.count) + " and recv " + n(recv.count) +
+             " elements; both must be equal and divisible by " + n(size);
+      break;
+  }
+  return fail(SP_ERR_INVALID, std::string("gloo ") + op + ": " + what);
 }
 
-int count_mismatch(const char* op, const std::string& what) {
-  return fail(SP_ERR_INVALID, std::string("gloo ") + op + ": " + what);
+int check_pair(const char* op, const sp_buffer* send, const sp_buffer* recv, Counts counts, int size) {
+  if (int rc = check_buffer(op, "send", send)) return rc;
+  if (int rc = check_buffer(op, "recv", recv)) return rc;
+  if (send->dtype != recv->dtype)
+    return fail(SP_ERR_INVALID, std::string("gloo ") + op + ": send is " + dtype_name(send->dtype) + " but recv is " +
+                                    dtype_name(recv->dtype));
+  return check_counts(op, *send, *recv, counts, size);
+}
+
+// all_reduce and reduce_scatter: the buffers, then the op, whose reduction
+// for the buffers' dtype lands in `fn`.
+int check_reduction(const char* op, const sp_buffer* send, const sp_buffer* recv, Counts counts, int32_t reduce_op,
+                    int size, ReduceFn& fn) {
+  if (int rc = check_pair(op, send, recv, counts, size)) return rc;
+  fn = reduce_fn(recv->dtype, reduce_op);
+  if (!fn) return fail(SP_ERR_INVALID, std::string("gloo ") + op + ": unknown reduce op " + std::to_string(reduce_op));
+  return SP_OK;
 }
 
 int check_comm(const char* op, sp_comm* comm) {
@@ -498,11 +612,17 @@ int check_comm(const char* op, sp_comm* comm) {
   return SP_OK;
 }
 
-int check_root(const char* op, const Comm& c, int32_t root) {
+enum class Side { kSend, kRecv };
+
+// Rooted collectives: the root passes both buffers, the other ranks only the
+// one they use (`others_use`).
+int check_rooted(const char* op, const Comm& c, int32_t root, const sp_buffer* send, const sp_buffer* recv,
+                 Counts counts, Side others_use) {
   if (root < 0 || root >= c.size)
     return fail(SP_ERR_INVALID, std::string("gloo ") + op + ": root " + std::to_string(root) +
                                     " is outside the group of " + std::to_string(c.size));
-  return SP_OK;
+  if (c.rank == root) return check_pair(op, send, recv, counts, c.size);
+  return others_use == Side::kSend ? check_buffer(op, "send", send) : check_buffer(op, "recv", recv);
 }
 
 template <typename Fn>
@@ -520,6 +640,16 @@ int guarded(const char* op, Fn&& fn) {
   } catch (...) {
     return fail(SP_ERR_INTERNAL, std::string("gloo ") + op + ": unknown error");
   }
+}
+
+// The frame of every operation on a communicator: the communicator is checked
+// first, and any exception becomes a status whose message names `op`.
+template <typename Fn>
+int on_comm(const char* op, sp_comm* comm, Fn&& fn) {
+  return guarded(op, [&]() -> int {
+    if (int rc = check_comm(op, comm)) return rc;
+    return fn(op, comm->impl.get());
+  });
 }
 
 // ---------------------------------------------------------------- create
@@ -610,12 +740,10 @@ int api_split(sp_comm* parent, int32_t color, int32_t key, sp_comm** out) {
       [&] {
         int32_t mine[2] = {color, key};
         std::vector<int32_t> all(2 * static_cast<size_t>(p->size));
-        gloo::AllgatherOptions ag(p->ctx);
-        ag.setInput(mine, 2);
-        ag.setOutput(all.data(), all.size());
-        ag.setTag(p->next_tag());
-        ag.setTimeout(p->timeout);
-        gloo::allgather(ag);
+        run_gloo(*p, gloo::allgather, [&](auto& o) {
+          o.setInput(mine, 2);
+          o.setOutput(all.data(), all.size());
+        });
         uint32_t seq = p->split_seq++;
         if (color < 0) return;
 
@@ -667,70 +795,88 @@ int32_t api_size(const sp_comm* comm) { return comm && comm->impl ? comm->impl->
 
 // ----------------------------------------------------------- collectives
 
-int api_all_reduce(sp_comm* comm, const sp_buffer* send, const sp_buffer* recv, int32_t op, sp_work** work) {
-  const char* name = "all_reduce";
-  return guarded(name, [&]() -> int {
-    if (int rc = check_comm(name, comm)) return rc;
-    if (int rc = check_pair(name, send, recv)) return rc;
-    if (send->count != recv->count)
-      return count_mismatch(name, "send has " + std::to_string(send->count) + " elements but recv has " +
-                                      std::to_string(recv->count));
-    ReduceFn fn = reduce_fn(recv->dtype, op);
-    if (!fn) return fail(SP_ERR_INVALID, std::string("gloo all_reduce: unknown reduce op ") + std::to_string(op));
-    Comm* c = comm->impl.get();
-    sp_buffer s = *send, r = *recv;
-    size_t es = dtype_size(r.dtype);
-    return c->submit(
-        name,
-        [c, s, r, es, fn] {
-          if (r.count == 0) return;
-          // Copying first and reducing in place costs what gloo's own
-          // out-of-place path costs (it copies per segment) and survives
-          // any overlap of send and recv.
-          if (s.data != r.data) std::memmove(r.data, s.data, r.count * es);
-          by_element_size(es, [&](auto e) {
-            using E = decltype(e);
-            gloo::AllreduceOptions o(c->ctx);
-            o.setOutput(static_cast<E*>(r.data), r.count);
-            o.setReduceFunction(fn);
-            o.setTag(c->next_tag());
-            o.setTimeout(c->timeout);
-            gloo::allreduce(o);
-          });
-        },
-        work);
+// Queues a collective whose arguments are valid: `run(c, s, r, es)` executes
+// in issue order with copies of the descriptors (an async call's need not
+// outlive the call) and their element size, and not at all when there are no
+// elements to move.
+template <typename Run>
+int submit_collective(Comm* c, const char* name, const sp_buffer& send, const sp_buffer& recv, sp_work** work,
+                      Run run) {
+  const size_t es = dtype_size(recv.dtype);
+  return c->submit(
+      name,
+      [c, s = send, r = recv, es, run] {
+        if (r.count > 0) run(*c, s, r, es);
+      },
+      work);
+}
+
+// all_gather and all_to_all: every rank passes both buffers.
+template <typename Run>
+int paired_collective(const char* op, sp_comm* comm, const sp_buffer* send, const sp_buffer* recv, Counts counts,
+                      sp_work** work, Run run) {
+  return on_comm(op, comm, [&](const char* name, Comm* c) -> int {
+    if (int rc = check_pair(name, send, recv, counts, c->size)) return rc;
+    return submit_collective(c, name, *send, *recv, work, run);
   });
 }
 
-int api_all_gather(sp_comm* comm, const sp_buffer* send, const sp_buffer* recv, sp_work** work) {
-  const char* name = "all_gather";
-  return guarded(name, [&]() -> int {
-    if (int rc = check_comm(name, comm)) return rc;
-    if (int rc = check_pair(name, send, recv)) return rc;
-    Comm* c = comm->impl.get();
-    if (recv->count != send->count * c->size)
-      return count_mismatch(name, "recv has " + std::to_string(recv->count) + " elements, expected send's " +
-                                      std::to_string(send->count) + " x " + std::to_string(c->size) + " ranks");
-    sp_buffer s = *send, r = *recv;
-    size_t es = dtype_size(r.dtype);
-    return c->submit(
-        name,
-        [c, s, r, es] {
-          if (s.count == 0) return;
-          size_t chunk = s.count * es;
-          uint8_t* mine = bytes(r, chunk * c->rank);
-          if (s.data != mine) std::memmove(mine, s.data, chunk);
-          by_element_size(es, [&](auto e) {
-            using E = decltype(e);
-            gloo::AllgatherOptions o(c->ctx);
-            o.setOutput(static_cast<E*>(r.data), r.count);
-            o.setTag(c->next_tag());
-            o.setTimeout(c->timeout);
-            gloo::allgather(o);
-          });
-        },
-        work);
+// all_reduce and reduce_scatter: paired collectives whose `run` also gets the
+// reduction for the buffers' dtype, last.
+template <typename Run>
+int reduction_collective(const char* op, sp_comm* comm, const sp_buffer* send, const sp_buffer* recv, Counts counts,
+                         int32_t reduce_op, sp_work** work, Run run) {
+  return on_comm(op, comm, [&](const char* name, Comm* c) -> int {
+    ReduceFn fn = nullptr;
+    if (int rc = check_reduction(name, send, recv, counts, reduce_op, c->size, fn)) return rc;
+    auto run_with_fn = [fn, run](Comm& c, const sp_buffer& s, const sp_buffer& r, size_t es) { run(c, s, r, es, fn); };
+    return submit_collective(c, name, *send, *recv, work, run_with_fn);
   });
+}
+
+// broadcast, scatter and gather. A rank other than the root passes only the
+// buffer it uses (`others_use`), which then stands in for the other one.
+// `run` gets whether this rank is the root, last.
+template <typename Run>
+int rooted_collective(const char* op, sp_comm* comm, const sp_buffer* send, const sp_buffer* recv, int32_t root,
+                      Counts counts, Side others_use, sp_work** work, Run run) {
+  return on_comm(op, comm, [&](const char* name, Comm* c) -> int {
+    if (int rc = check_rooted(name, *c, root, send, recv, counts, others_use)) return rc;
+    const bool is_root = c->rank == root;
+    const sp_buffer& mine = others_use == Side::kSend ? *send : *recv;
+    auto run_as = [is_root, run](Comm& c, const sp_buffer& s, const sp_buffer& r, size_t es) {
+      run(c, s, r, es, is_root);
+    };
+    return submit_collective(c, name, is_root ? *send : mine, is_root ? *recv : mine, work, run_as);
+  });
+}
+
+int api_all_reduce(sp_comm* comm, const sp_buffer* send, const sp_buffer* recv, int32_t op, sp_work** work) {
+  return reduction_collective(
+      "all_reduce", comm, send, recv, Counts::kEqual, op, work,
+      [](Comm& c, const sp_buffer& s, const sp_buffer& r, size_t es, ReduceFn fn) {
+        // Copying first and reducing in place costs what gloo's own
+        // out-of-place path costs (it copies per segment) and survives
+        // any overlap of send and recv.
+        if (s.data != r.data) std::memmove(r.data, s.data, r.count * es);
+        run_gloo(c, es, gloo::allreduce, [&](auto& o, auto e) {
+          o.setOutput(static_cast<decltype(e)*>(r.data), r.count);
+          o.setReduceFunction(fn);
+        });
+      });
+}
+
+int api_all_gather(sp_comm* comm, const sp_buffer* send, const sp_buffer* recv, sp_work** work) {
+  return paired_collective(
+      "all_gather", comm, send, recv, Counts::kRecvPerRank, work,
+      [](Comm& c, const sp_buffer& s, const sp_buffer& r, size_t es) {
+        size_t chunk = s.count * es;
+        uint8_t* mine = bytes(r, chunk * c.rank);
+        if (s.data != mine) std::memmove(mine, s.data, chunk);
+        run_gloo(c, es, gloo::allgather, [&](auto& o, auto e) {
+          o.setOutput(static_cast<decltype(e)*>(r.data), r.count);
+        });
+      });
 }
 
 // Ring reduce-scatter: in step s this rank sends the partial sum of chunk
@@ -746,13 +892,10 @@ void ring_reduce_scatter(Comm& c, const sp_buffer& s, const sp_buffer& r, Reduce
     std::memmove(r.data, s.data, chunk);
     return;
   }
-  const uint8_t* own_chunk = bytes(s, chunk * me);
-  std::vector<uint8_t> own_copy;
-  if (r.data != s.data && r.data != own_chunk && overlaps(r.data, chunk, s.data, chunk * P)) {
-    own_copy.assign(own_chunk, own_chunk + chunk);
-    own_chunk = own_copy.data();
-  }
-  auto chunk_of = [&](int i) -> const uint8_t* { return i == me ? own_chunk : bytes(s, chunk * i); };
+  uint8_t* const own = bytes(s, chunk * me);
+  const StableInput own_chunk(own, chunk,
+                              r.data != s.data && r.data != own && overlaps(r.data, chunk, s.data, chunk * P));
+  auto chunk_of = [&](int i) -> const uint8_t* { return i == me ? own_chunk.data() : bytes(s, chunk * i); };
 
   const auto slot = gloo::Slot::build(kReduceScatterSlotPrefix, c.next_tag());
   const int right = (me + 1) % P, left = (me + P - 1) % P;
@@ -773,190 +916,77 @@ void ring_reduce_scatter(Comm& c, const sp_buffer& s, const sp_buffer& r, Reduce
 }
 
 int api_reduce_scatter(sp_comm* comm, const sp_buffer* send, const sp_buffer* recv, int32_t op, sp_work** work) {
-  const char* name = "reduce_scatter";
-  return guarded(name, [&]() -> int {
-    if (int rc = check_comm(name, comm)) return rc;
-    if (int rc = check_pair(name, send, recv)) return rc;
-    Comm* c = comm->impl.get();
-    if (send->count != recv->count * c->size)
-      return count_mismatch(name, "send has " + std::to_string(send->count) + " elements, expected recv's " +
-                                      std::to_string(recv->count) + " x " + std::to_string(c->size) + " ranks");
-    ReduceFn fn = reduce_fn(recv->dtype, op);
-    if (!fn) return fail(SP_ERR_INVALID, std::string("gloo reduce_scatter: unknown reduce op ") + std::to_string(op));
-    sp_buffer s = *send, r = *recv;
-    size_t es = dtype_size(r.dtype);
-    return c->submit(
-        name,
-        [c, s, r, es, fn] {
-          if (r.count == 0) return;
-          ring_reduce_scatter(*c, s, r, fn, es);
-        },
-        work);
-  });
+  return reduction_collective(
+      "reduce_scatter", comm, send, recv, Counts::kSendPerRank, op, work,
+      [](Comm& c, const sp_buffer& s, const sp_buffer& r, size_t es, ReduceFn fn) {
+        ring_reduce_scatter(c, s, r, fn, es);
+      });
 }
 
 int api_broadcast(sp_comm* comm, const sp_buffer* send, const sp_buffer* recv, int32_t root, sp_work** work) {
-  const char* name = "broadcast";
-  return guarded(name, [&]() -> int {
-    if (int rc = check_comm(name, comm)) return rc;
-    Comm* c = comm->impl.get();
-    if (int rc = check_root(name, *c, root)) return rc;
-    const bool is_root = c->rank == root;
-    if (int rc = is_root ? check_pair(name, send, recv) : check_buffer(name, "recv", recv)) return rc;
-    if (is_root && send->count != recv->count)
-      return count_mismatch(name, "send has " + std::to_string(send->count) + " elements but recv has " +
-                                      std::to_string(recv->count));
-    sp_buffer s = is_root ? *send : *recv, r = *recv;
-    size_t es = dtype_size(r.dtype);
-    return c->submit(
-        name,
-        [c, s, r, es, root, is_root] {
-          if (r.count == 0) return;
-          if (is_root && s.data != r.data) std::memmove(r.data, s.data, r.count * es);
-          by_element_size(es, [&](auto e) {
-            using E = decltype(e);
-            gloo::BroadcastOptions o(c->ctx);
-            o.setOutput(static_cast<E*>(r.data), r.count);
-            o.setRoot(root);
-            o.setTag(c->next_tag());
-            o.setTimeout(c->timeout);
-            gloo::broadcast(o);
-          });
-        },
-        work);
-  });
+  return rooted_collective(
+      "broadcast", comm, send, recv, root, Counts::kEqual, Side::kRecv, work,
+      [root](Comm& c, const sp_buffer& s, const sp_buffer& r, size_t es, bool is_root) {
+        if (is_root && s.data != r.data) std::memmove(r.data, s.data, r.count * es);
+        run_gloo(c, es, root, gloo::broadcast, [&](auto& o, auto e) {
+          o.setOutput(static_cast<decltype(e)*>(r.data), r.count);
+        });
+      });
 }
 
 int api_scatter(sp_comm* comm, const sp_buffer* send, const sp_buffer* recv, int32_t root, sp_work** work) {
-  const char* name = "scatter";
-  return guarded(name, [&]() -> int {
-    if (int rc = check_comm(name, comm)) return rc;
-    Comm* c = comm->impl.get();
-    if (int rc = check_root(name, *c, root)) return rc;
-    const bool is_root = c->rank == root;
-    if (int rc = is_root ? check_pair(name, send, recv) : check_buffer(name, "recv", recv)) return rc;
-    if (is_root && send->count != recv->count * c->size)
-      return count_mismatch(name, "send has " + std::to_string(send->count) + " elements, expected recv's " +
-                                      std::to_string(recv->count) + " x " + std::to_string(c->size) + " ranks");
-    sp_buffer s = is_root ? *send : *recv, r = *recv;
-    size_t es = dtype_size(r.dtype);
-    return c->submit(
-        name,
-        [c, s, r, es, root, is_root] {
-          if (r.count == 0) return;
-          const size_t chunk = r.count * es;
-          by_element_size(es, [&](auto e) {
-            using E = decltype(e);
-            gloo::ScatterOptions o(c->ctx);
-            std::vector<uint8_t> copy;
-            if (is_root) {
-              // The root's sends are still in flight when gloo copies its
-              // own block into recv.
-              const uint8_t* src = bytes(s);
-              if (r.data != bytes(s, chunk * root) && overlaps(r.data, chunk, s.data, chunk * c->size)) {
-                copy.assign(src, src + chunk * c->size);
-                src = copy.data();
-              }
-              std::vector<E*> blocks;
-              for (int i = 0; i < c->size; ++i)
-                blocks.push_back(reinterpret_cast<E*>(const_cast<uint8_t*>(src) + chunk * i));
-              o.setInputs(blocks, r.count);
-            }
-            o.setOutput(static_cast<E*>(r.data), r.count);
-            o.setRoot(root);
-            o.setTag(c->next_tag());
-            o.setTimeout(c->timeout);
-            gloo::scatter(o);
-          });
-        },
-        work);
-  });
+  return rooted_collective(
+      "scatter", comm, send, recv, root, Counts::kSendPerRank, Side::kRecv, work,
+      [root](Comm& c, const sp_buffer& s, const sp_buffer& r, size_t es, bool is_root) {
+        const size_t chunk = r.count * es;
+        // The root's sends are still in flight when gloo copies its own block
+        // into recv.
+        const StableInput src(bytes(s), chunk * c.size, is_root && overlaps_other_blocks(r.data, s, chunk, c, root));
+        run_gloo(c, es, root, gloo::scatter, [&](auto& o, auto e) {
+          using E = decltype(e);
+          if (is_root) {
+            std::vector<E*> blocks;
+            for (int i = 0; i < c.size; ++i) blocks.push_back(reinterpret_cast<E*>(src.data() + chunk * i));
+            o.setInputs(blocks, r.count);
+          }
+          o.setOutput(static_cast<E*>(r.data), r.count);
+        });
+      });
 }
 
 int api_gather(sp_comm* comm, const sp_buffer* send, const sp_buffer* recv, int32_t root, sp_work** work) {
-  const char* name = "gather";
-  return guarded(name, [&]() -> int {
-    if (int rc = check_comm(name, comm)) return rc;
-    Comm* c = comm->impl.get();
-    if (int rc = check_root(name, *c, root)) return rc;
-    const bool is_root = c->rank == root;
-    if (int rc = is_root ? check_pair(name, send, recv) : check_buffer(name, "send", send)) return rc;
-    if (is_root && recv->count != send->count * c->size)
-      return count_mismatch(name, "recv has " + std::to_string(recv->count) + " elements, expected send's " +
-                                      std::to_string(send->count) + " x " + std::to_string(c->size) + " ranks");
-    sp_buffer s = *send, r = is_root ? *recv : *send;
-    size_t es = dtype_size(s.dtype);
-    return c->submit(
-        name,
-        [c, s, r, es, root, is_root] {
-          if (s.count == 0) return;
-          const size_t chunk = s.count * es;
-          by_element_size(es, [&](auto e) {
-            using E = decltype(e);
-            gloo::GatherOptions o(c->ctx);
-            // Peers' blocks land in recv before gloo copies ours; an input
-            // overlapping another rank's block must be read first.
-            std::vector<uint8_t> copy;
-            void* src = s.data;
-            if (is_root && s.data != bytes(r, chunk * root) && overlaps(s.data, chunk, r.data, chunk * c->size)) {
-              copy.assign(bytes(s), bytes(s) + chunk);
-              src = copy.data();
-            }
-            o.setInput(static_cast<E*>(src), s.count);
-            if (is_root) o.setOutput(static_cast<E*>(r.data), r.count);
-            o.setRoot(root);
-            o.setTag(c->next_tag());
-            o.setTimeout(c->timeout);
-            gloo::gather(o);
-          });
-        },
-        work);
-  });
+  return rooted_collective(
+      "gather", comm, send, recv, root, Counts::kRecvPerRank, Side::kSend, work,
+      [root](Comm& c, const sp_buffer& s, const sp_buffer& r, size_t es, bool is_root) {
+        const size_t chunk = s.count * es;
+        // Peers' blocks land in recv before gloo copies ours; an input
+        // overlapping another rank's block must be read first.
+        const StableInput src(bytes(s), chunk, is_root && overlaps_other_blocks(s.data, r, chunk, c, root));
+        run_gloo(c, es, root, gloo::gather, [&](auto& o, auto e) {
+          using E = decltype(e);
+          o.setInput(reinterpret_cast<E*>(src.data()), s.count);
+          if (is_root) o.setOutput(static_cast<E*>(r.data), r.count);
+        });
+      });
 }
 
 int api_all_to_all(sp_comm* comm, const sp_buffer* send, const sp_buffer* recv, sp_work** work) {
-  const char* name = "all_to_all";
-  return guarded(name, [&]() -> int {
-    if (int rc = check_comm(name, comm)) return rc;
-    if (int rc = check_pair(name, send, recv)) return rc;
-    Comm* c = comm->impl.get();
-    if (send->count != recv->count || send->count % c->size != 0)
-      return count_mismatch(name, "send has " + std::to_string(send->count) + " and recv " +
-                                      std::to_string(recv->count) + " elements; both must be equal and divisible by " +
-                                      std::to_string(c->size));
-    sp_buffer s = *send, r = *recv;
-    size_t es = dtype_size(r.dtype);
-    return c->submit(
-        name,
-        [c, s, r, es] {
-          if (r.count == 0) return;
-          const size_t total = r.count * es;
-          by_element_size(es, [&](auto e) {
-            using E = decltype(e);
-            gloo::AlltoallOptions o(c->ctx);
-            std::vector<uint8_t> copy;
-            void* src = s.data;
-            if (overlaps(s.data, total, r.data, total)) {
-              copy.assign(bytes(s), bytes(s) + total);
-              src = copy.data();
-            }
-            o.setInput(static_cast<E*>(src), s.count);
-            o.setOutput(static_cast<E*>(r.data), r.count);
-            o.setTag(c->next_tag());
-            o.setTimeout(c->timeout);
-            gloo::alltoall(o);
-          });
-        },
-        work);
-  });
+  return paired_collective(
+      "all_to_all", comm, send, recv, Counts::kEqualPerRank, work,
+      [](Comm& c, const sp_buffer& s, const sp_buffer& r, size_t es) {
+        const size_t total = r.count * es;
+        const StableInput src(bytes(s), total, overlaps(s.data, total, r.data, total));
+        run_gloo(c, es, gloo::alltoall, [&](auto& o, auto e) {
+          using E = decltype(e);
+          o.setInput(reinterpret_cast<E*>(src.data()), s.count);
+          o.setOutput(static_cast<E*>(r.data), r.count);
+        });
+      });
 }
 
 int point_to_point(bool is_send, sp_comm* comm, const sp_buffer* buf, int32_t peer, int32_t tag, sp_work** work) {
-  const char* name = is_send ? "send" : "recv";
-  return guarded(name, [&]() -> int {
-    if (int rc = check_comm(name, comm)) return rc;
+  return on_comm(is_send ? "send" : "recv", comm, [&](const char* name, Comm* c) -> int {
     if (int rc = check_buffer(name, "buffer", buf)) return rc;
-    Comm* c = comm->impl.get();
     if (peer < 0 || peer >= c->size)
       return fail(SP_ERR_INVALID, "gloo " + c->what(name) + ": peer " + std::to_string(peer) +
                                       " is outside the group of " + std::to_string(c->size));
@@ -1000,19 +1030,8 @@ int api_recv(sp_comm* comm, const sp_buffer* buf, int32_t peer, int32_t tag, sp_
 }
 
 int api_barrier(sp_comm* comm, sp_work** work) {
-  const char* name = "barrier";
-  return guarded(name, [&]() -> int {
-    if (int rc = check_comm(name, comm)) return rc;
-    Comm* c = comm->impl.get();
-    return c->submit(
-        name,
-        [c] {
-          gloo::BarrierOptions o(c->ctx);
-          o.setTag(c->next_tag());
-          o.setTimeout(c->timeout);
-          gloo::barrier(o);
-        },
-        work);
+  return on_comm("barrier", comm, [&](const char* name, Comm* c) -> int {
+    return c->submit(name, [c] { run_gloo(*c, gloo::barrier, [](auto&) {}); }, work);
   });
 }
 

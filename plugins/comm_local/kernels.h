@@ -15,100 +15,13 @@
 #include <type_traits>
 
 #include "shardplan/abi/comm.h"
+#include "shardplan/comm_dtype.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
 
 namespace sp_local {
-
-inline uint32_t bits_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-inline float float_of(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-// IEEE half <-> float without F16C, so the plugin runs on any x86-64 and
-// aarch64. Branch-light versions after F. Giesen's public-domain half.c.
-inline float f16_to_float(uint16_t h) {
-  const uint32_t shifted_exp = 0x7c00u << 13;
-  uint32_t o = static_cast<uint32_t>(h & 0x7fffu) << 13;
-  const uint32_t exp = o & shifted_exp;
-  o += (127u - 15u) << 23;
-  if (exp == shifted_exp) {
-    o += (128u - 16u) << 23;  // Inf/NaN keep an all-ones exponent
-  } else if (exp == 0) {
-    // Subnormal: let the FPU normalize it.
-    o += 1u << 23;
-    o = bits_of(float_of(o) - float_of(113u << 23));
-  }
-  o |= static_cast<uint32_t>(h & 0x8000u) << 16;
-  return float_of(o);
-}
-
-// Round to nearest, ties to even; overflow becomes Inf, NaN stays a quiet NaN.
-inline uint16_t float_to_f16(float value) {
-  uint32_t f = bits_of(value);
-  const uint32_t sign = f & 0x80000000u;
-  f ^= sign;
-  uint16_t o;
-  if (f >= ((127u + 16u) << 23)) {
-    o = f > (255u << 23) ? 0x7e00 : 0x7c00;
-  } else if (f < (113u << 23)) {
-    // Result is subnormal or zero: adding this magic makes the FPU's own
-    // round-to-nearest-even do the rounding at the right bit.
-    const uint32_t denorm_magic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
-    o = static_cast<uint16_t>(bits_of(float_of(f) + float_of(denorm_magic)) - denorm_magic);
-  } else {
-    const uint32_t mant_odd = (f >> 13) & 1u;
-    f += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu;
-    f += mant_odd;
-    o = static_cast<uint16_t>(f >> 13);
-  }
-  return static_cast<uint16_t>(o | (sign >> 16));
-}
-
-inline float bf16_to_float(uint16_t h) { return float_of(static_cast<uint32_t>(h) << 16); }
-
-inline uint16_t float_to_bf16(float value) {
-  const uint32_t u = bits_of(value);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-// Storage type S, accumulator type A, and the conversions between them.
-template <int DT> struct Elem;
-#define SP_LOCAL_NATIVE(DT, T)                     \
-  template <> struct Elem<DT> {                    \
-    using S = T;                                   \
-    using A = T;                                   \
-    static A load(S v) { return v; }               \
-    static S store(A a) { return a; }              \
-  };
-SP_LOCAL_NATIVE(SP_FLOAT32, float)
-SP_LOCAL_NATIVE(SP_FLOAT64, double)
-SP_LOCAL_NATIVE(SP_INT8, int8_t)
-SP_LOCAL_NATIVE(SP_UINT8, uint8_t)
-SP_LOCAL_NATIVE(SP_INT32, int32_t)
-SP_LOCAL_NATIVE(SP_INT64, int64_t)
-#undef SP_LOCAL_NATIVE
-template <> struct Elem<SP_FLOAT16> {
-  using S = uint16_t;
-  using A = float;
-  static A load(S v) { return f16_to_float(v); }
-  static S store(A a) { return float_to_f16(a); }
-};
-template <> struct Elem<SP_BFLOAT16> {
-  using S = uint16_t;
-  using A = float;
-  static A load(S v) { return bf16_to_float(v); }
-  static S store(A a) { return float_to_bf16(a); }
-};
 
 // Integer sum/product wrap around (two's complement) instead of being UB.
 struct OpSum {
@@ -187,9 +100,9 @@ using ReduceFn = void (*)(void* const* dsts, int ndst, const void* const* srcs, 
 
 template <int DT, class Op>
 void reduce_kernel(void* const* dsts, int ndst, const void* const* srcs, int nsrc, size_t len, bool stream) {
-  using E = Elem<DT>;
-  using S = typename E::S;
-  using A = typename E::A;
+  using E = shardplan::comm::dtype_traits<DT>;
+  using S = typename E::storage;
+  using A = typename E::compute;
   constexpr bool kConvert = !std::is_same_v<S, A>;
   alignas(64) A acc[kTile];
   alignas(64) S out[kConvert ? kTile : 1];
@@ -235,45 +148,8 @@ ReduceFn reduce_for_op(int op) {
 }
 
 inline ReduceFn reduce_fn(int dtype, int op) {
-  switch (dtype) {
-    case SP_FLOAT32: return reduce_for_op<SP_FLOAT32>(op);
-    case SP_FLOAT64: return reduce_for_op<SP_FLOAT64>(op);
-    case SP_FLOAT16: return reduce_for_op<SP_FLOAT16>(op);
-    case SP_BFLOAT16: return reduce_for_op<SP_BFLOAT16>(op);
-    case SP_INT8: return reduce_for_op<SP_INT8>(op);
-    case SP_UINT8: return reduce_for_op<SP_UINT8>(op);
-    case SP_INT32: return reduce_for_op<SP_INT32>(op);
-    case SP_INT64: return reduce_for_op<SP_INT64>(op);
-    default: return nullptr;
-  }
-}
-
-inline size_t dtype_size(int dtype) {
-  switch (dtype) {
-    case SP_FLOAT32: return 4;
-    case SP_FLOAT64: return 8;
-    case SP_FLOAT16: return 2;
-    case SP_BFLOAT16: return 2;
-    case SP_INT8: return 1;
-    case SP_UINT8: return 1;
-    case SP_INT32: return 4;
-    case SP_INT64: return 8;
-    default: return 0;
-  }
-}
-
-inline const char* dtype_name(int dtype) {
-  switch (dtype) {
-    case SP_FLOAT32: return "float32";
-    case SP_FLOAT64: return "float64";
-    case SP_FLOAT16: return "float16";
-    case SP_BFLOAT16: return "bfloat16";
-    case SP_INT8: return "int8";
-    case SP_UINT8: return "uint8";
-    case SP_INT32: return "int32";
-    case SP_INT64: return "int64";
-    default: return "unknown dtype";
-  }
+  return shardplan::comm::visit_dtype(
+      dtype, [op](auto dt) { return reduce_for_op<decltype(dt)::value>(op); }, ReduceFn{nullptr});
 }
 
 }  // namespace sp_local

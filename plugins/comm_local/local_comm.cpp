@@ -53,9 +53,14 @@
 #include "kernels.h"
 #include "shardplan/abi/comm.h"
 #include "shardplan/abi/plugin.h"
+#include "shardplan/comm_dtype.h"
 
 namespace sp_local {
 namespace {
+
+using shardplan::comm::dtype_name;
+using shardplan::comm::dtype_size;
+using shardplan::comm::reduce_op_name;
 
 using Clock = std::chrono::steady_clock;
 constexpr int64_t kDefaultTimeoutMs = 300000;
@@ -101,16 +106,6 @@ const char* kind_name(int k) {
 bool is_p2p(int k) { return k == K_SEND || k == K_RECV; }
 bool has_op(int k) { return k == K_ALL_REDUCE || k == K_REDUCE_SCATTER; }
 bool has_root(int k) { return k == K_BROADCAST || k == K_SCATTER || k == K_GATHER; }
-
-const char* op_name(int op) {
-  switch (op) {
-    case SP_SUM: return "sum";
-    case SP_MAX: return "max";
-    case SP_MIN: return "min";
-    case SP_PROD: return "prod";
-    default: return "?";
-  }
-}
 
 std::string ms_str(int64_t ms) { return std::to_string(ms) + " ms"; }
 
@@ -558,7 +553,7 @@ std::string describe_slot(const Slot& s) {
   std::string out = kind_name(s.kind);
   if (s.kind == K_BARRIER || s.kind == K_SPLIT) return out;
   out += std::string(" of ") + std::to_string(s.count) + " " + dtype_name(s.dtype);
-  if (has_op(s.kind)) out += std::string(" ") + op_name(s.op);
+  if (has_op(s.kind)) out += std::string(" ") + reduce_op_name(s.op);
   if (has_root(s.kind)) out += " root " + std::to_string(s.root);
   return out;
 }

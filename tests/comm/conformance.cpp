@@ -4,87 +4,30 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <thread>
+
+#include "shardplan/comm_dtype.h"
 
 namespace shardplan {
 namespace conformance {
 namespace {
 
+using comm::dtype_name;
+using comm::dtype_size;
+using comm::reduce_op_name;
+
 constexpr unsigned char kSentinel = 0xA5;
 constexpr size_t kGuardBytes = 64;
-
-size_t esize(int32_t dt) {
-  switch (dt) {
-    case SP_FLOAT64:
-    case SP_INT64: return 8;
-    case SP_FLOAT32:
-    case SP_INT32: return 4;
-    case SP_FLOAT16:
-    case SP_BFLOAT16: return 2;
-    default: return 1;
-  }
-}
-
-const char* dt_name(int32_t dt) {
-  switch (dt) {
-    case SP_FLOAT32: return "float32";
-    case SP_FLOAT64: return "float64";
-    case SP_FLOAT16: return "float16";
-    case SP_BFLOAT16: return "bfloat16";
-    case SP_INT8: return "int8";
-    case SP_UINT8: return "uint8";
-    case SP_INT32: return "int32";
-    case SP_INT64: return "int64";
-    default: return "?";
-  }
-}
-
-const char* op_name(int32_t op) {
-  switch (op) {
-    case SP_SUM: return "sum";
-    case SP_MAX: return "max";
-    case SP_MIN: return "min";
-    case SP_PROD: return "prod";
-    default: return "?";
-  }
-}
-
-// Exact for the small integers used here; no rounding logic needed.
-uint16_t int_to_half(int64_t v) {
-  if (v == 0) return 0;
-  uint16_t sign = v < 0 ? 0x8000 : 0;
-  uint64_t a = static_cast<uint64_t>(v < 0 ? -v : v);
-  int e = 63 - __builtin_clzll(a);
-  uint64_t mant = (a << (10 - std::min(e, 10))) >> std::max(0, e - 10);
-  return static_cast<uint16_t>(sign | ((e + 15) << 10) | (mant & 0x3ff));
-}
-
-float half_to_float(uint16_t h) {
-  const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
-  float v;
-  if (e == 0)
-    v = std::ldexp(static_cast<float>(m), -24);
-  else if (e == 31)
-    v = m ? NAN : INFINITY;
-  else
-    v = std::ldexp(static_cast<float>(m | 0x400), e - 25);
-  return (h & 0x8000) ? -v : v;
-}
 
 void put(int32_t dt, void* p, uint64_t i, int64_t v) {
   switch (dt) {
     case SP_FLOAT32: static_cast<float*>(p)[i] = static_cast<float>(v); break;
     case SP_FLOAT64: static_cast<double*>(p)[i] = static_cast<double>(v); break;
-    case SP_FLOAT16: static_cast<uint16_t*>(p)[i] = int_to_half(v); break;
-    case SP_BFLOAT16: {
-      float f = static_cast<float>(v);
-      uint32_t u;
-      std::memcpy(&u, &f, 4);
-      static_cast<uint16_t*>(p)[i] = static_cast<uint16_t>(u >> 16);  // exact for |v| <= 256
-      break;
-    }
+    case SP_FLOAT16: static_cast<uint16_t*>(p)[i] = comm::float_to_f16(static_cast<float>(v)); break;
+    case SP_BFLOAT16: static_cast<uint16_t*>(p)[i] = comm::float_to_bf16(static_cast<float>(v)); break;
     case SP_INT8: static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v); break;
     case SP_UINT8: static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v); break;
     case SP_INT32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); break;
@@ -97,13 +40,8 @@ double get(int32_t dt, const void* p, uint64_t i) {
   switch (dt) {
     case SP_FLOAT32: return static_cast<const float*>(p)[i];
     case SP_FLOAT64: return static_cast<const double*>(p)[i];
-    case SP_FLOAT16: return half_to_float(static_cast<const uint16_t*>(p)[i]);
-    case SP_BFLOAT16: {
-      uint32_t u = static_cast<uint32_t>(static_cast<const uint16_t*>(p)[i]) << 16;
-      float f;
-      std::memcpy(&f, &u, 4);
-      return f;
-    }
+    case SP_FLOAT16: return comm::f16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case SP_BFLOAT16: return comm::bf16_to_float(static_cast<const uint16_t*>(p)[i]);
     case SP_INT8: return static_cast<const int8_t*>(p)[i];
     case SP_UINT8: return static_cast<const uint8_t*>(p)[i];
     case SP_INT32: return static_cast<const int32_t*>(p)[i];
@@ -140,41 +78,88 @@ int64_t reduce_ref(int32_t dt, int32_t op, int n, uint64_t i, uint64_t salt) {
   return acc;
 }
 
+// The running rank's Options::memory, set by run_conformance for its thread
+// so that every Buf finds it without being told.
+thread_local const Memory* t_memory = nullptr;
+
 // Heap memory with a guard zone after the last element, pre-filled with a
-// sentinel that is never a valid result.
+// sentinel that is never a valid result. With device memory (Options::memory)
+// mem_ is the host copy: desc() uploads it when it was written, and reading
+// it downloads first when a desc() was handed out since.
 class Buf {
  public:
-  Buf(int32_t dt, uint64_t count) : dt_(dt), count_(count), mem_(count * esize(dt) + kGuardBytes, kSentinel) {}
+  Buf(int32_t dt, uint64_t count)
+      : dt_(dt), count_(count), mem_(count * dtype_size(dt) + kGuardBytes, kSentinel), memory_(t_memory) {
+    if (memory_ && memory_->alloc) dev_ = static_cast<char*>(memory_->alloc(mem_.size()));
+  }
+  ~Buf() {
+    if (dev_) memory_->free(dev_);
+  }
+  Buf(const Buf&) = delete;
+  Buf& operator=(const Buf&) = delete;
   int32_t dtype() const { return dt_; }
   uint64_t count() const { return count_; }
-  char* data() { return mem_.data(); }
-  char* at(uint64_t elem) { return mem_.data() + elem * esize(dt_); }
+  char* data() {
+    sync();
+    host_written_ = true;
+    return mem_.data();
+  }
+  char* at(uint64_t elem) { return data() + elem * dtype_size(dt_); }
+  // The host copy of what `b` (a desc of this buffer) points at.
+  const char* host(const sp_buffer& b) {
+    sync();
+    return mem_.data() + (static_cast<const char*>(b.data) - (dev_ ? dev_ : mem_.data()));
+  }
   sp_buffer desc() { return desc_at(0, count_); }
   sp_buffer desc_at(uint64_t elem, uint64_t count) {
     sp_buffer b{};
-    b.data = at(elem);
+    b.data = (dev_ ? dev_ : mem_.data()) + elem * dtype_size(dt_);
     b.count = count;
     b.dtype = dt_;
     b.device_type = SP_DEVICE_CPU;
     b.device_index = 0;
     b.stream = nullptr;
+    if (dev_) {
+      if (host_written_) memory_->upload(dev_, mem_.data(), mem_.size());
+      host_written_ = false;
+      device_written_ = true;
+      b.device_type = memory_->device_type;
+      b.device_index = memory_->device_index;
+      b.stream = memory_->stream;
+    }
     return b;
   }
   void fill(uint64_t from, uint64_t n, const std::function<int64_t(uint64_t)>& f) {
     for (uint64_t i = 0; i < n; ++i) put(dt_, data(), from + i, f(i));
   }
-  bool guard_ok() const {
-    for (size_t b = count_ * esize(dt_); b < mem_.size(); ++b)
+  bool guard_ok() {
+    sync();
+    for (size_t b = count_ * dtype_size(dt_); b < mem_.size(); ++b)
       if (static_cast<unsigned char>(mem_[b]) != kSentinel) return false;
     return true;
   }
-  std::vector<char> snapshot() const { return mem_; }
-  bool same_as(const std::vector<char>& snap) const { return snap == mem_; }
+  std::vector<char> snapshot() {
+    sync();
+    return mem_;
+  }
+  bool same_as(const std::vector<char>& snap) {
+    sync();
+    return snap == mem_;
+  }
 
  private:
+  void sync() {
+    if (dev_ && device_written_) memory_->download(mem_.data(), dev_, mem_.size());
+    device_written_ = false;
+  }
+
   int32_t dt_;
   uint64_t count_;
   std::vector<char> mem_;
+  const Memory* memory_;
+  char* dev_ = nullptr;
+  bool host_written_ = true;
+  bool device_written_ = false;
 };
 
 class Suite {
@@ -250,7 +235,7 @@ class Suite {
 
   std::string name(const char* coll, int32_t dt, uint64_t c, const char* extra = nullptr, Mode m = OUT,
                    bool async = false) const {
-    std::string s = std::string(async ? "async " : "") + coll + " " + dt_name(dt);
+    std::string s = std::string(async ? "async " : "") + coll + " " + dtype_name(dt);
     if (extra) s += std::string(" ") + extra;
     return s + " count=" + std::to_string(c) + " " + mode_name(m);
   }
@@ -259,7 +244,7 @@ class Suite {
 
   void all_reduce_case(int32_t dt, uint64_t c, Mode m, int32_t op, bool async) {
     const uint64_t salt = ++salt_;
-    const std::string what = name("all_reduce", dt, c, op_name(op), m, async);
+    const std::string what = name("all_reduce", dt, c, reduce_op_name(op), m, async);
     Buf send(dt, c), recv(dt, c);
     send.fill(0, c, [&](uint64_t i) { return value(dt, op, rank_, i, salt); });
     auto before = send.snapshot();
@@ -282,7 +267,7 @@ class Suite {
 
   void reduce_scatter_case(int32_t dt, uint64_t c, Mode m, int32_t op, bool async) {
     const uint64_t salt = ++salt_;
-    const std::string what = name("reduce_scatter", dt, c, op_name(op), m, async);
+    const std::string what = name("reduce_scatter", dt, c, reduce_op_name(op), m, async);
     Buf send(dt, c * n_), recv(dt, c);
     send.fill(0, c * n_, [&](uint64_t i) { return value(dt, op, rank_, i, salt); });
     auto before = send.snapshot();
@@ -290,7 +275,7 @@ class Suite {
     sp_buffer rb = m == OUT ? recv.desc() : m == IN ? send.desc_at(0, c) : send.desc_at(rank_ * c, c);
     int st = call(async, [&](sp_work** w) { return api_->reduce_scatter(comm_, &sb, &rb, op, w); });
     if (st != SP_OK) return fail(what, status_error(st));
-    const char* out = static_cast<const char*>(rb.data);
+    const char* out = (m == OUT ? recv : send).host(rb);
     std::string why =
         compare(dt, out, c, [&](uint64_t i) { return reduce_ref(dt, op, n_, rank_ * c + i, salt); });
     if (why.empty() && !(m == OUT ? recv : send).guard_ok()) why = "wrote past the end of the buffer";
@@ -387,7 +372,8 @@ class Suite {
     int st = call(async, [&](sp_work** w) { return api_->scatter(comm_, &sb, &rb, root, w); });
     if (st != SP_OK) return fail(what, status_error(st));
     std::string why =
-        compare(dt, rb.data, c, [&](uint64_t i) { return value(dt, SP_SUM, rank_, i, salt); });
+        compare(dt, (rank_ == root && m != OUT ? send : recv).host(rb), c,
+                [&](uint64_t i) { return value(dt, SP_SUM, rank_, i, salt); });
     if (why.empty() && !recv.guard_ok()) why = "wrote past the end of recv";
     if (why.empty() && !send.guard_ok()) why = "wrote past the end of send";
     if (why.empty() && rank_ == root && m == OUT && !send.same_as(before)) why = "modified the send buffer";
@@ -543,7 +529,7 @@ class Suite {
     }
     // Matching by (peer, tag), in order within a tag: sends go out as tags
     // 1, 2, 1 and are received as 2, 1, 1.
-    {
+    if (o_.p2p_tag_matching) {
       const uint64_t salt = ++salt_;
       const int32_t dt = SP_INT32;
       const uint64_t c = 33;
@@ -791,7 +777,19 @@ Result run_conformance(const sp_comm_api* api, sp_comm* comm, const Options& opt
     r.failures.push_back("run_conformance: api or comm is NULL");
     return r;
   }
-  return Suite(api, comm, options).run();
+  struct Scope {  // t_memory for this call only, even when it throws
+    explicit Scope(const Memory* m) : saved(t_memory) { t_memory = m; }
+    ~Scope() { t_memory = saved; }
+    const Memory* saved;
+  } scope(&options.memory);
+  try {
+    return Suite(api, comm, options).run();
+  } catch (const std::exception& e) {
+    // Memory callbacks report failures by throwing.
+    r.failed = 1;
+    r.failures.push_back(std::string("run_conformance: ") + e.what());
+    return r;
+  }
 }
 
 }  // namespace conformance

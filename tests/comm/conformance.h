@@ -18,7 +18,9 @@
 //    as shardplan::Communicator does;
 //  - sends may be eager or rendezvous: the blocking ring orders send/recv by
 //    rank parity, so it cannot deadlock either way.
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,16 +29,33 @@
 namespace shardplan {
 namespace conformance {
 
+// Where the suite's buffers live: host memory unless `alloc` is set. A device
+// backend's test supplies the callbacks (they throw on failure); the suite
+// keeps a host copy of every buffer, uploads it before handing the buffer to
+// the backend and downloads it before checking, so the checks stay host-side
+// and this library needs no device runtime.
+struct Memory {
+  int32_t device_type = SP_DEVICE_CPU;  // put into every sp_buffer
+  int32_t device_index = 0;
+  void* stream = nullptr;
+  std::function<void*(size_t bytes)> alloc;
+  std::function<void(void* device)> free;
+  std::function<void(void* device, const void* host, size_t bytes)> upload;
+  std::function<void(void* host, const void* device, size_t bytes)> download;
+};
+
 struct Options {
   std::vector<uint64_t> counts{0, 1, 7, 1023, 65537};
   std::vector<int32_t> dtypes{SP_FLOAT32, SP_FLOAT64, SP_FLOAT16, SP_BFLOAT16,
                               SP_INT8,    SP_UINT8,   SP_INT32,   SP_INT64};
   bool block_in_place = true;  // the rank-major "block" in-place layouts
   bool p2p = true;
+  bool p2p_tag_matching = true;  // receives out of send order by tag (NCCL has no tags)
   bool async = true;
   bool split = true;
   int64_t wait_timeout_ms = 120000;  // for wait() on async work
   size_t max_messages = 100;         // failures beyond this are counted, not described
+  Memory memory;
 };
 
 struct Result {

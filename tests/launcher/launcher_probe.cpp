@@ -117,6 +117,8 @@ long to_long(const std::string& action, const std::string& v) {
 
 int main(int argc, char** argv) {
   const char* rank_env = std::getenv("RANK");
+  // Under `shardplan launch --backend mpi` the rank comes from mpirun.
+  if (!rank_env) rank_env = std::getenv("OMPI_COMM_WORLD_RANK");
   const std::string rank = rank_env ? rank_env : "none";
   for (int i = 1; i < argc; ++i) {
     std::string action = argv[i];

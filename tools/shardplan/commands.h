@@ -7,5 +7,6 @@
 namespace shardplan_cli {
 
 int launch_main(int argc, char** argv);
+int bench_main(int argc, char** argv);
 
 }  // namespace shardplan_cli

@@ -2,6 +2,13 @@
 // environment torchrun gives them, prefixes their output with the rank, and
 // stops the whole node as soon as one rank fails.
 //
+// With --backend mpi the ranks must be MPI's, so mpirun starts them: the
+// launcher runs mpirun as its single child and keeps its own part (signal
+// forwarding, SIGKILL escalation, no leftovers, exit status), while mpirun's
+// per-line rank tags are rewritten into the launcher's "[rank K] " prefix so
+// output reads the same with every backend. mpirun ends the job when a rank
+// fails, which is the fail-fast the other backends get from the launcher.
+//
 // Plain C++17 + POSIX on purpose: the launcher must start instantly and must
 // not touch CUDA or libtorch, since it is the parent of every rank.
 #include <errno.h>
@@ -22,6 +29,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -71,6 +79,12 @@ const char* const kUsage =
     "      --backend B         communication backend plugin (default gloo)\n"
     "  -h, --help              print this help\n"
     "Options may also be written --name=value, and with '_' for '-'.\n"
+    "\n"
+    "--backend mpi: the ranks are started by mpirun (-np N --oversubscribe\n"
+    "  --bind-to none --tag-output; $SHARDPLAN_MPIRUN overrides the program), with\n"
+    "  Open MPI's OMPI_COMM_WORLD_* variables instead of torchrun's and no store;\n"
+    "  SHARDPLAN_* variables are exported to the ranks with -x. One node only: for\n"
+    "  several, run mpirun with a hostfile.\n"
     "\n"
     "environment of local rank i (N ranks per node, M nodes, node rank K):\n"
     "  RANK=K*N+i WORLD_SIZE=M*N LOCAL_RANK=i LOCAL_WORLD_SIZE=N GROUP_RANK=K\n"
@@ -195,6 +209,12 @@ Options parse_options(int argc, char** argv) {
     throw UsageError{
         "backend 'local' runs ranks as threads of one process; run the program with --ranks N "
         "instead of the launcher"};
+  if (o.backend == "mpi" && o.nnodes > 1)
+    throw UsageError{
+        "backend 'mpi' starts its ranks with mpirun on this node only; for several nodes use mpirun "
+        "with a hostfile (mpirun -np N --hostfile FILE program ...)"};
+  if (o.backend == "mpi" && o.has_local_addr)
+    throw UsageError{"--local-addr has no effect with backend 'mpi': MPI picks its own transport"};
   if (o.program.empty())
     throw UsageError{"no program given (usage: shardplan launch -n N [options] -- program [args...])"};
   return o;
@@ -359,10 +379,19 @@ struct Stream {
   int fd = -1;
   int target = -1;  // our stdout or stderr
   std::string pending;  // an incomplete last line
+
+  // mpirun --tag-output streams: what is not parsed yet, the rank the text
+  // being read belongs to (-1: mpirun's own), and each rank's incomplete line.
+  bool tagged = false;
+  std::string raw;
+  int current = -1;
+  bool line_start = true;
+  std::map<int, std::string> lines;
 };
 
 struct Rank {
   int global = 0;
+  std::string label;  // "rank K", or "mpirun"
   std::string prefix;
   pid_t pid = -1;  // also the id of its process group
   bool running = false;
@@ -378,11 +407,15 @@ class Launcher {
 
  private:
   std::vector<std::string> environment_for(int local_rank) const;
+  std::vector<std::string> environment_for_mpirun() const;
+  std::vector<std::string> mpirun_command(const std::vector<std::string>& env) const;
   bool setup();
-  bool spawn(Rank& r, const std::vector<std::string>& env);
+  bool spawn(Rank& r, const std::vector<std::string>& argv, const std::vector<std::string>& env);
   void pump(int timeout_ms);
   bool read_once(Rank& r, Stream& s);
   void emit(Rank& r, Stream& s, const char* data, size_t size);
+  void emit_tagged(Stream& s, const char* data, size_t size);
+  void flush_tagged(Stream& s);
   void close_stream(Rank& r, Stream& s);
   void drain(Rank& r);
   void reap();
@@ -394,6 +427,7 @@ class Launcher {
   bool leftovers_alive() const;
   void signal_leftovers(int signo);
   int running_count() const;
+  std::string children() const;
   bool any_stream_open() const;
 
   Options opt_;
@@ -452,6 +486,54 @@ std::vector<std::string> Launcher::environment_for(int local_rank) const {
   return env;
 }
 
+// mpirun's own environment, which its local ranks inherit. torchrun's
+// variables go: WorldOptions::from_env prefers them to Open MPI's, and an
+// inherited SHARDPLAN_STORE would point the ranks at a stale rendezvous.
+std::vector<std::string> Launcher::environment_for_mpirun() const {
+  static const char* const kDropped[] = {"RANK",        "WORLD_SIZE",       "LOCAL_RANK",  "LOCAL_WORLD_SIZE",
+                                         "GROUP_RANK",  "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                         "SHARDPLAN_STORE"};
+  std::vector<std::pair<std::string, std::string>> ours = {{"SHARDPLAN_BACKEND", opt_.backend}};
+  if (opt_.has_timeout) ours.emplace_back("SHARDPLAN_TIMEOUT_MS", std::to_string(opt_.timeout_ms));
+  if (opt_.nproc > 1 && !getenv("OMP_NUM_THREADS")) ours.emplace_back("OMP_NUM_THREADS", "1");
+  // Open MPI refuses root unless told twice; as root the user has already
+  // chosen to run the job so, and the launcher's other backends do not ask.
+  if (geteuid() == 0) {
+    if (!getenv("OMPI_ALLOW_RUN_AS_ROOT")) ours.emplace_back("OMPI_ALLOW_RUN_AS_ROOT", "1");
+    if (!getenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM")) ours.emplace_back("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+  }
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    const char* eq = strchr(*e, '=');
+    std::string name = eq ? std::string(*e, static_cast<size_t>(eq - *e)) : std::string(*e);
+    if (std::any_of(std::begin(kDropped), std::end(kDropped), [&](const char* d) { return name == d; })) continue;
+    if (std::none_of(ours.begin(), ours.end(), [&](const auto& kv) { return kv.first == name; }))
+      env.emplace_back(*e);
+  }
+  for (const auto& kv : ours) env.push_back(kv.first + "=" + kv.second);
+  return env;
+}
+
+std::vector<std::string> Launcher::mpirun_command(const std::vector<std::string>& env) const {
+  const char* custom = getenv("SHARDPLAN_MPIRUN");
+  std::vector<std::string> argv = {custom && *custom ? custom : "mpirun", "-np", std::to_string(opt_.nproc),
+                                   // The launcher never limits ranks to cores,
+                                   // nor pins them; neither should mpirun.
+                                   "--oversubscribe", "--bind-to", "none", "--tag-output"};
+  // Local ranks inherit mpirun's environment anyway; -x also carries these
+  // to a remote node once mpirun is given one.
+  for (const std::string& e : env) {
+    const std::string name = e.substr(0, e.find('='));
+    if (name.compare(0, 10, "SHARDPLAN_") == 0 || name == "OMP_NUM_THREADS") {
+      argv.push_back("-x");
+      argv.push_back(name);
+    }
+  }
+  argv.push_back("--");
+  argv.insert(argv.end(), opt_.program.begin(), opt_.program.end());
+  return argv;
+}
+
 bool Launcher::setup() {
   if (!make_pipe(signal_pipe_, true) || !set_cloexec_nonblock(signal_pipe_[1], true)) {
     say(std::string("cannot create a pipe: ") + strerror(errno));
@@ -486,7 +568,7 @@ bool Launcher::setup() {
   return true;
 }
 
-bool Launcher::spawn(Rank& r, const std::vector<std::string>& env) {
+bool Launcher::spawn(Rank& r, const std::vector<std::string>& args, const std::vector<std::string>& env) {
   int out[2], err[2];
   if (!make_pipe(out, true)) {
     say(std::string("cannot create a pipe: ") + strerror(errno));
@@ -500,11 +582,11 @@ bool Launcher::spawn(Rank& r, const std::vector<std::string>& env) {
   }
   // Built before fork: the child should only call async-signal-safe functions.
   std::vector<char*> argv, envp;
-  for (const std::string& a : opt_.program) argv.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
-  const std::string exec_error_prefix = "shardplan launch: cannot execute '" + opt_.program[0] + "': ";
+  const std::string exec_error_prefix = "shardplan launch: cannot execute '" + args[0] + "': ";
 
   // Blocked across fork so no handler of ours runs in the child before it has
   // restored the original dispositions.
@@ -547,7 +629,7 @@ bool Launcher::spawn(Rank& r, const std::vector<std::string>& env) {
   if (pid < 0) {
     close(out[0]);
     close(err[0]);
-    say("cannot start rank " + std::to_string(r.global) + ": " + strerror(fork_errno));
+    say("cannot start " + r.label + ": " + strerror(fork_errno));
     return false;
   }
   setpgid(pid, pid);  // also here, so kill(-pid) works whichever of us runs first
@@ -558,7 +640,116 @@ bool Launcher::spawn(Rank& r, const std::vector<std::string>& env) {
   return true;
 }
 
+// ------------------------------------------------------- mpirun's tags
+
+enum class TagMatch { kNo, kPartial, kFull };
+
+// Whether `s` at `pos` starts with mpirun's tag "[JOB,RANK]<stdout>:" (or
+// <stderr>:, <stddiag>:); kPartial when `s` ends inside what could still
+// become one.
+TagMatch match_tag(const std::string& s, size_t pos, int* rank, size_t* length) {
+  size_t i = pos;
+  if (i >= s.size()) return TagMatch::kPartial;
+  if (s[i++] != '[') return TagMatch::kNo;
+  long long numbers[2] = {0, 0};
+  const char stops[2] = {',', ']'};
+  for (int k = 0; k < 2; ++k) {
+    const size_t start = i;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9') {
+      if (i - start >= 9) return TagMatch::kNo;
+      numbers[k] = numbers[k] * 10 + (s[i++] - '0');
+    }
+    if (i >= s.size()) return TagMatch::kPartial;
+    if (i == start || s[i++] != stops[k]) return TagMatch::kNo;
+  }
+  for (const char* word : {"<stdout>:", "<stderr>:", "<stddiag>:"}) {
+    const size_t len = strlen(word), have = std::min(len, s.size() - i);
+    if (s.compare(i, have, word, have) != 0) continue;
+    if (have < len) return TagMatch::kPartial;
+    *rank = static_cast<int>(numbers[1]);
+    *length = i + len - pos;
+    return TagMatch::kFull;
+  }
+  return TagMatch::kNo;
+}
+
+std::string rank_prefix(int rank) { return rank < 0 ? std::string() : "[rank " + std::to_string(rank) + "] "; }
+
+// mpirun tags every line of a rank's output, and also each piece of one that
+// it forwards before the line is complete (the piece ends without a newline,
+// and whatever comes next, of any rank, starts with a tag). Pieces are
+// collected per rank into whole lines, printed with the launcher's prefix;
+// mpirun's own untagged messages pass through as they are.
+void Launcher::emit_tagged(Stream& s, const char* data, size_t size) {
+  s.raw.append(data, size);
+  std::string out;
+  size_t pos = 0;
+  while (pos < s.raw.size()) {
+    if (s.line_start) {
+      int rank = -1;
+      size_t len = 0;
+      const TagMatch m = match_tag(s.raw, pos, &rank, &len);
+      if (m == TagMatch::kPartial) break;
+      s.line_start = false;
+      if (m == TagMatch::kFull) {
+        s.current = rank;
+        pos += len;
+        continue;
+      }
+      s.current = -1;
+    }
+    const size_t nl = s.raw.find('\n', pos);
+    // A tag before the end of this line starts another rank's piece.
+    size_t tag = std::string::npos;
+    TagMatch tag_kind = TagMatch::kNo;
+    for (size_t b = s.raw.find('[', pos); b != std::string::npos && b < nl; b = s.raw.find('[', b + 1)) {
+      int rank;
+      size_t len;
+      tag_kind = match_tag(s.raw, b, &rank, &len);
+      if (tag_kind != TagMatch::kNo) {
+        tag = b;
+        break;
+      }
+    }
+    std::string& line = s.lines[s.current];
+    if (tag != std::string::npos) {
+      line.append(s.raw, pos, tag - pos);
+      pos = tag;
+      s.line_start = true;
+      if (tag_kind == TagMatch::kPartial) break;
+    } else if (nl != std::string::npos) {
+      line.append(s.raw, pos, nl + 1 - pos);
+      out += rank_prefix(s.current) + line;
+      line.clear();
+      pos = nl + 1;
+      s.line_start = true;
+    } else {
+      line.append(s.raw, pos, std::string::npos);
+      pos = s.raw.size();
+    }
+    if (line.size() >= kMaxPendingLine) {
+      out += rank_prefix(s.current) + line + "\n";
+      line.clear();
+    }
+  }
+  s.raw.erase(0, pos);
+  if (!out.empty()) write_all(s.target, out);
+}
+
+void Launcher::flush_tagged(Stream& s) {
+  if (!s.raw.empty()) {
+    s.lines[s.line_start ? -1 : s.current] += s.raw;
+    s.raw.clear();
+  }
+  std::string out;
+  for (auto& kv : s.lines)
+    if (!kv.second.empty()) out += rank_prefix(kv.first) + kv.second + "\n";
+  s.lines.clear();
+  if (!out.empty()) write_all(s.target, out);
+}
+
 void Launcher::emit(Rank& r, Stream& s, const char* data, size_t size) {
+  if (s.tagged) return emit_tagged(s, data, size);
   const size_t scanned = s.pending.size();
   s.pending.append(data, size);
   std::string out;
@@ -579,6 +770,7 @@ void Launcher::emit(Rank& r, Stream& s, const char* data, size_t size) {
 }
 
 void Launcher::close_stream(Rank& r, Stream& s) {
+  if (s.tagged) flush_tagged(s);
   if (!s.pending.empty()) {
     write_all(s.target, r.prefix + s.pending + "\n");
     s.pending.clear();
@@ -657,7 +849,7 @@ void Launcher::on_rank_exit(Rank& r) {
   if (ok || stopping_) return;
   failed_ = true;
   const int others = running_count();
-  std::string msg = "rank " + std::to_string(r.global) + " (pid " + std::to_string(r.pid) + ") " +
+  std::string msg = r.label + " (pid " + std::to_string(r.pid) + ") " +
                     describe_wait_status(r.wait_status);
   if (others > 0) msg += "; terminating " + std::to_string(others) + " other rank(s)";
   say(msg);
@@ -672,11 +864,10 @@ void Launcher::on_signal(int signo) {
   }
   if (!stopping_) {
     interrupted_by_ = signo;
-    say("received " + name + "; forwarding it to " + std::to_string(running_count()) + " rank(s)");
+    say("received " + name + "; forwarding it to " + children());
     stop_ranks(signo);
   } else if (!killed_) {
-    say("received " + name + " again; sending SIGKILL to " + std::to_string(running_count()) +
-        " rank(s)");
+    say("received " + name + " again; sending SIGKILL to " + children());
     kill_running(SIGKILL);
   }
 }
@@ -718,6 +909,12 @@ int Launcher::running_count() const {
   return static_cast<int>(std::count_if(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.running; }));
 }
 
+// Who the running children are, for messages: "3 rank(s)", or "mpirun".
+std::string Launcher::children() const {
+  if (ranks_.size() == 1 && ranks_[0].label == "mpirun") return "mpirun";
+  return std::to_string(running_count()) + " rank(s)";
+}
+
 bool Launcher::any_stream_open() const {
   return std::any_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.out.fd >= 0 || r.err.fd >= 0; });
 }
@@ -728,7 +925,10 @@ int ms_until(Clock::time_point t) {
 }
 
 int Launcher::run() {
-  if (opt_.nnodes == 1) {
+  const bool mpi = opt_.backend == "mpi";
+  if (mpi) {
+    // MPI needs no store: mpirun tells each rank who it is.
+  } else if (opt_.nnodes == 1) {
     if (!store_dir_.create()) {
       say(std::string("cannot create a temporary directory: ") + strerror(errno));
       return kExitFailure;
@@ -741,16 +941,25 @@ int Launcher::run() {
   }
   if (!setup()) return kExitFailure;
 
-  ranks_.resize(static_cast<size_t>(opt_.nproc));
-  for (int i = 0; i < opt_.nproc; ++i) {
-    Rank& r = ranks_[static_cast<size_t>(i)];
-    r.global = opt_.node_rank * opt_.nproc + i;
-    r.prefix = "[rank " + std::to_string(r.global) + "] ";
+  ranks_.resize(mpi ? 1 : static_cast<size_t>(opt_.nproc));
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    Rank& r = ranks_[i];
+    r.global = opt_.node_rank * opt_.nproc + static_cast<int>(i);
+    r.label = mpi ? "mpirun" : "rank " + std::to_string(r.global);
+    r.prefix = mpi ? "" : "[rank " + std::to_string(r.global) + "] ";
     r.out.target = STDOUT_FILENO;
     r.err.target = STDERR_FILENO;
+    r.out.tagged = r.err.tagged = mpi;
   }
   for (Rank& r : ranks_) {
-    if (!spawn(r, environment_for(static_cast<int>(&r - ranks_.data())))) {
+    bool started;
+    if (mpi) {
+      const std::vector<std::string> env = environment_for_mpirun();
+      started = spawn(r, mpirun_command(env), env);
+    } else {
+      started = spawn(r, opt_.program, environment_for(static_cast<int>(&r - ranks_.data())));
+    }
+    if (!started) {
       failed_ = true;
       stop_ranks(SIGTERM);
       break;
@@ -763,13 +972,13 @@ int Launcher::run() {
     if (killed_) timeout = ms_until(killed_at_ + kKillWait);
     pump(timeout);
     if (stopping_ && !killed_ && Clock::now() >= kill_at_ && running_count() > 0) {
-      say(std::to_string(running_count()) + " rank(s) still running " +
+      say(children() + " still running " +
           std::to_string(kGrace.count() / 1000) + " s after " + signal_name(stop_signal_) +
           "; sending SIGKILL");
       kill_running(SIGKILL);
     }
     if (killed_ && Clock::now() >= killed_at_ + kKillWait && running_count() > 0) {
-      say(std::to_string(running_count()) + " rank(s) survived SIGKILL; giving up on them");
+      say(children() + " survived SIGKILL; giving up on them");
       failed_ = true;
       break;
     }
@@ -815,6 +1024,16 @@ int launch_main(int argc, char** argv) {
   if (!why.empty()) {
     say("cannot execute '" + options.program[0] + "': " + why);
     return kExitUsage;
+  }
+  if (options.backend == "mpi") {
+    const char* custom = getenv("SHARDPLAN_MPIRUN");
+    const std::string mpirun = custom && *custom ? custom : "mpirun";
+    const std::string why_mpirun = why_not_executable(mpirun);
+    if (!why_mpirun.empty()) {
+      say("backend 'mpi' starts its ranks with mpirun, but '" + mpirun + "' cannot be executed: " + why_mpirun +
+          " (install Open MPI or set SHARDPLAN_MPIRUN)");
+      return kExitUsage;
+    }
   }
   Launcher launcher(std::move(options));
   return launcher.run();

@@ -23,6 +23,7 @@ struct Command {
 const Command kCommands[] = {
     {"launch", "start the ranks of a job on this node as processes (torchrun-style)",
      shardplan_cli::launch_main},
+    {"bench", "benchmark suites, e.g. 'bench comm': every comm backend side by side", shardplan_cli::bench_main},
 };
 
 void print_usage(FILE* out) {

@@ -23,7 +23,9 @@ struct WorldOptions {
   // tcp://host:port or file:///path. Empty: tcp://MASTER_ADDR:MASTER_PORT.
   std::string store_url;
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
-  std::vector<std::string> backend_options;  // "key=value", passed to the plugin
+  // "key=value", passed to the plugin; init_world adds local_rank=<n> (a GPU
+  // backend picks its device by it).
+  std::vector<std::string> backend_options;
   std::vector<std::string> plugin_dirs;
 
   // Reads, in order of preference: torchrun variables (RANK, WORLD_SIZE,

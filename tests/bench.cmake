@@ -1,0 +1,57 @@
+# `shardplan bench comm` (tools/bench): small sizes with --check on every
+# backend that can run here, its CSV/JSON against the columns documented in
+# docs/BENCHMARKS.md, and how it fails (a rank dying or hanging, a wrong
+# element, a missing gnuplot, a bad option). Run through the `shardplan`
+# dispatcher, as users do. About 30 s in all on 2 cores.
+set(_bench_dir ${CMAKE_CURRENT_BINARY_DIR}/bench)
+file(MAKE_DIRECTORY ${_bench_dir})
+set(_bench $<TARGET_FILE:shardplan_cli> bench comm)
+set(_small --sizes 8B:64KiB --factor 8 --iters 2 --warmup 1 --timeout-ms 60000)
+
+# bench_expect(<name> <exit status> <regex> <env K=V|K=V or ""> <bench args...>)
+function(bench_expect name rc regex env)
+  add_test(NAME ${name}
+    COMMAND ${CMAKE_COMMAND} -DEXPECT_RC=${rc} "-DEXPECT_REGEX=${regex}" "-DENV=${env}"
+      -P ${CMAKE_CURRENT_FUNCTION_LIST_DIR}/bench/expect.cmake -- ${_bench} ${ARGN})
+  set_tests_properties(${name} PROPERTIES TIMEOUT 60 LABELS bench)
+endfunction()
+
+# Every backend and reference, every collective, float32; writes the files
+# the columns test reads.
+add_test(NAME bench_comm_check
+  COMMAND ${_bench} ${_small} --check --csv ${_bench_dir}/bench.csv --json ${_bench_dir}/bench.json)
+set_tests_properties(bench_comm_check PROPERTIES TIMEOUT 120 LABELS bench FIXTURES_SETUP bench_comm_files)
+
+add_test(NAME bench_comm_columns
+  COMMAND ${CMAKE_COMMAND} -DDOC=${PROJECT_SOURCE_DIR}/docs/BENCHMARKS.md
+    -DCSV=${_bench_dir}/bench.csv -DJSON=${_bench_dir}/bench.json -P ${CMAKE_CURRENT_LIST_DIR}/bench/columns.cmake)
+set_tests_properties(bench_comm_columns PROPERTIES TIMEOUT 30 LABELS bench FIXTURES_REQUIRED bench_comm_files)
+
+# Sums stay exact in the narrow dtypes; a rank count that is not a power of two.
+foreach(dt float16 bfloat16 int8)
+  add_test(NAME bench_comm_check_${dt}
+    COMMAND ${_bench} --sizes 2B:4KiB --factor 32 --iters 1 --warmup 0 --check --dtype ${dt})
+  set_tests_properties(bench_comm_check_${dt} PROPERTIES TIMEOUT 120 LABELS bench)
+endforeach()
+add_test(NAME bench_comm_check_3_ranks
+  COMMAND ${_bench} --ranks 3 --sizes 8B:64KiB --factor 64 --iters 1 --warmup 0 --check)
+set_tests_properties(bench_comm_check_3_ranks PROPERTIES TIMEOUT 120 LABELS bench)
+
+# --check counts what is wrong and fails the run (one rank spoils one
+# element of each result it checks).
+bench_expect(bench_comm_wrong_elements 1 "check found [1-9][0-9]* wrong elements" "SHARDPLAN_BENCH_CORRUPT=1"
+  --backends local --refs none --collectives all_reduce,all_gather --sizes 64B --iters 1 --check)
+# A rank that dies, or stops answering, ends its series with an error and
+# exit status 1, not a hang.
+bench_expect(bench_comm_rank_dies 1 "gloo failed: rank 1 exited with status 3" "SHARDPLAN_BENCH_FAULT=1"
+  --backends local,gloo --refs none ${_small})
+bench_expect(bench_comm_rank_hangs 1 "gloo failed: rank 0 exited with status 1.*[Tt]imed out" "SHARDPLAN_BENCH_FAULT=1:hang"
+  --backends gloo --refs none --sizes 8B:64B --iters 1 --timeout-ms 2000)
+bench_expect(bench_comm_no_gnuplot 2 "needs gnuplot" "PATH=/nonexistent"
+  --backends local --refs none --plot ${_bench_dir}/none.png)
+bench_expect(bench_comm_bad_option 2 "unknown collective 'allreduce'" "" --collectives allreduce)
+find_program(SHARDPLAN_GNUPLOT gnuplot)
+if(SHARDPLAN_GNUPLOT)
+  bench_expect(bench_comm_plot 0 "" "" --backends local --refs roofline --sizes 8B:4KiB --factor 8 --iters 1
+    --plot ${_bench_dir}/bench.png)
+endif()

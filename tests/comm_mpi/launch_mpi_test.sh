@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# Tests of `shardplan launch --backend mpi` (the launcher runs mpirun as its
+# one child), one case per ctest test:
+#   launch_mpi_test.sh <shardplan> <launcher_probe> <case>
+# The ranks are launcher_probe processes, or a shell where the probe cannot
+# show what is checked.
+set -u
+
+SP=$1
+PROBE=$2
+CASE=$3
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/launch-mpi-test.XXXXXX")
+BG_PIDS=()
+cleanup() {
+  local p
+  for p in ${BG_PIDS[@]+"${BG_PIDS[@]}"}; do kill -KILL "$p" 2>/dev/null; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# The launcher must manage without them (it sets them itself as root).
+unset OMPI_ALLOW_RUN_AS_ROOT OMPI_ALLOW_RUN_AS_ROOT_CONFIRM SHARDPLAN_BACKEND SHARDPLAN_TIMEOUT_MS OMP_NUM_THREADS
+
+fail() {
+  echo "FAIL [mpi_$CASE]: $*" >&2
+  for f in out err; do
+    if [[ -s $WORK/$f ]]; then
+      echo "--- launcher std$f (first 40 lines):" >&2
+      head -n 40 "$WORK/$f" >&2
+    fi
+  done
+  exit 1
+}
+
+now_ms() { echo $(($(date +%s%N) / 1000000)); }
+
+run() {
+  local start
+  start=$(now_ms)
+  timeout -k 5 60 "$SP" "$@" >"$WORK/out" 2>"$WORK/err"
+  RC=$?
+  ELAPSED_MS=$(($(now_ms) - start))
+  [[ $RC -ne 124 && $RC -ne 137 ]] || fail "the launcher was still running after 60 s"
+}
+
+expect_rc() { [[ $RC -eq $1 ]] || fail "expected exit status $1, got $RC"; }
+expect_empty() { [[ ! -s $WORK/$1 ]] || fail "expected empty std$1"; }
+expect_faster_than() { ((ELAPSED_MS < $1)) || fail "took ${ELAPSED_MS} ms, limit $1 ms"; }
+expect_lines() {
+  diff <(sort "$1") <(printf '%s\n' "$2" | sort) >"$WORK/diff" ||
+    fail "unexpected lines in $(basename "$1") (< got, > expected):
+$(cat "$WORK/diff")"
+}
+pid_of() { cat "$WORK/$1.pid" 2>/dev/null || fail "no pid file $1.pid"; }
+expect_dead() {
+  local name pid
+  for name in "$@"; do
+    pid=$(pid_of "$name")
+    kill -0 "$pid" 2>/dev/null && fail "$name (pid $pid) is still alive after the launcher exited"
+  done
+  return 0
+}
+wait_for_files() {
+  local deadline=$(($(now_ms) + 20000)) f
+  for f in "$@"; do
+    while [[ ! -e $WORK/$f ]]; do
+      (($(now_ms) < deadline)) || fail "timed out waiting for $f"
+      sleep 0.05
+    done
+  done
+}
+
+case $CASE in
+env)
+  # torchrun's variables and a store from the caller must not reach the
+  # ranks: WorldOptions::from_env would prefer them to Open MPI's.
+  RANK=7 WORLD_SIZE=9 LOCAL_RANK=7 MASTER_ADDR=10.9.9.9 SHARDPLAN_STORE=file:///nowhere \
+    run launch -n 3 --backend mpi --timeout-ms 4321 -- bash -c \
+    'echo "rank=$OMPI_COMM_WORLD_RANK/$OMPI_COMM_WORLD_SIZE local=$OMPI_COMM_WORLD_LOCAL_RANK backend=$SHARDPLAN_BACKEND timeout=$SHARDPLAN_TIMEOUT_MS omp=$OMP_NUM_THREADS torchrun=${RANK-}${WORLD_SIZE-}${LOCAL_RANK-}${MASTER_ADDR-} store=${SHARDPLAN_STORE-none}"'
+  expect_rc 0
+  expect_empty err
+  expect_lines "$WORK/out" "$(for r in 0 1 2; do
+    echo "[rank $r] rank=$r/3 local=$r backend=mpi timeout=4321 omp=1 torchrun= store=none"
+  done)"
+  ;;
+
+prefix_many_lines)
+  # mpirun tags every line "[job,rank]<stdout>:"; the launcher turns that into
+  # its own prefix, lines whole and in order per rank, on the right stream.
+  n=3000
+  run launch -n 3 --backend mpi -- "$PROBE" --lines $n --err-lines $n
+  expect_rc 0
+  for stream in out err; do
+    kind=line
+    [[ $stream == err ]] && kind=err
+    awk -v n=$n -v kind=$kind '
+      {
+        if (!match($0, /^\[rank [0-2]\] rank [0-2] [a-z]+ [0-9]+ x*$/)) { print "malformed: " $0; bad = 1; exit }
+        split($0, f, " ")
+        r = f[2]; sub(/\]/, "", r)
+        if (f[4] != r || f[5] != kind) { print "wrong rank or stream: " $0; bad = 1; exit }
+        if (f[6] != next_line[r] + 0) { print "out of order: " $0; bad = 1; exit }
+        if (length(f[7]) != (f[6] * 37) % 151) { print "truncated: " $0; bad = 1; exit }
+        next_line[r] = f[6] + 1
+      }
+      END {
+        if (bad) exit 1
+        for (r = 0; r < 3; r++) if (next_line[r] != n) { print "rank " r ": " next_line[r] " lines"; exit 1 }
+      }' "$WORK/$stream" >"$WORK/awk" || fail "std$stream: $(cat "$WORK/awk")"
+  done
+  ;;
+
+partial_line)
+  # mpirun tags a piece without a newline too, and the next piece of any rank
+  # follows it on the same line.
+  run launch -n 2 --backend mpi -- "$PROBE" --lines 2 --partial "tail without newline"
+  expect_rc 0
+  expect_empty err
+  expect_lines "$WORK/out" "$(for r in 0 1; do
+    echo "[rank $r] rank $r line 0 "
+    echo "[rank $r] rank $r line 1 $(printf 'x%.0s' $(seq 37))"
+    echo "[rank $r] tail without newline"
+  done)"
+  ;;
+
+fail_fast)
+  # mpirun ends the job when a rank fails; the launcher reports it and exits 1.
+  run launch -n 4 --backend mpi -- "$PROBE" --pidfile "$WORK" --if-rank 1 --sleep-ms 500 \
+    --if-rank 1 --err-lines 1 --if-rank 1 --exit 3 --sleep-ms 300000
+  expect_rc 1
+  expect_faster_than 30000
+  grep -qx "\[rank 1\] rank 1 err 0 " "$WORK/err" || fail "rank 1's last words are missing"
+  grep -qEx "shardplan launch: mpirun \(pid [0-9]+\) exited with status 3" "$WORK/err" ||
+    fail "no verdict on mpirun"
+  expect_dead rank0 rank1 rank2 rank3
+  ;;
+
+forward_sigterm)
+  set -m
+  "$SP" launch -n 2 --backend mpi -- "$PROBE" --pidfile "$WORK" --sleep-ms 300000 >"$WORK/out" 2>"$WORK/err" &
+  launcher=$!
+  BG_PIDS+=("$launcher")
+  set +m
+  wait_for_files rank0.pid rank1.pid
+  start=$(now_ms)
+  kill -TERM "$launcher"
+  wait "$launcher"
+  RC=$?
+  ELAPSED_MS=$(($(now_ms) - start))
+  expect_rc 143
+  expect_faster_than 10000
+  grep -qx "shardplan launch: received SIGTERM; forwarding it to mpirun" "$WORK/err" ||
+    fail "the launcher did not forward SIGTERM"
+  # mpirun may take a moment to reap its ranks after it is gone itself.
+  deadline=$(($(now_ms) + 5000))
+  while (kill -0 "$(pid_of rank0)" || kill -0 "$(pid_of rank1)") 2>/dev/null && (($(now_ms) < deadline)); do
+    sleep 0.05
+  done
+  expect_dead rank0 rank1
+  ;;
+
+multi_node_refused)
+  run launch -n 2 --nnodes 2 --backend mpi -- "$PROBE"
+  expect_rc 2
+  expect_empty out
+  grep -q "use mpirun with a hostfile" "$WORK/err" || fail "no hint to use mpirun with a hostfile"
+  ;;
+
+*)
+  fail "unknown case"
+  ;;
+esac
+exit 0
