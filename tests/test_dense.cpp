@@ -13,6 +13,7 @@
 #include "shardplan/plan.h"
 #include "shardplan/shard.h"
 #include "shardplan/world.h"
+#include "parity.h"
 
 namespace {
 
@@ -62,41 +63,6 @@ shardplan::Plan plan_for(const Config& c, bool strict = true) {
                                c.name + ".yaml");
 }
 
-double rel_err(const torch::Tensor& a, const torch::Tensor& b) {
-  if (a.sizes() != b.sizes()) return 1e300;
-  double scale = std::max(1.0, b.abs().max().item<double>());
-  return (a - b).abs().max().item<double>() / scale;
-}
-
-struct Trace {
-  std::vector<torch::Tensor> outputs, input_grads;
-  std::map<std::string, torch::Tensor> grads;   // after the first backward
-  std::map<std::string, torch::Tensor> params;  // after all steps
-};
-
-constexpr int kSteps = 5;
-
-// Five steps of training; records what the test compares.
-Trace train(MLP model, const std::vector<torch::Tensor>& xs, const torch::Tensor& probe, bool adam) {
-  Trace t;
-  std::unique_ptr<torch::optim::Optimizer> opt;
-  if (adam) opt = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-2));
-  else opt = std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  for (int s = 0; s < kSteps; ++s) {
-    opt->zero_grad();
-    auto x = xs[s].clone().requires_grad_(true);
-    auto y = model->forward(x);
-    (y * probe).sum().backward();
-    t.outputs.push_back(y.detach().clone());
-    t.input_grads.push_back(x.grad().clone());
-    if (s == 0)
-      for (const auto& p : model->named_parameters()) t.grads[p.key()] = p.value().grad().clone();
-    opt->step();
-  }
-  for (const auto& p : model->named_parameters()) t.params[p.key()] = p.value().detach().clone();
-  return t;
-}
-
 struct Case {
   int world;
   torch::Dtype dtype;
@@ -117,49 +83,23 @@ class DenseParity : public ::testing::TestWithParam<Case> {};
 
 TEST_P(DenseParity, MatchesUnshardedModel) {
   const Case& c = GetParam();
-  const double tol = c.dtype == torch::kDouble ? 1e-12 : 1e-5;
   torch::manual_seed(1234);
-  MLP reference(8, 12, 4, c.bias);
+  auto reference = std::make_shared<MLPImpl>(8, 12, 4, c.bias);
   reference->to(c.dtype);
-  std::vector<torch::Tensor> xs;
-  for (int s = 0; s < kSteps; ++s) xs.push_back(torch::randn({5, 8}, c.dtype));
-  auto probe = torch::randn({5, 4}, c.dtype);
-  std::vector<MLP> replicas;
-  for (int r = 0; r < c.world; ++r) replicas.push_back(std::dynamic_pointer_cast<MLPImpl>(reference->clone()));
-  const Trace expected = train(reference, xs, probe, c.adam);
-  const shardplan::Plan plan = plan_for(c.config, c.bias);
-
-  std::mutex mu;
-  std::vector<std::string> failures;
-  shardplan::run_ranks_in_threads(c.world, [&](shardplan::World& world) {
-    MLP model = replicas[world.rank()];
-    auto report = shardplan::parallelize(*model, plan, world);
-    const int index = report.mesh.coord(world.rank(), "model");
-    Trace got = train(model, xs, probe, c.adam);
-    std::vector<std::string> bad;
-    auto expect_close = [&](const std::string& what, const torch::Tensor& a, const torch::Tensor& b) {
-      double e = rel_err(a, b);
-      if (!(e <= tol)) bad.push_back(what + ": relative error " + std::to_string(e));
-    };
-    for (int s = 0; s < kSteps; ++s) {
-      expect_close("output step " + std::to_string(s), got.outputs[s], expected.outputs[s]);
-      expect_close("input grad step " + std::to_string(s), got.input_grads[s], expected.input_grads[s]);
-    }
-    for (const auto& kv : expected.params) {
-      auto it = c.config.splits.find(kv.first);
-      const bool split = it != c.config.splits.end() && (kv.first.find("bias") == std::string::npos || c.bias);
-      auto local = [&](const torch::Tensor& full) {
-        return split ? shardplan::shard_of(full, it->second, c.world, index) : full;
-      };
-      expect_close("grad " + kv.first, got.grads.at(kv.first), local(expected.grads.at(kv.first)));
-      expect_close("param " + kv.first, got.params.at(kv.first), local(kv.second));
-      if (split && c.world > 1 && got.params.at(kv.first).numel() * c.world != kv.second.numel())
-        bad.push_back(kv.first + " is not sharded");
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    for (auto& b : bad) failures.push_back("rank " + std::to_string(world.rank()) + ": " + b);
-  });
-  for (const auto& f : failures) ADD_FAILURE() << f;
+  parity::Setup s;
+  s.world = c.world;
+  s.dtype = c.dtype;
+  s.adam = c.adam;
+  for (int step = 0; step < s.steps; ++step) s.inputs.push_back({torch::randn({5, 8}, c.dtype)});
+  s.forward = [](torch::nn::Module& m, const std::vector<torch::Tensor>& in) {
+    return dynamic_cast<MLPImpl&>(m).forward(in[0]);
+  };
+  const Splits& splits = c.config.splits;
+  s.local = [&splits](const std::string& name, const torch::Tensor& full, int rank, int world) {
+    auto it = splits.find(name);
+    return it == splits.end() ? full : shardplan::shard_of(full, it->second, world, rank);
+  };
+  for (const auto& f : parity::compare(reference, plan_for(c.config, c.bias), s)) ADD_FAILURE() << f;
 }
 
 std::vector<Case> all_cases() {
@@ -276,7 +216,7 @@ TEST(DensePlan, BlockedColumnKeepsBlocksTogether) {
     outs[world.rank()] = m->qkv->forward(x).detach();
   });
   for (int r = 0; r < 2; ++r) {
-    EXPECT_LE(rel_err(outs[r], expected), 1e-12);
+    EXPECT_LE(parity::rel_err(outs[r], expected), 1e-12);
     // Rank r holds rows [2r, 2r+2) of each of q, k and v.
     auto w = reference->qkv->weight.detach();
     auto want = torch::cat({w.narrow(0, 2 * r, 2), w.narrow(0, 4 + 2 * r, 2), w.narrow(0, 8 + 2 * r, 2)});

@@ -1,0 +1,140 @@
+#pragma once
+// The check every parallel layer must pass: the same model trained sharded
+// (ranks as threads) and unsharded (one process) must agree on the forward
+// output, the input gradients, the parameter gradients and the parameters
+// after several optimizer steps.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "shardplan/parallelize.h"
+#include "shardplan/plan.h"
+#include "shardplan/world.h"
+
+namespace parity {
+
+// max |a - b| / max(1, max |b|): relative to the reference's scale, so tiny
+// entries do not make the tolerance meaningless.
+inline double rel_err(const torch::Tensor& a, const torch::Tensor& b) {
+  if (a.sizes() != b.sizes()) return 1e300;
+  if (b.numel() == 0) return 0;
+  double scale = std::max(1.0, b.abs().max().item<double>());
+  return (a - b).abs().max().item<double>() / scale;
+}
+
+inline double tolerance(torch::Dtype dtype) { return dtype == torch::kDouble ? 1e-12 : 1e-5; }
+
+struct Setup {
+  int world = 2;
+  torch::Dtype dtype = torch::kDouble;
+  int steps = 5;
+  bool adam = false;
+  // One entry per step: the inputs of that step. Floating inputs get
+  // requires_grad and their gradients are compared.
+  std::vector<std::vector<torch::Tensor>> inputs;
+  // Runs the model (dynamic_cast it: Module is a virtual base); returns a
+  // tensor that is the same on every rank (the
+  // output, gathered, or a loss). Non-scalar results are reduced to a loss by
+  // a fixed random weighting, so every element's gradient matters.
+  std::function<torch::Tensor(torch::nn::Module&, const std::vector<torch::Tensor>&)> forward;
+  // This rank's expected piece of a full parameter (or of its gradient):
+  // usually shardplan::shard_of along the planned dim; the full tensor for
+  // replicated parameters.
+  std::function<torch::Tensor(const std::string& name, const torch::Tensor& full, int rank, int world)> local;
+};
+
+struct Trace {
+  std::vector<torch::Tensor> outputs;
+  std::vector<std::vector<torch::Tensor>> input_grads;
+  std::map<std::string, torch::Tensor> grads;   // after the first backward
+  std::map<std::string, torch::Tensor> params;  // after all steps
+};
+
+inline Trace train(torch::nn::Module& model, const Setup& s, const torch::Tensor& probe_seed) {
+  Trace t;
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (s.adam) opt = std::make_unique<torch::optim::Adam>(model.parameters(), torch::optim::AdamOptions(1e-2));
+  else opt = std::make_unique<torch::optim::SGD>(model.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < s.steps; ++step) {
+    opt->zero_grad();
+    std::vector<torch::Tensor> in;
+    for (const auto& x : s.inputs[step]) {
+      auto c = x.clone();
+      if (c.is_floating_point()) c.requires_grad_(true);
+      in.push_back(c);
+    }
+    auto y = s.forward(model, in);
+    auto loss = y.dim() == 0 ? y : (y * probe_seed.expand_as(y).to(y.scalar_type()) *
+                                    torch::linspace(0.5, 1.5, y.numel(), y.options()).view(y.sizes()))
+                                       .sum();
+    loss.backward();
+    t.outputs.push_back(y.detach().clone());
+    std::vector<torch::Tensor> grads;
+    for (const auto& x : in) grads.push_back(x.is_floating_point() ? x.grad().clone() : torch::Tensor());
+    t.input_grads.push_back(grads);
+    if (step == 0)
+      for (const auto& p : model.named_parameters())
+        t.grads[p.key()] = p.value().grad().defined() ? p.value().grad().clone() : torch::zeros_like(p.value());
+    opt->step();
+  }
+  for (const auto& p : model.named_parameters()) t.params[p.key()] = p.value().detach().clone();
+  return t;
+}
+
+// Trains `reference` unsharded, then `world` clones of it (made before any
+// training) sharded by `plan` on ranks as threads, and returns one message
+// per mismatch ("rank 1: grad fc1.weight: relative error ..."). Clones are
+// made up front because ranks that are threads would race on torch's global
+// generator if each built its own model.
+template <class ModuleImpl>
+std::vector<std::string> compare(const std::shared_ptr<ModuleImpl>& reference, const shardplan::Plan& plan,
+                                 const Setup& s, const std::string& backend = "local") {
+  const double tol = tolerance(s.dtype);
+  std::vector<std::shared_ptr<ModuleImpl>> replicas;
+  for (int r = 0; r < s.world; ++r) replicas.push_back(std::dynamic_pointer_cast<ModuleImpl>(reference->clone()));
+  const torch::Tensor probe = torch::tensor(1.0, torch::kDouble);
+  const Trace expected = train(*reference, s, probe);
+
+  std::mutex mu;
+  std::vector<std::string> failures;
+  shardplan::run_ranks_in_threads(
+      s.world,
+      [&](shardplan::World& world) {
+        auto& model = *replicas[world.rank()];
+        shardplan::parallelize(model, plan, world);
+        Trace got = train(model, s, probe);
+        std::vector<std::string> bad;
+        auto expect_close = [&](const std::string& what, const torch::Tensor& a, const torch::Tensor& b) {
+          if (!a.defined() && !b.defined()) return;
+          double e = (a.defined() && b.defined()) ? rel_err(a, b) : 1e300;
+          if (!(e <= tol)) bad.push_back(what + ": relative error " + std::to_string(e));
+        };
+        for (int step = 0; step < s.steps; ++step) {
+          expect_close("output step " + std::to_string(step), got.outputs[step], expected.outputs[step]);
+          for (size_t i = 0; i < got.input_grads[step].size(); ++i)
+            expect_close("input " + std::to_string(i) + " grad step " + std::to_string(step),
+                         got.input_grads[step][i], expected.input_grads[step][i]);
+        }
+        for (const auto& kv : expected.params) {
+          const std::string& name = kv.first;
+          if (!got.params.count(name)) {
+            bad.push_back("parameter " + name + " is missing after parallelize");
+            continue;
+          }
+          expect_close("grad " + name, got.grads.at(name),
+                       s.local(name, expected.grads.at(name), world.rank(), world.size()));
+          expect_close("param " + name, got.params.at(name), s.local(name, kv.second, world.rank(), world.size()));
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        for (auto& b : bad) failures.push_back("rank " + std::to_string(world.rank()) + ": " + b);
+      },
+      backend);
+  return failures;
+}
+
+}  // namespace parity
