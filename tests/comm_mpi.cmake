@@ -1,6 +1,7 @@
 # The mpi backend's tests: the conformance suite at world sizes 1-4 started by
 # mpirun directly and by `shardplan launch --backend mpi`, a stuck peer that
-# must cost an error rather than a hang, and the launcher's mpi mode.
+# must cost an error rather than a hang, MPI initialised by the host program,
+# and the launcher's mpi mode.
 # Without the plugin (no MPI found at configure time) there is nothing to
 # test; without mpirun the tests are reported as skipped, not failed.
 if(NOT TARGET shardplan_comm_mpi)
@@ -46,6 +47,22 @@ set_tests_properties(comm_mpi_dead_peer comm_mpi_dead_peer_launch PROPERTIES
   TIMEOUT 90 LABELS "comm;mpi"
   PASS_REGULAR_EXPRESSION "mpi_dead_peer: rank 0: PASS" FAIL_REGULAR_EXPRESSION "FAIL")
 set_tests_properties(comm_mpi_dead_peer PROPERTIES ENVIRONMENT "${_mpi_env}")
+
+# MPI initialised by the host: at MPI_THREAD_SERIALIZED the plugin serialises
+# its calls and must pass the suite; at MPI_THREAD_FUNNELED it must refuse.
+set(MPI_CXX_SKIP_MPICXX ON)
+find_package(MPI COMPONENTS CXX QUIET)
+add_executable(mpi_host_init ${CMAKE_CURRENT_LIST_DIR}/comm_mpi/mpi_host_init.cpp)
+target_link_libraries(mpi_host_init PRIVATE shardplan_comm_conformance MPI::MPI_CXX ${CMAKE_DL_LIBS})
+set_target_properties(mpi_host_init PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_CURRENT_BINARY_DIR})
+add_dependencies(mpi_host_init shardplan_comm_mpi)
+foreach(level serialized funneled)
+  add_test(NAME comm_mpi_host_init_${level}
+    COMMAND ${_mpirun} -np 3 $<TARGET_FILE:mpi_host_init> ${level} $<TARGET_FILE:shardplan_comm_mpi>)
+  set_tests_properties(comm_mpi_host_init_${level} PROPERTIES
+    TIMEOUT 600 LABELS "comm;mpi" ENVIRONMENT "${_mpi_env}" PASS_REGULAR_EXPRESSION "mpi_host_init: PASS"
+    FAIL_REGULAR_EXPRESSION "FAIL")
+endforeach()
 
 # The launcher's mpi mode with launcher_probe as the ranks.
 find_program(SHARDPLAN_BASH bash REQUIRED)

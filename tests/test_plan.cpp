@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -361,7 +360,9 @@ TEST(PlanMatching, FastPathAgreesWithRegex) {
   }
 }
 
-TEST(PlanMatching, TenThousandParamsAreFast) {
+// Speed is measured in benchmarks/framework (bench_framework), not here: this
+// checks first-match-wins over a large, realistic parameter set.
+TEST(PlanMatching, TenThousandParams) {
   std::string yaml = "mesh: {model: auto}\nstrict: false\nrules:\n";
   for (const char* name : {"q", "k", "v", "o"})
     yaml +=
@@ -384,16 +385,12 @@ TEST(PlanMatching, TenThousandParamsAreFast) {
   params.resize(10000);
   params.back().shape = {64};
   params.back().path = "final.norm.weight";
-  const auto start = std::chrono::steady_clock::now();
   const PlanMatch m = plan.assign(params, 4);
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(m.params[0].rule, &plan.rules[0]);
   EXPECT_EQ(m.params[4].rule, nullptr);  // attn.o.bias
   EXPECT_EQ(m.params[7].rule, &plan.rules[7]);
-  // The target is well under 100 ms; the bound leaves room for loaded CI machines.
-  EXPECT_LT(ms, 1000.0);
-  RecordProperty("assign_ms", std::to_string(ms));
+  EXPECT_EQ(m.params[9999].rule, &plan.rules[7]);  // final.norm.weight
+  ASSERT_EQ(m.params.size(), 10000u);
 }
 
 // ---------------------------------------------------------------------------

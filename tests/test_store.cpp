@@ -124,7 +124,7 @@ TEST(Store, FileSetGetAcrossTwoStores) {
   // A lookup before anyone wrote must answer at once, not wait for the file.
   auto t0 = std::chrono::steady_clock::now();
   EXPECT_FALSE(a->check("nothing-yet"));
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);  // far below the 10 s store timeout it must not wait for
   exercise_pair(*a, *b);
   std::string m = message_of([&] { a->get("missing", 200ms); });
   EXPECT_EQ(m, "rendezvous timed out after 200 ms waiting for key 'missing' at file://" + path);

@@ -63,6 +63,7 @@ TEST(WorldOptions, OpenMPIAndSlurmVariables) {
     EXPECT_EQ(o.world_size, 6);
     EXPECT_EQ(o.local_world_size, 3);
     EXPECT_EQ(o.store_url, "file:///tmp/x");
+    EXPECT_EQ(o.backend, "mpi");  // started by mpirun, no choice made
   }
   {
     EnvGuard env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},

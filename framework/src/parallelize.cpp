@@ -68,6 +68,10 @@ LayerPlugin* plugin_for(const std::string& type, const ModuleShard& shard, Plugi
   auto& loader = PluginLoader::instance();
   std::string requested;
   const Assignment* requested_by = nullptr;
+  if (const RuleOption* opt = shard.rule ? shard.rule->option("plugin") : nullptr) {
+    requested = opt->value;
+    requested_by = nullptr;
+  }
   for (const auto& p : shard.params) {
     const RuleOption* opt = p.assignment.rule ? p.assignment.rule->option("plugin") : nullptr;
     if (!opt) continue;
@@ -86,9 +90,12 @@ LayerPlugin* plugin_for(const std::string& type, const ModuleShard& shard, Plugi
   if (!requested.empty()) {
     LayerPlugin* plugin = loader.layer(requested);
     auto types = plugin->module_types();
-    if (std::find(types.begin(), types.end(), type) == types.end())
-      throw PlanError(requested_by->rule->option("plugin")->loc,
-                      "plugin '" + requested + "' does not handle '" + requested_by->path + "' of type " + type);
+    if (std::find(types.begin(), types.end(), type) == types.end()) {
+      const Rule* rule = requested_by ? requested_by->rule : shard.rule;
+      const std::string path = requested_by ? requested_by->path : shard.path;
+      throw PlanError(rule->option("plugin")->loc,
+                      "plugin '" + requested + "' does not handle '" + path + "' of type " + type);
+    }
     *plugin_name = plugin->name();
     cache.emplace(key, PluginChoice{plugin, *plugin_name});
     return plugin;
@@ -112,6 +119,9 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
   std::vector<std::pair<torch::nn::Module*, std::string>> owners;  // (module, local name)
   std::vector<std::string> module_paths;                           // one per module visited
   std::vector<size_t> module_of;                                   // per parameter: index in module_paths
+  // Modules without parameters of their own (losses, activations,
+  // containers) can only be reached by a rule over their module path.
+  std::vector<std::pair<torch::nn::Module*, std::string>> bare;    // (module, path)
   // apply() visits the root by reference under the prefix "" (users may hold
   // it on the stack, and named_modules() can only include it when it lives in
   // a shared_ptr), then every submodule under the name named_modules() gives
@@ -126,10 +136,17 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
       owners.emplace_back(&m, p.key());
       module_of.push_back(module_paths.size() - 1);
     }
+    if (!any) bare.emplace_back(&m, prefix);
   });
 
   Planned out;
-  PlanMatch match = plan.assign(infos, world_size);
+  std::vector<std::string> bare_paths;
+  bare_paths.reserve(bare.size());
+  for (const auto& b : bare) bare_paths.push_back(b.second);
+  PlanMatch match = plan.assign(infos, world_size, bare_paths);
+  std::vector<bool> matched_params(plan.rules.size(), false);  // by rule index
+  for (const Assignment& a : match.params)
+    if (a.rule) matched_params[static_cast<size_t>(a.rule - plan.rules.data())] = true;
   out.mesh = match.mesh;
   out.warnings = std::move(match.warnings);
 
@@ -220,6 +237,60 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
       row.local_shape = p.local_shape;
       if (!p.note.empty()) row.note = p.note;
     }
+    out.plugins.push_back(plugin);
+    out.shards.push_back(std::move(s));
+  }
+
+  // Rules over the path of a module without parameters: the layout describes
+  // what flows into the module (a loss told its logits arrive sharded). A
+  // catch-all parameter rule ('.*') also matches containers and activations;
+  // those are skipped when no plugin handles their type, so such plans keep
+  // working. A rule that matched only modules must reach a plugin, or it is
+  // a mistake worth reporting.
+  for (size_t i = 0; i < bare.size(); ++i) {
+    Assignment& a = match.modules[i];
+    if (!a.rule) continue;
+    const bool param_rule = matched_params[static_cast<size_t>(a.rule - plan.rules.data())];
+    torch::nn::Module* m = bare[i].first;
+    auto type = type_names.find(std::type_index(typeid(*m)));
+    if (type == type_names.end()) type = type_names.emplace(std::type_index(typeid(*m)), type_of(*m)).first;
+    ModuleShard s;
+    s.path = a.path;
+    s.type = type->second;
+    s.module = m;
+    s.mesh = &out.mesh;
+    s.rank = rank;
+    s.rule = a.rule;
+    s.layout = a.layout;
+    const std::string what = "module '" + (a.path.empty() ? std::string("<root>") : a.path) + "'";
+    if (is_vanilla_torch(s.type)) {
+      if (param_rule) continue;
+      throw PlanError(a.rule->pattern_loc, what + " is a " + s.type + ", which cannot be sharded: build the model with " +
+                                               shardable_twin(s.type) + " (same options)");
+    }
+    std::string plugin_name;
+    LayerPlugin* plugin = nullptr;
+    try {
+      plugin = plugin_for(s.type, s, plugins, &plugin_name);
+    } catch (const Error&) {
+      if (!param_rule) throw;  // e.g. its `plugin:` is meant for the parameters' modules
+    }
+    if (!plugin) {
+      if (param_rule) continue;
+      std::string dirs;
+      for (const auto& d : PluginLoader::instance().search_path()) dirs += (dirs.empty() ? "" : ", ") + d;
+      throw PlanError(a.rule->pattern_loc, what + " matched by this rule has no parameters and is of type " + s.type +
+                                               ", which no layer plugin handles (searched: " + dirs + ")");
+    }
+    plugin->check(s);
+    ReportRow row;
+    row.path = a.path;
+    row.module_type = s.type;
+    row.rule = a.rule->loc.str();
+    row.layout = layout_str(a.layout);
+    row.plugin = plugin_name;
+    row.note = s.note.empty() ? "module input" : s.note;
+    out.rows.push_back(std::move(row));
     out.plugins.push_back(plugin);
     out.shards.push_back(std::move(s));
   }

@@ -68,24 +68,53 @@ class SimplePattern {
         ++i;
       }
       if (i < end && !parse_quantifier(p, i, end, atom)) return std::nullopt;
+      // Runs of plain characters become one string compare.
+      if (atom.min == 1 && atom.max == 1 && atom.set.count() == 1) {
+        size_t ch = 0;
+        while (!atom.set.test(ch)) ++ch;
+        if (out.atoms_.empty() || out.atoms_.back().literal.empty()) out.atoms_.emplace_back();
+        out.atoms_.back().literal += static_cast<char>(ch);
+        continue;
+      }
+      out.varying_ += atom.min != atom.max;
       out.atoms_.push_back(atom);
     }
     return out;
   }
 
   bool matches(const std::string& s) const {
-    // Failed (atom, position) states, so overlapping quantifiers cannot make
-    // the search exponential.
-    std::vector<bool> failed((atoms_.size() + 1) * (s.size() + 1), false);
+    // With one quantifier at most, backtracking is linear; with more,
+    // remembering failed (atom, position) states keeps overlapping
+    // quantifiers from making it exponential. On the stack for names of
+    // usual length.
+    if (varying_ < 2) {
+      NoMemo none;
+      return match(s, 0, 0, none);
+    }
+    const size_t states = (atoms_.size() + 1) * (s.size() + 1);
+    if (states <= kStackStates) {
+      std::bitset<kStackStates> failed;
+      return match(s, 0, 0, failed);
+    }
+    std::vector<bool> failed(states, false);
     return match(s, 0, 0, failed);
   }
 
  private:
   struct Atom {
+    std::string literal;      // when not empty, this exact text, and set is unused
     std::bitset<256> set;
     size_t min = 1, max = 1;  // max == kMany: unbounded
   };
+  struct NoMemo {
+    struct Bit {
+      operator bool() const { return false; }
+      Bit& operator=(bool) { return *this; }
+    };
+    Bit operator[](size_t) { return {}; }
+  };
   static constexpr size_t kMany = static_cast<size_t>(-1);
+  static constexpr size_t kStackStates = 4096;
 
   static bool escaped(const std::string& p, size_t pos) {
     size_t backslashes = 0;
@@ -186,11 +215,15 @@ class SimplePattern {
     return !(i < end && std::strchr("*+?{", p[i]) && p[i] != '\0');
   }
 
-  bool match(const std::string& s, size_t a, size_t pos, std::vector<bool>& failed) const {
+  template <class Failed>
+  bool match(const std::string& s, size_t a, size_t pos, Failed& failed) const {
     if (a == atoms_.size()) return pos == s.size();
     const size_t state = a * (s.size() + 1) + pos;
     if (failed[state]) return false;
     const Atom& atom = atoms_[a];
+    if (!atom.literal.empty())
+      return s.compare(pos, atom.literal.size(), atom.literal) == 0 &&
+             match(s, a + 1, pos + atom.literal.size(), failed);
     size_t run = 0;
     while (run < atom.max && pos + run < s.size() && atom.set.test(static_cast<unsigned char>(s[pos + run]))) ++run;
     for (size_t k = run + 1; k-- > atom.min;)
@@ -200,6 +233,7 @@ class SimplePattern {
   }
 
   std::vector<Atom> atoms_;
+  size_t varying_ = 0;  // atoms whose repeat count is not fixed
 };
 
 class Matcher {
@@ -708,7 +742,8 @@ Mesh Plan::resolve_mesh(int world_size) const {
   return Mesh(std::move(axes));
 }
 
-PlanMatch Plan::assign(const std::vector<ParamInfo>& params, int world_size) const {
+PlanMatch Plan::assign(const std::vector<ParamInfo>& params, int world_size,
+                       const std::vector<std::string>& module_paths) const {
   PlanMatch out;
   out.mesh = resolve_mesh(world_size);
   std::vector<size_t> hits(rules.size(), 0);
@@ -732,6 +767,17 @@ PlanMatch Plan::assign(const std::vector<ParamInfo>& params, int world_size) con
       a.layout = Layout(p.shape.size());
     }
     out.params.push_back(std::move(a));
+  }
+  out.modules.reserve(module_paths.size());
+  for (const std::string& path : module_paths) {
+    Assignment a;
+    a.path = path;
+    a.rule = match(path);
+    if (a.rule) {
+      a.layout = a.rule->layout;
+      ++hits[static_cast<size_t>(a.rule - rules.data())];
+    }
+    out.modules.push_back(std::move(a));
   }
   for (size_t i = 0; i < rules.size(); ++i) {
     if (hits[i]) continue;

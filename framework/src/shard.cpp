@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
+
 #include "shardplan/error.h"
 
 namespace shardplan {
@@ -20,6 +22,15 @@ at::Tensor shard_of(const at::Tensor& full, int64_t dim, int64_t parts, int64_t 
   std::vector<at::Tensor> pieces;
   for (int64_t b = 0; b < blocks; ++b) pieces.push_back(full.narrow(dim, b * block + index * piece, piece));
   return at::cat(pieces, dim).contiguous();
+}
+
+std::pair<int64_t, int64_t> shard_range(int64_t size, int64_t parts, int64_t index) {
+  if (size < 0 || parts < 1 || index < 0 || index >= parts)
+    throw Error("cannot take part " + std::to_string(index) + " of " + std::to_string(parts) + " of size " +
+                std::to_string(size));
+  const int64_t chunk = (size + parts - 1) / parts;
+  const int64_t begin = std::min(size, index * chunk);
+  return {begin, std::min(size, begin + chunk)};
 }
 
 void replace_parameter(torch::nn::Module& module, const std::string& name, const at::Tensor& value) {

@@ -58,7 +58,10 @@ WorldOptions WorldOptions::from_env() {
     throw Error("environment gives rank " + std::to_string(o.rank) + " of world size " +
                 std::to_string(o.world_size));
 
+  // Without a choice, the backend follows who started the job: mpirun's
+  // ranks can always talk MPI, anyone else's TCP.
   if (const char* b = env("SHARDPLAN_BACKEND")) o.backend = b;
+  else if (!env("RANK") && env("OMPI_COMM_WORLD_RANK")) o.backend = "mpi";
   else o.backend = env_has_job() ? "gloo" : "local";
 
   if (const char* s = env("SHARDPLAN_STORE")) {

@@ -85,10 +85,14 @@ using shardplan::comm::dtype_size;
 using shardplan::comm::dtype_traits;
 
 constexpr int64_t kDefaultTimeoutMs = 5 * 60 * 1000;
-// Polling: yield-only at first so a short operation completes with MPI's own
-// latency; then short sleeps, so a rank waiting minutes for a slow peer does
-// not burn a core (MPI progresses only inside our MPI_Test calls, so the
-// sleeps must stay short for a large transfer that is under way).
+// Polling: back to back at first, as MPI's blocking calls do, so a short
+// operation completes with MPI's own latency (a yield there costs a time
+// slice whenever another process wants the core; an oversubscribed Open MPI
+// yields inside MPI_Test by itself); then yielding; then short sleeps, so a
+// rank waiting minutes for a slow peer does not burn a core. MPI progresses
+// only inside our MPI_Test calls, so the sleeps must stay short for a large
+// transfer that is under way.
+constexpr auto kBusyFor = ms(2);
 constexpr auto kSpinFor = ms(50);
 constexpr auto kNapShort = std::chrono::microseconds(50);
 constexpr auto kNapLong = std::chrono::microseconds(500);
@@ -435,6 +439,7 @@ class Comm {
         return SP_ERR_TIMEOUT;
       }
       const auto waited = now - start;
+      if (waited < kBusyFor) continue;
       if (waited < kSpinFor) sched_yield();
       else std::this_thread::sleep_for(waited < kNapLongAfter ? kNapShort : kNapLong);
     }

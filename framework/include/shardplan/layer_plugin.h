@@ -13,7 +13,7 @@
 #include "shardplan/abi/plugin.h"
 #include "shardplan/plan.h"
 
-#define SHARDPLAN_LAYER_ABI_VERSION 1u
+#define SHARDPLAN_LAYER_ABI_VERSION 2u
 
 namespace torch {
 namespace nn {
@@ -33,12 +33,19 @@ struct ParamShard {
   std::string note;                    // e.g. "column-parallel, bias follows weight"
 };
 
-// One module whose parameters the plan touches, handed to its plugin.
+// One module the plan touches, handed to its plugin: either through its
+// parameters (params filled, rule == nullptr) or, for a module with no
+// parameters of its own such as a loss, through a rule matching the module's
+// path (params empty, rule and layout set: the layout then describes the
+// module's INPUT, since there is no parameter for it to describe).
 struct ModuleShard {
   std::string path;                    // "blocks.0.mlp.fc1" ("" for the root)
   std::string type;                    // demangled type: "shardplan::nn::LinearImpl"
   torch::nn::Module* module = nullptr; // nullptr when only checking
   std::vector<ParamShard> params;      // every direct parameter of the module
+  const Rule* rule = nullptr;          // module-path match only
+  Layout layout;                       // module-path match only: layout of the input
+  std::string note;                    // module-path match only, filled by the plugin
   const Mesh* mesh = nullptr;
   int rank = 0;                        // this rank in the world (checking: any)
   // Process group along a mesh axis (nullptr when only checking).

@@ -36,7 +36,9 @@ struct ParallelReport {
   Mesh mesh;
   int rank = 0;
   int world_size = 1;
-  std::vector<ReportRow> rows;        // named_parameters() order
+  // named_parameters() order, then one row per parameterless module a rule
+  // matched by path (shapes empty, layout describing its input).
+  std::vector<ReportRow> rows;
   std::vector<std::string> warnings;
 
   int64_t local_bytes() const;        // parameter bytes held by this rank

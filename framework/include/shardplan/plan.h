@@ -67,6 +67,10 @@ struct Assignment {
 struct PlanMatch {
   Mesh mesh;
   std::vector<Assignment> params;     // same order as the input
+  // Per module path given to assign(), same order: shape empty, rule nullptr
+  // when no rule matched; layout is the rule's as written (it describes the
+  // module's input, whose rank is only known to the plugin).
+  std::vector<Assignment> modules;
   std::vector<std::string> warnings;  // e.g. rules that matched nothing with strict: false
 };
 
@@ -88,7 +92,11 @@ class Plan {
   // Matches every parameter, checks layout rank == tensor rank and rules that
   // matched nothing (error when strict, else a warning). Errors name the
   // parameter and the rule's file:line:col. Divisibility is left to plugins.
-  PlanMatch assign(const std::vector<ParamInfo>& params, int world_size) const;
+  // `module_paths` are paths of modules without parameters of their own
+  // (losses): a rule may match one of those instead of a parameter, and
+  // counts as having matched something.
+  PlanMatch assign(const std::vector<ParamInfo>& params, int world_size,
+                   const std::vector<std::string>& module_paths = {}) const;
   // Canonical YAML; parse_plan(to_yaml()) gives an equal plan.
   std::string to_yaml() const;
 };

@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <string>
+#include <utility>
 
 namespace torch {
 namespace nn {
@@ -19,6 +20,13 @@ namespace shardplan {
 // order. May share memory with `full`. Throws shardplan::Error when the sizes
 // do not divide.
 at::Tensor shard_of(const at::Tensor& full, int64_t dim, int64_t parts, int64_t index, int64_t blocks = 1);
+
+// The [begin, end) of `size` that `index` of `parts` owns when `size` need not
+// divide: ceil-division chunks as torch.chunk and Megatron's vocab split, so
+// part r owns [r*c, min(size, (r+1)*c)) with c = ceil(size/parts); the last
+// parts are smaller and may be empty (size 10 over 4: 3, 3, 3, 1; size 5
+// over 4: 2, 2, 1, 0). Equals shard_of's split when `size` divides.
+std::pair<int64_t, int64_t> shard_range(int64_t size, int64_t parts, int64_t index);
 
 // Gives the parameter `name` of `module` the values (and shape) of `value`,
 // keeping the parameter object itself, so references held by the module's

@@ -30,7 +30,7 @@ struct WorldOptions {
 
   // Reads, in order of preference: torchrun variables (RANK, WORLD_SIZE,
   // LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), Open MPI
-  // (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE), Slurm (SLURM_PROCID,
+  // (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE; backend mpi by default), Slurm (SLURM_PROCID,
   // SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE), and shardplan's own
   // SHARDPLAN_BACKEND, SHARDPLAN_STORE, SHARDPLAN_TIMEOUT_MS,
   // SHARDPLAN_LOCAL_ADDR (becomes backend option local_addr=...).

@@ -50,17 +50,34 @@ void plot_png(const std::string& png, const Options& o, const std::vector<Series
   const std::string script = tmpl;
   std::ofstream gp(script);
 
-  // One colour per series, the same in every panel.
-  std::map<std::string, int> colour;
-  for (const SeriesResult& s : results) colour.emplace(s.series.name, static_cast<int>(colour.size()) + 1);
+  // One colour per backend, the same in every panel; a reference is drawn
+  // dashed in the colour of the backend it bounds (roofline: local).
+  static const char* const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728",
+                                        "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"};
+  auto base_of = [](const std::string& name) {
+    if (name == "roofline") return std::string("local");
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, "-raw") == 0) return name.substr(0, name.size() - 4);
+    return name;
+  };
+  std::map<std::string, std::string> colour;
+  std::map<std::string, std::string> by_base;
+  for (const SeriesResult& s : results) {
+    const std::string base = base_of(s.series.name);
+    if (!by_base.count(base)) by_base[base] = palette[by_base.size() % 8];
+    colour[s.series.name] = by_base[base];
+  }
+  std::map<std::string, int> index;
+  for (const SeriesResult& s : results) index.emplace(s.series.name, static_cast<int>(index.size()) + 1);
 
   const int rows = static_cast<int>(colls.size());
-  gp << "set terminal pngcairo size 1400," << 60 + 330 * rows << " font 'sans,10'\n"
+  // libgd's png terminal rather than pngcairo: a third of the bytes (no
+  // anti-aliasing) for a chart of lines, and it is in every gnuplot build.
+  gp << "set terminal png noenhanced size 1200," << 50 + 280 * rows << " font 'sans,9'\n"
      << "set output '" << png << "'\n"
      << "set multiplot layout " << rows << ",2 title 'shardplan bench comm: " << o.ranks << " ranks, "
      << shardplan::comm::dtype_name(o.sweep.dtype) << ", out-of-place' font 'sans,13'\n"
      << "set logscale xy\nset grid xtics ytics mxtics mytics lc rgb '#dddddd'\n"
-     << "set key top left font 'sans,9' samplen 2\nset xlabel 'size (bytes, nccl-tests convention)'\n"
+     << "set key top left samplen 3\nset xlabel 'size (bytes, nccl-tests convention)'\n"
      << "set format y '%g'\n";
   gp << "set xtics (";
   bool first = true;
@@ -86,12 +103,14 @@ void plot_png(const std::string& png, const Options& o, const std::vector<Series
         }
         if (points.empty()) continue;
         const std::string block = "$d" + std::to_string(ci) + "_" + std::to_string(panel) + "_" +
-                                  std::to_string(colour[s.series.name]);
+                                  std::to_string(index[s.series.name]);
         gp << block << " << EOD\n";
         for (const auto& p : points) gp << p.first << " " << p.second << "\n";
         gp << "EOD\n";
-        parts.push_back(block + " using 1:2 with linespoints lc " + std::to_string(colour[s.series.name]) +
-                        " dt " + (s.series.reference() ? "2" : "1") + " pt 7 ps 0.6 title '" + s.series.name + "'");
+        // libgd draws no dashes: references are thin with open points.
+        parts.push_back(block + " using 1:2 with linespoints lc rgb '" + colour[s.series.name] + "' " +
+                        (s.series.reference() ? "lw 1 dt 2 pt 6" : "lw 2 pt 7") + " ps 0.6 title '" + s.series.name +
+                        "'");
       }
       gp << "set title '" << collective_name(c) << (panel == 0 ? ": bus bandwidth" : ": latency (p50)") << "'\n"
          << "set ylabel '" << (panel == 0 ? "busbw (GB/s)" : "time per call (us)") << "'\n";

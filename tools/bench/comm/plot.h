@@ -1,7 +1,7 @@
 #pragma once
 // --plot: busbw and p50 latency against size (log-log), one row of panels
-// per collective, one line per series (references dashed), drawn by gnuplot
-// from a script written with the data inline.
+// per collective, one line per series (references thin, with open points),
+// drawn by gnuplot from a script written with the data inline.
 #include <string>
 #include <vector>
 

@@ -33,10 +33,12 @@ Progress::Progress(const Options& o, const std::vector<Series>& series)
     std::vector<Unit> units;
     for (Collective c : o.sweep.collectives) {
       if (s.reference() && c != Collective::AllReduce) continue;
+      const size_t first = units.size();
       for (uint64_t b : o.sweep.sizes()) {
         Geometry g = geometry(c, b, es, o.ranks);
-        if (!g.empty()) units.push_back({c, g.total * es});
+        if (!g.empty()) units.push_back({c, g.total * es, 0});
       }
+      if (units.size() > first) units[first].warmup_bytes = units.back().bytes;
     }
     units_.push_back(units);
   }
@@ -48,7 +50,8 @@ Progress::Progress(const Options& o, const std::vector<Series>& series)
 double Progress::predict(size_t s, const Unit& u) const {
   const int modes = u.coll == Collective::SendRecv ? 1 : 2;
   const double calls = modes * (o_.sweep.iters + 1.0);
-  return calls * (lat_[s] + static_cast<double>(u.bytes) / bw_[s]);
+  return calls * (lat_[s] + static_cast<double>(u.bytes) / bw_[s]) +
+         o_.sweep.warmup * (lat_[s] + static_cast<double>(u.warmup_bytes) / bw_[s]);
 }
 
 double Progress::remaining() const {
@@ -69,7 +72,8 @@ void Progress::start_series(size_t index) {
   cur_ = index;
   done_units_ = 0;
   predicted_done_ = 0;
-  have_small_ = have_large_ = false;
+  have_small_ = false;
+  largest_seen_ = 0;
   series_start_ = Clock::now();
   bytes_ = 0;
   show(true);
@@ -77,7 +81,7 @@ void Progress::start_series(size_t index) {
 
 void Progress::at(Collective c, uint64_t bytes) {
   if (bytes_ != 0) {
-    predicted_done_ += predict(cur_, {coll_, bytes_});
+    predicted_done_ += predict(cur_, units_[cur_][std::min(done_units_, units_[cur_].size() - 1)]);
     ++done_units_;
   }
   coll_ = c;
@@ -91,9 +95,10 @@ void Progress::row(const RankRow& r) {
   if (r.bytes <= 4096) {
     lat_[cur_] = have_small_ ? std::min(lat_[cur_], t) : t;
     have_small_ = true;
-  } else if (r.bytes >= (64u << 10) && t > lat_[cur_]) {
+  } else if (r.bytes >= (64u << 10) && r.bytes >= largest_seen_ && t > lat_[cur_]) {
+    // The largest size is the least disturbed by latency.
     bw_[cur_] = static_cast<double>(r.bytes) / (t - (have_small_ ? lat_[cur_] : 0));
-    have_large_ = true;
+    largest_seen_ = r.bytes;
   }
   // Series not started yet follow the latest calibration.
   for (size_t s = cur_ + 1; s < series_.size(); ++s) {
@@ -135,7 +140,7 @@ void Progress::show(bool force) {
   const size_t total = units_[cur_].size();
   if (bytes_ == 0)
     std::snprintf(line, sizeof line, "[%zu/%zu %s] starting %s  elapsed %s  ETA ~%s", cur_ + 1, series_.size(),
-                  series_[cur_].name.c_str(), series_[cur_].describe(o_.ranks).c_str(),
+                  series_[cur_].name.c_str(), series_[cur_].describe(o_.ranks, true).c_str(),
                   clock_text(since(start_)).c_str(), clock_text(remaining()).c_str());
   else
     std::snprintf(line, sizeof line, "[%zu/%zu %s] %s %s (%zu/%zu)  elapsed %s  ETA ~%s", cur_ + 1, series_.size(),

@@ -28,6 +28,7 @@ class Progress {
   struct Unit {
     Collective coll;
     uint64_t bytes;
+    uint64_t warmup_bytes;  // the first size of a collective also pays its warm-up
   };
   double predict(size_t series, const Unit& u) const;
   double remaining() const;
@@ -40,7 +41,8 @@ class Progress {
   size_t cur_ = 0, done_units_ = 0;
   Collective coll_ = Collective::AllReduce;
   uint64_t bytes_ = 0;
-  bool have_small_ = false, have_large_ = false;
+  bool have_small_ = false;
+  uint64_t largest_seen_ = 0;
   double predicted_done_ = 0;
   std::chrono::steady_clock::time_point start_, series_start_, last_shown_;
   bool tty_;

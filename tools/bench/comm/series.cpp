@@ -27,13 +27,13 @@ std::string find_program(const std::string& program) {
   return {};
 }
 
-std::string Series::describe(int ranks) const {
+std::string Series::describe(int ranks, bool brief) const {
   const std::string n = std::to_string(ranks);
   std::string how = launch == "threads" ? n + " threads" : launch == "procs" ? n + " processes" : n + " processes (mpirun)";
   if (kind == "roofline") return how + ", a[i] += b[i] slices between spin barriers";
   if (kind == "gloo-raw") return how + ", gloo::allreduce over TCP 127.0.0.1";
   if (kind == "mpi-raw") return how + ", MPI_Allreduce on MPI_COMM_WORLD";
-  return how + (cuda ? ", GPU buffers" : ", CPU buffers") + ", plugin " + plugin;
+  return how + (cuda ? ", GPU buffers" : ", CPU buffers") + (brief ? "" : ", plugin " + plugin);
 }
 
 namespace {

@@ -16,7 +16,9 @@ struct Series {
   std::string plugin;   // library path for kind plugin
   bool cuda = false;    // buffers in GPU memory
   bool reference() const { return kind != "plugin"; }
-  std::string describe(int ranks) const;  // "2 processes, TCP on 127.0.0.1"
+  // "2 processes, CPU buffers, plugin /path/libshardplan_comm_gloo.so";
+  // without the library path when `brief`.
+  std::string describe(int ranks, bool brief = false) const;
 };
 
 struct Unavailable {

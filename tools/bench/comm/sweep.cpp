@@ -169,10 +169,8 @@ class Sweeper {
     const int32_t dt = o_.dtype;
     void* hs = b.hsend();
     void* hr = b.hrecv();
-    const uint64_t rbase = c.in_place ? elements_between(b.recv, c.recv) : 0;
     const uint64_t sbase = c.in_place ? elements_between(b.recv, c.send) : 0;
     void* hin = c.in_place ? at(hr, sbase, es_) : hs;
-    (void)rbase;
     std::memset(hr, 0, b.bytes);
     switch (coll_) {
       case Collective::AllReduce:
