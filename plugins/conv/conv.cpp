@@ -32,6 +32,7 @@
 #include "shardplan/layer_plugin.h"
 #include "shardplan/mappings.h"
 #include "shardplan/nn/conv.h"
+#include "shardplan/plugin_support.h"
 #include "shardplan/shard.h"
 
 namespace shardplan {
@@ -125,22 +126,10 @@ struct Decision {
   bool input_sharded = false;
 };
 
-const Rule* rule_of(const ParamShard* p) { return p ? p->assignment.rule : nullptr; }
-
-[[noreturn]] void fail(const ParamShard& p, const std::string& message) {
-  const std::string text = "parameter '" + p.assignment.path + "': " + message;
-  if (p.assignment.rule) throw PlanError(p.assignment.rule->layout_loc, text);
-  throw Error(text);
-}
-
+// fail_param, but at the option's location when the rule sets it.
 [[noreturn]] void fail_option(const ParamShard& p, const RuleOption* o, const std::string& message) {
   if (o) throw PlanError(o->loc, "parameter '" + p.assignment.path + "': " + message);
-  fail(p, message);
-}
-
-void reject_option(const Rule* rule, const std::string& key, const std::string& why) {
-  if (!rule) return;
-  if (const RuleOption* o = rule->option(key)) throw PlanError(o->loc, "option '" + key + "' " + why);
+  fail_param(p, message);
 }
 
 int64_t groups_of(const torch::nn::Module* m) {
@@ -156,25 +145,24 @@ std::string conv_name(const ModuleShard& shard) {
 }
 
 Decision decide(const ModuleShard& shard) {
-  const ParamShard* w = shard.param("weight");
+  const ParamShard* w = required_param(shard, "weight");
   const ParamShard* b = shard.param("bias");
-  if (!w) throw Error("module '" + shard.path + "' of type " + shard.type + " has no weight");
   const Layout& wl = w->assignment.layout;
   const Rule* rule = rule_of(w);
   const std::string what = "a " + conv_name(shard);
   Decision d;
   d.groups = groups_of(shard.module);
   reject_option(rule, "blocks", "applies to Linear layers; a convolution has no stacked blocks");
-  if (wl.size() < 3) fail(*w, what + " weight has at least 3 dims, the layout has " + std::to_string(wl.size()));
+  if (wl.size() < 3) fail_param(*w, what + " weight has at least 3 dims, the layout has " + std::to_string(wl.size()));
   for (size_t i = 2; i < wl.size(); ++i)
     if (wl[i])
-      fail(*w, "the kernel dims of " + what + " weight cannot be split (a filter needs its whole window), got " +
-                   layout_str(wl));
-  if (wl[0] && wl[1]) fail(*w, what + " weight can be split along one channel dim only, got " + layout_str(wl));
+      fail_param(*w, "the kernel dims of " + what + " weight cannot be split (a filter needs its whole window), got " +
+                         layout_str(wl));
+  if (wl[0] && wl[1]) fail_param(*w, what + " weight can be split along one channel dim only, got " + layout_str(wl));
 
   if (!wl[0] && !wl[1]) {
     if (b && b->assignment.layout.size() == 1 && b->assignment.layout[0])
-      fail(*b, "the bias of a replicated " + conv_name(shard) + " cannot be split");
+      fail_param(*b, "the bias of a replicated " + conv_name(shard) + " cannot be split");
     reject_option(rule, "output", "applies to an output-channel parallel convolution (weight [axis, null, ...])");
     reject_option(rule, "input", "applies to a split convolution (weight [axis, null, ...] or [null, axis, ...])");
     return d;
@@ -186,16 +174,14 @@ Decision decide(const ModuleShard& shard) {
 
   if (wl[0]) {
     d.mode = Mode::OutChannel;
-    if (rule) {
-      d.gather = rule->option_or("output", "gathered", {"gathered", "sharded"}) == "gathered";
-      d.input_sharded = rule->option_or("input", "replicated", {"replicated", "sharded"}) == "sharded";
-    }
+    d.gather = output_option_gathered(rule);
+    d.input_sharded = input_option_sharded(rule);
     if (out_c % d.parts != 0)
-      fail(*w, "out_channels " + std::to_string(out_c) + " is not divisible by " + axis_desc);
+      fail_param(*w, "out_channels " + std::to_string(out_c) + " is not divisible by " + axis_desc);
     if (d.groups % d.parts != 0 && d.parts % d.groups != 0)
-      fail(*w, "groups " + std::to_string(d.groups) + " and " + axis_desc +
-                   ": a rank must hold whole groups (groups divisible by the axis size) or part of one group "
-                   "(axis size divisible by groups)");
+      fail_param(*w, "groups " + std::to_string(d.groups) + " and " + axis_desc +
+                         ": a rank must hold whole groups (groups divisible by the axis size) or part of one group "
+                         "(axis size divisible by groups)");
     if (d.input_sharded && d.groups % d.parts != 0)
       fail_option(*w, rule->option("input"),
                   "input: sharded on an output-channel parallel convolution needs groups (" +
@@ -205,18 +191,18 @@ Decision decide(const ModuleShard& shard) {
     if (b && rule_of(b)) {
       const Layout& bl = b->assignment.layout;
       if (bl.size() != 1 || !bl[0] || *bl[0] != d.axis)
-        fail(*b, "the bias of an output-channel parallel " + conv_name(shard) + " must follow its weight: layout [" +
-                     d.axis + "], got " + layout_str(bl));
+        fail_param(*b, "the bias of an output-channel parallel " + conv_name(shard) + " must follow its weight: layout [" +
+                           d.axis + "], got " + layout_str(bl));
     }
   } else {
     d.mode = Mode::InChannel;
     reject_option(rule, "output",
                   "applies to an output-channel parallel convolution (weight [axis, null, ...]); this one is "
                   "input-channel parallel");
-    if (rule) d.input_sharded = rule->option_or("input", "replicated", {"replicated", "sharded"}) == "sharded";
+    d.input_sharded = input_option_sharded(rule);
     if (in_per_group % d.parts != 0)
-      fail(*w, (d.groups > 1 ? "in_channels per group " : "in_channels ") + std::to_string(in_per_group) +
-                   " is not divisible by " + axis_desc);
+      fail_param(*w, (d.groups > 1 ? "in_channels per group " : "in_channels ") + std::to_string(in_per_group) +
+                         " is not divisible by " + axis_desc);
     if (d.input_sharded && d.groups > 1)
       fail_option(*w, rule->option("input"),
                   "input: sharded means contiguous channel blocks, but an input-channel parallel convolution with "
@@ -224,8 +210,8 @@ Decision decide(const ModuleShard& shard) {
                       " needs a piece of every group; leave the input replicated, or for groups divisible by the axis "
                       "size use layout [" + d.axis + ", null, ...] with input: sharded");
     if (b && b->assignment.layout.size() == 1 && b->assignment.layout[0])
-      fail(*b, "the bias of an input-channel parallel " + conv_name(shard) +
-                   " is added after the reduction and must be replicated ([null])");
+      fail_param(*b, "the bias of an input-channel parallel " + conv_name(shard) +
+                         " is added after the reduction and must be replicated ([null])");
   }
   return d;
 }

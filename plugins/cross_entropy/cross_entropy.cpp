@@ -17,6 +17,7 @@
 #include "shardplan/communicator.h"
 #include "shardplan/layer_plugin.h"
 #include "shardplan/nn/cross_entropy.h"
+#include "shardplan/plugin_support.h"
 
 namespace shardplan {
 namespace {
@@ -62,8 +63,7 @@ Decision decide(const ModuleShard& s) {
                 " has no parameters to match; give it a rule over its module path whose layout describes its input");
   const Rule& rule = *s.rule;
   for (const char* key : {"output", "blocks"})
-    if (const RuleOption* o = rule.option(key))
-      throw PlanError(o->loc, std::string("option '") + key + "' does not apply to a loss; its layout describes its input");
+    reject_option(&rule, key, "does not apply to a loss; its layout describes its input");
   if (const RuleOption* o = rule.option("input"); o && o->value != "sharded")
     throw PlanError(o->loc, "a loss's input is described by its layout; 'input: " + o->value + "' contradicts it");
 

@@ -19,6 +19,7 @@
 #include "shardplan/layer_plugin.h"
 #include "shardplan/mappings.h"
 #include "shardplan/nn/linear.h"
+#include "shardplan/plugin_support.h"
 #include "shardplan/shard.h"
 
 namespace shardplan {
@@ -89,32 +90,18 @@ struct Decision {
   bool input_sharded = false;
 };
 
-const Rule* rule_of(const ParamShard* p) { return p ? p->assignment.rule : nullptr; }
-
-
-[[noreturn]] void fail(const ParamShard& p, const std::string& message) {
-  if (p.assignment.rule) throw PlanError(p.assignment.rule->layout_loc, "parameter '" + p.assignment.path + "': " + message);
-  throw Error("parameter '" + p.assignment.path + "': " + message);
-}
-
-void reject_option(const Rule* rule, const std::string& key, const std::string& why) {
-  if (!rule) return;
-  if (const RuleOption* o = rule->option(key)) throw PlanError(o->loc, "option '" + key + "' " + why);
-}
-
 Decision decide(const ModuleShard& shard) {
-  const ParamShard* w = shard.param("weight");
+  const ParamShard* w = required_param(shard, "weight");
   const ParamShard* b = shard.param("bias");
-  if (!w) throw Error("module '" + shard.path + "' of type " + shard.type + " has no weight");
   const Layout& wl = w->assignment.layout;
   Decision d;
   const Rule* rule = rule_of(w);
-  if (wl.size() != 2) fail(*w, "a Linear weight has 2 dims, the layout has " + std::to_string(wl.size()));
-  if (wl[0] && wl[1]) fail(*w, "a Linear weight can be split along one dim only, got " + layout_str(wl));
+  if (wl.size() != 2) fail_param(*w, "a Linear weight has 2 dims, the layout has " + std::to_string(wl.size()));
+  if (wl[0] && wl[1]) fail_param(*w, "a Linear weight can be split along one dim only, got " + layout_str(wl));
 
   if (!wl[0] && !wl[1]) {
     if (b && b->assignment.layout.size() == 1 && b->assignment.layout[0])
-      fail(*b, "the bias of a replicated Linear cannot be split");
+      fail_param(*b, "the bias of a replicated Linear cannot be split");
     reject_option(rule, "output", "applies to a column-parallel Linear (weight [axis, null])");
     reject_option(rule, "input", "applies to a row-parallel Linear (weight [null, axis])");
     return d;
@@ -127,26 +114,27 @@ Decision decide(const ModuleShard& shard) {
   if (wl[0]) {
     d.mode = Mode::Column;
     reject_option(rule, "input", "applies to a row-parallel Linear (weight [null, axis]); this one is column-parallel");
-    if (rule) d.gather = rule->option_or("output", "gathered", {"gathered", "sharded"}) == "gathered";
+    d.gather = output_option_gathered(rule);
     if (out_f % (d.blocks * d.parts) != 0)
-      fail(*w, "out_features " + std::to_string(out_f) + (d.blocks > 1 ? " in " + std::to_string(d.blocks) + " blocks" : "") +
-                   " is not divisible by mesh axis '" + d.axis + "' of size " + std::to_string(d.parts));
+      fail_param(*w, "out_features " + std::to_string(out_f) +
+                         (d.blocks > 1 ? " in " + std::to_string(d.blocks) + " blocks" : "") +
+                         " is not divisible by mesh axis '" + d.axis + "' of size " + std::to_string(d.parts));
     if (b && rule_of(b)) {
       const Layout& bl = b->assignment.layout;
       if (bl.size() != 1 || !bl[0] || *bl[0] != d.axis)
-        fail(*b, "the bias of a column-parallel Linear must follow its weight: layout [" + d.axis + "], got " +
-                     layout_str(bl));
+        fail_param(*b, "the bias of a column-parallel Linear must follow its weight: layout [" + d.axis + "], got " +
+                           layout_str(bl));
     }
   } else {
     d.mode = Mode::Row;
     reject_option(rule, "output", "applies to a column-parallel Linear (weight [axis, null]); this one is row-parallel");
     if (d.blocks != 1) reject_option(rule, "blocks", "applies to column-parallel layers only");
-    if (rule) d.input_sharded = rule->option_or("input", "replicated", {"replicated", "sharded"}) == "sharded";
+    d.input_sharded = input_option_sharded(rule);
     if (in_f % d.parts != 0)
-      fail(*w, "in_features " + std::to_string(in_f) + " is not divisible by mesh axis '" + d.axis + "' of size " +
-                   std::to_string(d.parts));
+      fail_param(*w, "in_features " + std::to_string(in_f) + " is not divisible by mesh axis '" + d.axis + "' of size " +
+                         std::to_string(d.parts));
     if (b && b->assignment.layout.size() == 1 && b->assignment.layout[0])
-      fail(*b, "the bias of a row-parallel Linear is added after the reduction and must be replicated ([null])");
+      fail_param(*b, "the bias of a row-parallel Linear is added after the reduction and must be replicated ([null])");
   }
   return d;
 }

@@ -30,6 +30,7 @@
 #include "shardplan/layer_plugin.h"
 #include "shardplan/mappings.h"
 #include "shardplan/nn/embedding.h"
+#include "shardplan/plugin_support.h"
 #include "shardplan/shard.h"
 
 namespace shardplan {
@@ -124,25 +125,13 @@ struct Decision {
   bool gather = true;
 };
 
-[[noreturn]] void fail(const ParamShard& p, const std::string& message) {
-  if (p.assignment.rule)
-    throw PlanError(p.assignment.rule->layout_loc, "parameter '" + p.assignment.path + "': " + message);
-  throw Error("parameter '" + p.assignment.path + "': " + message);
-}
-
-void reject_option(const Rule* rule, const std::string& key, const std::string& why) {
-  if (!rule) return;
-  if (const RuleOption* o = rule->option(key)) throw PlanError(o->loc, "option '" + key + "' " + why);
-}
-
 Decision decide(const ModuleShard& shard) {
-  const ParamShard* w = shard.param("weight");
-  if (!w) throw Error("module '" + shard.path + "' of type " + shard.type + " has no weight");
+  const ParamShard* w = required_param(shard, "weight");
   const Layout& wl = w->assignment.layout;
-  const Rule* rule = w->assignment.rule;
+  const Rule* rule = rule_of(w);
   Decision d;
-  if (wl.size() != 2) fail(*w, "an Embedding weight has 2 dims, the layout has " + std::to_string(wl.size()));
-  if (wl[0] && wl[1]) fail(*w, "an Embedding weight can be split along one dim only, got " + layout_str(wl));
+  if (wl.size() != 2) fail_param(*w, "an Embedding weight has 2 dims, the layout has " + std::to_string(wl.size()));
+  if (wl[0] && wl[1]) fail_param(*w, "an Embedding weight can be split along one dim only, got " + layout_str(wl));
   reject_option(rule, "input", "does not apply to an Embedding (its input is ids, never sharded)");
   reject_option(rule, "blocks", "does not apply to an Embedding");
   if (!wl[0] && !wl[1]) {
@@ -155,10 +144,10 @@ Decision decide(const ModuleShard& shard) {
 
   // The options live on the module; check() reads them when it has one.
   if (const auto* m = dynamic_cast<const nn::EmbeddingImpl*>(shard.module)) {
-    if (m->options.sparse()) fail(*w, "sparse gradients are not supported for a sharded Embedding");
+    if (m->options.sparse()) fail_param(*w, "sparse gradients are not supported for a sharded Embedding");
     if (d.mode == Mode::Dim && m->options.max_norm().has_value())
-      fail(*w, "max_norm renormalises whole rows, which an embedding-dim-parallel Embedding splits over ranks; "
-               "not supported for this layout (vocab-parallel, [" + d.axis + ", null], supports it)");
+      fail_param(*w, "max_norm renormalises whole rows, which an embedding-dim-parallel Embedding splits over ranks; "
+                     "not supported for this layout (vocab-parallel, [" + d.axis + ", null], supports it)");
   }
 
   if (d.mode == Mode::Vocab) {
@@ -166,11 +155,11 @@ Decision decide(const ModuleShard& shard) {
                   "applies to an embedding-dim-parallel Embedding (weight [null, axis]); a vocab-parallel output is "
                   "all-reduced, always whole");
   } else {
-    if (rule) d.gather = rule->option_or("output", "gathered", {"gathered", "sharded"}) == "gathered";
+    d.gather = output_option_gathered(rule);
     const int64_t dim = w->assignment.shape[1];
     if (dim % d.parts != 0)
-      fail(*w, "embedding_dim " + std::to_string(dim) + " is not divisible by mesh axis '" + d.axis + "' of size " +
-                   std::to_string(d.parts));
+      fail_param(*w, "embedding_dim " + std::to_string(dim) + " is not divisible by mesh axis '" + d.axis + "' of size " +
+                         std::to_string(d.parts));
   }
   return d;
 }

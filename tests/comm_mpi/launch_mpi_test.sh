@@ -10,65 +10,12 @@ SP=$1
 PROBE=$2
 CASE=$3
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/launch-mpi-test.XXXXXX")
-BG_PIDS=()
-cleanup() {
-  local p
-  for p in ${BG_PIDS[@]+"${BG_PIDS[@]}"}; do kill -KILL "$p" 2>/dev/null; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+TEST_NAME=mpi_$CASE
+# shellcheck source=../launcher/test_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../launcher/test_lib.sh"
 
 # The launcher must manage without them (it sets them itself as root).
 unset OMPI_ALLOW_RUN_AS_ROOT OMPI_ALLOW_RUN_AS_ROOT_CONFIRM SHARDPLAN_BACKEND SHARDPLAN_TIMEOUT_MS OMP_NUM_THREADS
-
-fail() {
-  echo "FAIL [mpi_$CASE]: $*" >&2
-  for f in out err; do
-    if [[ -s $WORK/$f ]]; then
-      echo "--- launcher std$f (first 40 lines):" >&2
-      head -n 40 "$WORK/$f" >&2
-    fi
-  done
-  exit 1
-}
-
-now_ms() { echo $(($(date +%s%N) / 1000000)); }
-
-run() {
-  local start
-  start=$(now_ms)
-  timeout -k 5 60 "$SP" "$@" >"$WORK/out" 2>"$WORK/err"
-  RC=$?
-  ELAPSED_MS=$(($(now_ms) - start))
-  [[ $RC -ne 124 && $RC -ne 137 ]] || fail "the launcher was still running after 60 s"
-}
-
-expect_rc() { [[ $RC -eq $1 ]] || fail "expected exit status $1, got $RC"; }
-expect_empty() { [[ ! -s $WORK/$1 ]] || fail "expected empty std$1"; }
-expect_faster_than() { ((ELAPSED_MS < $1)) || fail "took ${ELAPSED_MS} ms, limit $1 ms"; }
-expect_lines() {
-  diff <(sort "$1") <(printf '%s\n' "$2" | sort) >"$WORK/diff" ||
-    fail "unexpected lines in $(basename "$1") (< got, > expected):
-$(cat "$WORK/diff")"
-}
-pid_of() { cat "$WORK/$1.pid" 2>/dev/null || fail "no pid file $1.pid"; }
-expect_dead() {
-  local name pid
-  for name in "$@"; do
-    pid=$(pid_of "$name")
-    kill -0 "$pid" 2>/dev/null && fail "$name (pid $pid) is still alive after the launcher exited"
-  done
-  return 0
-}
-wait_for_files() {
-  local deadline=$(($(now_ms) + 20000)) f
-  for f in "$@"; do
-    while [[ ! -e $WORK/$f ]]; do
-      (($(now_ms) < deadline)) || fail "timed out waiting for $f"
-      sleep 0.05
-    done
-  done
-}
 
 case $CASE in
 env)

@@ -9,56 +9,13 @@ PROBE=$2
 CASE=$3
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/launcher-test.XXXXXX")
-BG_PIDS=()
-cleanup() {
-  local p
-  for p in ${BG_PIDS[@]+"${BG_PIDS[@]}"}; do kill -KILL "$p" 2>/dev/null; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
+TEST_NAME=$CASE
+# shellcheck source=test_lib.sh
+source "$HERE/test_lib.sh"
 
 # The variables the launcher owns must come from it, not from whoever runs ctest.
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE MASTER_ADDR \
   MASTER_PORT SHARDPLAN_BACKEND SHARDPLAN_STORE SHARDPLAN_LOCAL_ADDR SHARDPLAN_TIMEOUT_MS
-
-fail() {
-  echo "FAIL [$CASE]: $*" >&2
-  for f in out err; do
-    if [[ -s $WORK/$f ]]; then
-      echo "--- launcher std$f (first 40 lines):" >&2
-      head -n 40 "$WORK/$f" >&2
-    fi
-  done
-  exit 1
-}
-
-now_ms() { echo $(($(date +%s%N) / 1000000)); }
-
-# run ARGS...: runs the launcher; sets RC and ELAPSED_MS, output in $WORK/out, $WORK/err.
-run() {
-  local start
-  start=$(now_ms)
-  # A launcher that hangs fails here, with its output, instead of at ctest's timeout.
-  timeout -k 5 60 "$SP" "$@" >"$WORK/out" 2>"$WORK/err"
-  RC=$?
-  ELAPSED_MS=$(($(now_ms) - start))
-  [[ $RC -ne 124 && $RC -ne 137 ]] || fail "the launcher was still running after 60 s"
-}
-
-expect_rc() { [[ $RC -eq $1 ]] || fail "expected exit status $1, got $RC"; }
-expect_empty() { [[ ! -s $WORK/$1 ]] || fail "expected empty std$1"; }
-expect_faster_than() { ((ELAPSED_MS < $1)) || fail "took ${ELAPSED_MS} ms, limit $1 ms"; }
-# expect_lines FILE EXPECTED: FILE holds exactly the lines of EXPECTED, in any order.
-expect_lines() {
-  diff <(sort "$1") <(printf '%s\n' "$2" | sort) >"$WORK/diff" ||
-    fail "unexpected lines in $(basename "$1") (< got, > expected):
-$(cat "$WORK/diff")"
-}
-expect_exact() {
-  diff "$1" <(printf '%s\n' "$2") >"$WORK/diff" ||
-    fail "unexpected $(basename "$1") (< got, > expected):
-$(cat "$WORK/diff")"
-}
 
 # expected_env RANK LOCAL NPROC NNODES NODE ADDR PORT BACKEND STORE LOCAL_ADDR TIMEOUT STORE_DIR
 expected_env() {
@@ -79,26 +36,6 @@ single_store() {
   dir=${dir%/store}
   [[ ! -e $dir ]] || fail "store directory $dir still exists after the launcher exited"
   STORE=$stores
-}
-
-pid_of() { cat "$WORK/$1.pid" 2>/dev/null || fail "no pid file $1.pid"; }
-expect_dead() {
-  local name pid
-  for name in "$@"; do
-    pid=$(pid_of "$name")
-    if kill -0 "$pid" 2>/dev/null; then
-      fail "$name (pid $pid) is still alive after the launcher exited"
-    fi
-  done
-}
-wait_for_files() {
-  local deadline=$(($(now_ms) + 20000)) f
-  for f in "$@"; do
-    while [[ ! -e $WORK/$f ]]; do
-      (($(now_ms) < deadline)) || fail "timed out waiting for $f"
-      sleep 0.05
-    done
-  done
 }
 
 case $CASE in

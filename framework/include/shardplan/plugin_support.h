@@ -1,0 +1,58 @@
+#pragma once
+// Header-only help for layer-plugin authors: reporting a plan problem where
+// the user wrote it, and reading the rule options that several layers share.
+// Every layer plugin validates its layouts and options the same way
+// (LayerPlugin::check: PlanError at the rule's location, or shardplan::Error
+// naming the parameter), so the wording and locations live here once and
+// the plugins agree on them. What differs per layer (which layouts mean what,
+// which options apply) stays in each plugin. Inline, so plugins gain no link
+// dependency and the layer ABI is unchanged.
+#include <string>
+
+#include "shardplan/error.h"
+#include "shardplan/layer_plugin.h"
+#include "shardplan/plan.h"
+
+namespace shardplan {
+
+// The rule that placed this parameter, or nullptr (no parameter, or one no
+// rule matched).
+inline const Rule* rule_of(const ParamShard* p) { return p ? p->assignment.rule : nullptr; }
+
+// The parameter `name` of the module; throws Error naming the module when it
+// has none (a plugin registered for a type that lacks it).
+inline const ParamShard* required_param(const ModuleShard& shard, const std::string& name) {
+  const ParamShard* p = shard.param(name);
+  if (!p) throw Error("module '" + shard.path + "' of type " + shard.type + " has no " + name);
+  return p;
+}
+
+// Throws "parameter '<path>': <message>": a PlanError at the rule's `layout:`
+// when a rule placed the parameter, else a plain Error.
+[[noreturn]] inline void fail_param(const ParamShard& p, const std::string& message) {
+  const std::string text = "parameter '" + p.assignment.path + "': " + message;
+  if (p.assignment.rule) throw PlanError(p.assignment.rule->layout_loc, text);
+  throw Error(text);
+}
+
+// Throws PlanError "option '<key>' <why>" at the option when `rule` sets `key`
+// (an option that does not apply to this layer or layout); no-op otherwise.
+inline void reject_option(const Rule* rule, const std::string& key, const std::string& why) {
+  if (!rule) return;
+  if (const RuleOption* o = rule->option(key)) throw PlanError(o->loc, "option '" + key + "' " + why);
+}
+
+// `output: gathered | sharded` of a layer that can gather its split output
+// (default gathered, also without a rule). Other values throw PlanError.
+inline bool output_option_gathered(const Rule* rule) {
+  return !rule || rule->option_or("output", "gathered", {"gathered", "sharded"}) == "gathered";
+}
+
+// `input: replicated | sharded` of a layer that can take its input already
+// split (default replicated, also without a rule). Other values throw
+// PlanError.
+inline bool input_option_sharded(const Rule* rule) {
+  return rule && rule->option_or("input", "replicated", {"replicated", "sharded"}) == "sharded";
+}
+
+}  // namespace shardplan
