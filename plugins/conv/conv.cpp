@@ -253,24 +253,15 @@ class ConvPlugin : public LayerPlugin {
     Decision d = decide(shard);
     ParamShard* w = shard.param("weight");
     ParamShard* b = shard.param("bias");
-    if (d.mode == Mode::Replicated) {
-      w->note = "replicated";
-      if (b) b->note = "replicated";
-      return;
-    }
-    if (d.mode == Mode::OutChannel) {
-      w->local_shape[0] /= d.parts;
-      w->note = std::string("output-channel parallel, ") + (d.input_sharded ? "input sharded, " : "") + "output " +
-                (d.gather ? "gathered" : "sharded");
-      if (b) {
-        b->local_shape[0] /= d.parts;
-        b->note = rule_of(b) ? "output-channel parallel" : "output-channel parallel, follows weight";
-      }
-    } else {
-      w->local_shape[1] /= d.parts;
-      w->note = std::string("input-channel parallel, input ") + (d.input_sharded ? "sharded" : "split on entry");
-      if (b) b->note = "replicated, added after the reduction";
-    }
+    if (d.mode == Mode::Replicated)
+      note_replicated(*w, b);
+    else if (d.mode == Mode::OutChannel)
+      note_output_split(*w, b, d.parts, "output-channel parallel",
+                        std::string("output-channel parallel, ") + (d.input_sharded ? "input sharded, " : "") +
+                            "output " + (d.gather ? "gathered" : "sharded"));
+    else
+      note_input_split(*w, b, d.parts,
+                       std::string("input-channel parallel, input ") + (d.input_sharded ? "sharded" : "split on entry"));
   }
 
   void apply(ModuleShard& shard) const override {

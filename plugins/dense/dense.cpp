@@ -148,23 +148,14 @@ class DensePlugin : public LayerPlugin {
     Decision d = decide(shard);
     ParamShard* w = shard.param("weight");
     ParamShard* b = shard.param("bias");
-    if (d.mode == Mode::Replicated) {
-      w->note = "replicated";
-      if (b) b->note = "replicated";
-      return;
-    }
-    if (d.mode == Mode::Column) {
-      w->local_shape[0] /= d.parts;
-      w->note = std::string("column-parallel, output ") + (d.gather ? "gathered" : "sharded");
-      if (b) {
-        b->local_shape[0] /= d.parts;
-        b->note = rule_of(b) ? "column-parallel" : "column-parallel, follows weight";
-      }
-    } else {
-      w->local_shape[1] /= d.parts;
-      w->note = std::string("row-parallel, input ") + (d.input_sharded ? "sharded" : "split on entry");
-      if (b) b->note = "replicated, added after the reduction";
-    }
+    if (d.mode == Mode::Replicated)
+      note_replicated(*w, b);
+    else if (d.mode == Mode::Column)
+      note_output_split(*w, b, d.parts, "column-parallel",
+                        std::string("column-parallel, output ") + (d.gather ? "gathered" : "sharded"));
+    else
+      note_input_split(*w, b, d.parts,
+                       std::string("row-parallel, input ") + (d.input_sharded ? "sharded" : "split on entry"));
   }
 
   void apply(ModuleShard& shard) const override {

@@ -10,7 +10,7 @@ CASE=$3
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/launcher-test.XXXXXX")
 TEST_NAME=$CASE
-# shellcheck source=test_lib.sh
+# shellcheck source-path=SCRIPTDIR source=test_lib.sh
 source "$HERE/test_lib.sh"
 
 # The variables the launcher owns must come from it, not from whoever runs ctest.
@@ -185,25 +185,7 @@ prefix_many_lines)
   n=3000
   run launch -n 3 -- "$PROBE" --lines $n --err-lines $n
   expect_rc 0
-  for stream in out err; do
-    kind=line
-    [[ $stream == err ]] && kind=err
-    # Every line whole, prefixed with the rank that wrote it, numbered in order.
-    awk -v n=$n -v kind=$kind '
-      {
-        if (!match($0, /^\[rank [0-2]\] rank [0-2] [a-z]+ [0-9]+ x*$/)) { print "malformed: " $0; bad = 1; exit }
-        split($0, f, " ")
-        r = f[2]; sub(/\]/, "", r)
-        if (f[4] != r || f[5] != kind) { print "wrong rank or stream: " $0; bad = 1; exit }
-        if (f[6] != next_line[r] + 0) { print "out of order: " $0; bad = 1; exit }
-        if (length(f[7]) != (f[6] * 37) % 151) { print "truncated: " $0; bad = 1; exit }
-        next_line[r] = f[6] + 1
-      }
-      END {
-        if (bad) exit 1
-        for (r = 0; r < 3; r++) if (next_line[r] != n) { print "rank " r ": " next_line[r] " lines"; exit 1 }
-      }' "$WORK/$stream" >"$WORK/awk" || fail "std$stream: $(cat "$WORK/awk")"
-  done
+  expect_probe_lines $n
   ;;
 
 partial_line)

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Helpers shared by the launcher test scripts (launcher_test.sh and
 # comm_mpi/launch_mpi_test.sh), which both drive `shardplan launch` with
 # launcher_probe as the ranks and check its exit status, output and timing.
@@ -76,5 +77,30 @@ wait_for_files() {
       (($(now_ms) < deadline)) || fail "timed out waiting for $f"
       sleep 0.05
     done
+  done
+}
+
+# expect_probe_lines N: three ranks ran `launcher_probe --lines N --err-lines N`;
+# every line of $WORK/out and $WORK/err is whole, prefixed with the rank that
+# wrote it, on the right stream, numbered in order, N per rank.
+expect_probe_lines() {
+  local stream kind
+  for stream in out err; do
+    kind=line
+    [[ $stream == err ]] && kind=err
+    awk -v n="$1" -v kind=$kind '
+      {
+        if (!match($0, /^\[rank [0-2]\] rank [0-2] [a-z]+ [0-9]+ x*$/)) { print "malformed: " $0; bad = 1; exit }
+        split($0, f, " ")
+        r = f[2]; sub(/\]/, "", r)
+        if (f[4] != r || f[5] != kind) { print "wrong rank or stream: " $0; bad = 1; exit }
+        if (f[6] != next_line[r] + 0) { print "out of order: " $0; bad = 1; exit }
+        if (length(f[7]) != (f[6] * 37) % 151) { print "truncated: " $0; bad = 1; exit }
+        next_line[r] = f[6] + 1
+      }
+      END {
+        if (bad) exit 1
+        for (r = 0; r < 3; r++) if (next_line[r] != n) { print "rank " r ": " next_line[r] " lines"; exit 1 }
+      }' "$WORK/$stream" >"$WORK/awk" || fail "std$stream: $(cat "$WORK/awk")"
   done
 }

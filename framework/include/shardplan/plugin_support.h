@@ -7,6 +7,7 @@
 // the plugins agree on them. What differs per layer (which layouts mean what,
 // which options apply) stays in each plugin. Inline, so plugins gain no link
 // dependency and the layer ABI is unchanged.
+#include <cstdint>
 #include <string>
 
 #include "shardplan/error.h"
@@ -53,6 +54,37 @@ inline bool output_option_gathered(const Rule* rule) {
 // PlanError.
 inline bool input_option_sharded(const Rule* rule) {
   return rule && rule->option_or("input", "replicated", {"replicated", "sharded"}) == "sharded";
+}
+
+// check() bookkeeping for a layer whose weight is [out, in, ...] with an
+// optional bias [out] (Linear, convolutions): local shapes and notes for each
+// way of splitting it. What the split means at run time stays in the plugin.
+
+// Weight and bias whole on every rank.
+inline void note_replicated(ParamShard& w, ParamShard* b) {
+  w.note = "replicated";
+  if (b) b->note = "replicated";
+}
+
+// Weight split into `parts` along dim 0 (outputs), the bias with it. `kind`
+// names the layout ("column-parallel"); the bias note adds ", follows
+// weight" when no rule of its own placed the bias.
+inline void note_output_split(ParamShard& w, ParamShard* b, int64_t parts, const std::string& kind,
+                              const std::string& weight_note) {
+  w.local_shape[0] /= parts;
+  w.note = weight_note;
+  if (b) {
+    b->local_shape[0] /= parts;
+    b->note = rule_of(b) ? kind : kind + ", follows weight";
+  }
+}
+
+// Weight split into `parts` along dim 1 (inputs): partial results are
+// reduced, so the bias stays whole and is added once after the reduction.
+inline void note_input_split(ParamShard& w, ParamShard* b, int64_t parts, const std::string& weight_note) {
+  w.local_shape[1] /= parts;
+  w.note = weight_note;
+  if (b) b->note = "replicated, added after the reduction";
 }
 
 }  // namespace shardplan
