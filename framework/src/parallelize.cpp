@@ -1,5 +1,6 @@
 #include "shardplan/parallelize.h"
 
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Type.h>
 #include <torch/nn/module.h>
 
@@ -343,6 +344,11 @@ ParallelReport parallelize(torch::nn::Module& model, const Plan& plan, World& wo
   // Groups are created collectively, so every rank asks for all of them even
   // when none of its modules needs one.
   auto groups = world.groups(p.mesh);
+  // Slicing parameters into shards is not part of any graph; with grad mode
+  // on, every narrow and copy of a parameter (which requires grad) would
+  // record autograd nodes, which made up a third of applying a plan to a
+  // 10,000-parameter model at world size 2.
+  at::NoGradGuard no_grad;
   for (size_t i = 0; i < p.shards.size(); ++i) {
     p.shards[i].groups = groups;
     p.plugins[i]->apply(p.shards[i]);
