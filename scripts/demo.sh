@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The main demo: tensor-parallel training of the example MLP on two ranks
-# (threads on the in-process backend), next to the same model unsharded.
+# The main demo: a GPT-style language model (examples/models/gpt.h) trained
+# with tensor parallelism on two ranks (threads on the in-process backend)
+# from plans/gpt.yaml, on the byte-level corpus in examples/data.
+# Extra arguments go to train_gpt (e.g. --steps 100, --ranks 4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-deps.sh
-bash scripts/build.sh shardplan_plugins train_mlp
+bash scripts/build.sh shardplan_plugins train_gpt
 BIN="${SHARDPLAN_BUILD_DIR:-build}/examples"
-echo "== 2 ranks, plans/mlp.yaml =="
-"$BIN/train_mlp" --plan plans/mlp.yaml --ranks 2 --report "$@"
-echo "== 1 rank, unsharded (the losses above must match these) =="
-"$BIN/train_mlp" "$@"
+echo "== GPT, 2 ranks, plans/gpt.yaml =="
+"$BIN/train_gpt" --plan plans/gpt.yaml --ranks 2 --report "$@"

@@ -16,6 +16,8 @@
 #include "shardplan/error.h"
 #include "shardplan/layer_plugin.h"
 #include "shardplan/plugin_loader.h"
+#include "shardplan/random.h"
+#include "shardplan/shard.h"
 #include "shardplan/world.h"
 
 namespace shardplan {
@@ -43,12 +45,21 @@ std::string where(const Assignment& a) {
   return a.rule ? " (rule at " + a.rule->loc.str() + ")" : "";
 }
 
+// One use of a tied tensor: the module registering it and its name there.
+struct TieUse {
+  torch::nn::Module* module;
+  std::string name;
+  std::string path;
+};
+
 struct Planned {
   std::vector<ModuleShard> shards;        // modules a plugin handles
   std::vector<LayerPlugin*> plugins;      // parallel to shards
   std::vector<ReportRow> rows;
   std::vector<std::string> warnings;
   Mesh mesh;
+  std::vector<std::vector<TieUse>> ties;  // tensors registered more than once, first use first
+  std::string plan_yaml;
 };
 
 struct PluginChoice {
@@ -112,6 +123,42 @@ LayerPlugin* plugin_for(const std::string& type, const ModuleShard& shard, Plugi
   return nullptr;
 }
 
+// The plugin's declared cuts of `p` (or the layout's axes), with parts and
+// index for this rank, checked against the local shape the plugin reported:
+// a plugin whose declaration does not describe its shard would otherwise
+// break checkpoints silently.
+std::vector<ShardSplit> resolve_splits(ParamShard& p, const Mesh& mesh, int rank, const std::string& plugin) {
+  std::vector<ShardSplit> splits = p.splits;
+  if (splits.empty())
+    for (size_t d = 0; d < p.assignment.layout.size(); ++d)
+      if (p.assignment.layout[d]) {
+        ShardSplit s;
+        s.dim = static_cast<int64_t>(d);
+        s.axis = *p.assignment.layout[d];
+        splits.push_back(s);
+      }
+  std::vector<int64_t> expect = p.assignment.shape;
+  for (auto& s : splits) {
+    if (s.dim < 0 || s.dim >= static_cast<int64_t>(expect.size()) || !mesh.has_axis(s.axis) || s.blocks < 1 ||
+        expect[s.dim] % s.blocks != 0)
+      throw Error("layer plugin '" + plugin + "' declared an impossible split of parameter '" +
+                  p.assignment.path + "' (dim " + std::to_string(s.dim) + ", axis '" + s.axis + "', " +
+                  std::to_string(s.blocks) + " blocks)");
+    s.parts = mesh.axis_size(s.axis);
+    s.index = mesh.coord(rank, s.axis);
+    const auto range = shard_range(expect[s.dim] / s.blocks, s.parts, s.index);
+    expect[s.dim] = (range.second - range.first) * s.blocks;
+  }
+  // Splits over an axis of size 1 cut nothing.
+  splits.erase(std::remove_if(splits.begin(), splits.end(), [](const ShardSplit& s) { return s.parts == 1; }),
+               splits.end());
+  if (expect != p.local_shape)
+    throw Error("layer plugin '" + plugin + "' reports parameter '" + p.assignment.path + "' as " +
+                shape_str(p.local_shape) + " on rank " + std::to_string(rank) + ", but the split it declares gives " +
+                shape_str(expect) + " (a plugin must declare how it cuts each parameter: ParamShard::splits)");
+  return splits;
+}
+
 Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, int rank) {
   PluginLoader::instance().add_dirs(plan.plugin_dirs);
 
@@ -120,6 +167,8 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
   std::vector<std::pair<torch::nn::Module*, std::string>> owners;  // (module, local name)
   std::vector<std::string> module_paths;                           // one per module visited
   std::vector<size_t> module_of;                                   // per parameter: index in module_paths
+  std::vector<const void*> tensor_of;                              // per parameter: its TensorImpl (ties)
+  std::vector<const Rule*> rule_of;                                // per parameter, kept for the tie check
   // Modules without parameters of their own (losses, activations,
   // containers) can only be reached by a rule over their module path.
   std::vector<std::pair<torch::nn::Module*, std::string>> bare;    // (module, path)
@@ -136,11 +185,13 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
       infos.push_back({prefix.empty() ? p.key() : prefix + "." + p.key(), p.value().sizes().vec()});
       owners.emplace_back(&m, p.key());
       module_of.push_back(module_paths.size() - 1);
+      tensor_of.push_back(p.value().unsafeGetTensorImpl());
     }
     if (!any) bare.emplace_back(&m, prefix);
   });
 
   Planned out;
+  out.plan_yaml = plan.to_yaml();
   std::vector<std::string> bare_paths;
   bare_paths.reserve(bare.size());
   for (const auto& b : bare) bare_paths.push_back(b.second);
@@ -185,6 +236,7 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
       candidate_rows.emplace_back();
     }
     Assignment& a = match.params[i];
+    rule_of.push_back(a.rule);
 
     ReportRow row;
     row.path = infos[i].path;
@@ -205,7 +257,7 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
     out.rows.push_back(std::move(row));
 
     ParamShard ps;
-    ps.name = std::move(owners[i].second);
+    ps.name = owners[i].second;
     ps.local_shape = std::move(infos[i].shape);
     ps.assignment = std::move(a);
     candidates[it->second].params.push_back(std::move(ps));
@@ -232,14 +284,52 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
     }
     plugin->check(s);
     for (size_t k = 0; k < s.params.size(); ++k) {
-      const ParamShard& p = s.params[k];
+      ParamShard& p = s.params[k];
       ReportRow& row = out.rows[candidate_rows[c][k]];
       row.plugin = plugin_name;
       row.local_shape = p.local_shape;
       if (!p.note.empty()) row.note = p.note;
+      row.splits = resolve_splits(p, out.mesh, rank, plugin_name);
     }
     out.plugins.push_back(plugin);
     out.shards.push_back(std::move(s));
+  }
+
+  // Tied parameters (one tensor in several modules) are sliced once, so every
+  // use must be planned alike: same layout, same `blocks`, same local shape.
+  {
+    std::unordered_map<const void*, size_t> first_use;  // tensor -> its first parameter
+    std::unordered_map<size_t, size_t> tie_of;          // first parameter -> index in out.ties
+    auto blocks = [&](size_t i) {
+      const RuleOption* o = rule_of[i] ? rule_of[i]->option("blocks") : nullptr;
+      return o ? o->value : std::string("1");
+    };
+    for (size_t i = 0; i < infos.size(); ++i) {
+      auto it = first_use.emplace(tensor_of[i], i);
+      if (it.second) continue;
+      const size_t f = it.first->second;
+      const ReportRow& a = out.rows[f];
+      ReportRow& b = out.rows[i];
+      if (a.layout != b.layout || a.local_shape != b.local_shape || blocks(f) != blocks(i)) {
+        auto desc = [&](size_t k) {
+          const ReportRow& r = out.rows[k];
+          return "'" + r.path + "' (layout " + r.layout + (r.rule.empty() ? ", unmatched" : ", rule at " + r.rule) +
+                 (blocks(k) != "1" ? ", blocks " + blocks(k) : std::string()) + ", local shape " +
+                 shape_str(r.local_shape) + ")";
+        };
+        const Rule* at = rule_of[i] ? rule_of[i] : rule_of[f];
+        throw PlanError(at ? at->loc : SourceLoc{}, "tied parameters " + desc(f) + " and " + desc(i) +
+                                                        " are one tensor but are planned differently: give both "
+                                                        "the same layout (e.g. a vocab-parallel embedding "
+                                                        "[model, null] and a column-parallel head [model, null]), "
+                                                        "or untie them");
+      }
+      b.tied_to = a.path;
+      b.note += (b.note.empty() ? "" : "; ") + std::string("tied to ") + a.path;
+      auto t = tie_of.emplace(f, out.ties.size());
+      if (t.second) out.ties.push_back({TieUse{owners[f].first, owners[f].second, a.path}});
+      out.ties[t.first->second].push_back(TieUse{owners[i].first, owners[i].second, b.path});
+    }
   }
 
   // Rules over the path of a module without parameters: the layout describes
@@ -305,6 +395,7 @@ ParallelReport report_of(Planned&& p, int world_size, int rank, torch::nn::Modul
   r.world_size = world_size;
   r.rows = std::move(p.rows);
   r.warnings = std::move(p.warnings);
+  r.plan_yaml = p.plan_yaml;
   auto params = model.named_parameters(true);
   for (auto& row : r.rows) {
     auto* t = params.find(row.path);
@@ -344,15 +435,59 @@ ParallelReport parallelize(torch::nn::Module& model, const Plan& plan, World& wo
   // Groups are created collectively, so every rank asks for all of them even
   // when none of its modules needs one.
   auto groups = world.groups(p.mesh);
+  // Dropout after this draws from per-rank streams over the plan's mesh.
+  ensure_rng_tracker(world, p.mesh);
   // Slicing parameters into shards is not part of any graph; with grad mode
   // on, every narrow and copy of a parameter (which requires grad) would
   // record autograd nodes, which made up a third of applying a plan to a
   // 10,000-parameter model at world size 2.
   at::NoGradGuard no_grad;
+  // A tied tensor is sliced by the first module's plugin for every module
+  // sharing it. Each later module's plugin slices what its module holds, so
+  // it gets the whole tensor back and must come out with the same shard.
+  struct TieState {
+    at::Tensor tensor, full, shard;
+    std::string sliced_as;  // the parameter path whose plugin sliced it first
+  };
+  std::vector<TieState> tie_state(p.ties.size());
+  std::unordered_map<torch::nn::Module*, std::vector<size_t>> ties_of;
+  for (size_t t = 0; t < p.ties.size(); ++t) {
+    tie_state[t].tensor = p.ties[t][0].module->named_parameters(false)[p.ties[t][0].name];
+    tie_state[t].full = tie_state[t].tensor.detach();
+    for (const TieUse& u : p.ties[t]) ties_of[u.module].push_back(t);
+  }
   for (size_t i = 0; i < p.shards.size(); ++i) {
     p.shards[i].groups = groups;
+    auto tied = ties_of.find(p.shards[i].module);
+    if (tied != ties_of.end())
+      for (size_t t : tied->second)
+        if (tie_state[t].shard.defined()) tie_state[t].tensor.set_data(tie_state[t].full);
     p.plugins[i]->apply(p.shards[i]);
+    if (tied == ties_of.end()) continue;
+    for (size_t t : tied->second) {
+      TieState& st = tie_state[t];
+      std::string path;
+      for (const TieUse& u : p.ties[t])
+        if (u.module == p.shards[i].module) path = u.path;
+      if (!st.shard.defined()) {
+        st.shard = st.tensor.detach();
+        st.sliced_as = path;
+      } else if (st.tensor.sizes() != st.shard.sizes() || !st.tensor.equal(st.shard)) {
+        throw Error("tied parameters '" + st.sliced_as + "' and '" + path +
+                    "' are one tensor, but their layer plugins cut different shards from it (" +
+                    shape_str(st.shard.sizes().vec()) + " and " + shape_str(st.tensor.sizes().vec()) + " on rank " +
+                    std::to_string(world.rank()) + "): plan them alike or untie them");
+      }
+    }
   }
+  for (size_t t = 0; t < p.ties.size(); ++t)
+    for (const TieUse& u : p.ties[t]) {
+      auto params = u.module->named_parameters(false);
+      const at::Tensor* now = params.find(u.name);
+      if (!now || now->unsafeGetTensorImpl() != tie_state[t].tensor.unsafeGetTensorImpl())
+        throw Error("parameter '" + u.path + "' was tied to '" + p.ties[t][0].path +
+                    "', but its layer plugin registered a new tensor for it: the tie would be lost");
+    }
   return report_of(std::move(p), world.size(), world.rank(), model);
 }
 
@@ -360,6 +495,7 @@ int64_t ParallelReport::local_bytes() const {
   int64_t total = 0;
   for (const auto& r : rows) {
     int64_t n = 1;
+    if (!r.tied_to.empty()) continue;
     for (auto d : r.local_shape) n *= d;
     total += n * r.element_size;
   }
@@ -370,6 +506,7 @@ int64_t ParallelReport::global_bytes() const {
   int64_t total = 0;
   for (const auto& r : rows) {
     int64_t n = 1;
+    if (!r.tied_to.empty()) continue;
     for (auto d : r.global_shape) n *= d;
     total += n * r.element_size;
   }

@@ -33,6 +33,21 @@ std::pair<int64_t, int64_t> shard_range(int64_t size, int64_t parts, int64_t ind
   return {begin, std::min(size, begin + chunk)};
 }
 
+at::Tensor take_split(const at::Tensor& full, const ShardSplit& s) {
+  const int64_t n = full.size(s.dim);
+  if (s.blocks < 1 || n % s.blocks != 0)
+    throw Error("cannot read dim " + std::to_string(s.dim) + " of size " + std::to_string(n) + " as " +
+                std::to_string(s.blocks) + " blocks");
+  if (s.parts == 1) return full;
+  const int64_t block = n / s.blocks;
+  const auto range = shard_range(block, s.parts, s.index);
+  const int64_t len = range.second - range.first;
+  if (s.blocks == 1) return full.narrow(s.dim, range.first, len);
+  std::vector<at::Tensor> pieces;
+  for (int64_t b = 0; b < s.blocks; ++b) pieces.push_back(full.narrow(s.dim, b * block + range.first, len));
+  return at::cat(pieces, s.dim);
+}
+
 void replace_parameter(torch::nn::Module& module, const std::string& name, const at::Tensor& value) {
   auto params = module.named_parameters(/*recurse=*/false);
   auto* p = params.find(name);

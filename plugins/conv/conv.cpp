@@ -256,11 +256,11 @@ class ConvPlugin : public LayerPlugin {
     if (d.mode == Mode::Replicated)
       note_replicated(*w, b);
     else if (d.mode == Mode::OutChannel)
-      note_output_split(*w, b, d.parts, "output-channel parallel",
+      note_output_split(*w, b, d.axis, d.parts, "output-channel parallel",
                         std::string("output-channel parallel, ") + (d.input_sharded ? "input sharded, " : "") +
                             "output " + (d.gather ? "gathered" : "sharded"));
     else
-      note_input_split(*w, b, d.parts,
+      note_input_split(*w, b, d.axis, d.parts,
                        std::string("input-channel parallel, input ") + (d.input_sharded ? "sharded" : "split on entry"));
   }
 

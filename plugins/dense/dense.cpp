@@ -73,6 +73,7 @@ class RowParallel : public nn::LinearStrategy {
     return "row-parallel over '" + group_->name() + "' (" + std::to_string(group_->size()) + "), input " +
            (input_sharded_ ? "sharded" : "split on entry");
   }
+  Communicator* sharded_input_group() const override { return input_sharded_ ? group_.get() : nullptr; }
 
  private:
   std::shared_ptr<Communicator> group_;
@@ -151,10 +152,10 @@ class DensePlugin : public LayerPlugin {
     if (d.mode == Mode::Replicated)
       note_replicated(*w, b);
     else if (d.mode == Mode::Column)
-      note_output_split(*w, b, d.parts, "column-parallel",
-                        std::string("column-parallel, output ") + (d.gather ? "gathered" : "sharded"));
+      note_output_split(*w, b, d.axis, d.parts, "column-parallel",
+                        std::string("column-parallel, output ") + (d.gather ? "gathered" : "sharded"), d.blocks);
     else
-      note_input_split(*w, b, d.parts,
+      note_input_split(*w, b, d.axis, d.parts,
                        std::string("row-parallel, input ") + (d.input_sharded ? "sharded" : "split on entry"));
   }
 

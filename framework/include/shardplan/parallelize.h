@@ -9,6 +9,7 @@
 
 #include "shardplan/mesh.h"
 #include "shardplan/plan.h"
+#include "shardplan/split.h"
 
 namespace torch {
 namespace nn {
@@ -30,6 +31,13 @@ struct ReportRow {
   std::vector<int64_t> global_shape;
   std::vector<int64_t> local_shape;
   int64_t element_size = 0;
+  // The first parameter (named_parameters() order) that is the same tensor
+  // as this one (a tied weight), or "". Tied rows hold no bytes of their own.
+  std::string tied_to;
+  // How this rank's shard was cut from the global tensor, one entry per
+  // split dim (empty: whole). collect/relocate_state_dict and checkpoints
+  // put pieces together with these.
+  std::vector<ShardSplit> splits;
 };
 
 struct ParallelReport {
@@ -40,14 +48,19 @@ struct ParallelReport {
   // matched by path (shapes empty, layout describing its input).
   std::vector<ReportRow> rows;
   std::vector<std::string> warnings;
+  std::string plan_yaml;              // the plan applied, canonical (Plan::to_yaml)
 
-  int64_t local_bytes() const;        // parameter bytes held by this rank
-  int64_t global_bytes() const;       // parameter bytes of the unsharded model
+  int64_t local_bytes() const;        // parameter bytes held by this rank (a tied tensor once)
+  int64_t global_bytes() const;       // parameter bytes of the unsharded model (a tied tensor once)
   std::string table() const;          // human-readable, one row per parameter
 };
 
 // Shards `model` in place for this rank of `world`. Collective: every rank
-// calls it with the same plan and an identically initialised model. Throws
+// calls it with the same plan and an identically initialised model. A tensor
+// registered in several modules (tied weights, shardplan/tied.h) is sharded
+// once and stays one tensor; its paths must be planned alike. Makes an
+// RngTracker over the plan's mesh current on the calling thread
+// (shardplan/random.h). Throws
 // PlanError / shardplan::Error naming the parameter, its rule and the module
 // type (a vanilla torch::nn layer, a type no plugin handles, a size the axis
 // does not divide).

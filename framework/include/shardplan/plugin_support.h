@@ -56,6 +56,16 @@ inline bool input_option_sharded(const Rule* rule) {
   return rule && rule->option_or("input", "replicated", {"replicated", "sharded"}) == "sharded";
 }
 
+// Declares that `p` is cut along `dim` over `axis`, reading the dim as
+// `blocks` stacked blocks (ParamShard::splits).
+inline void declare_split(ParamShard& p, int64_t dim, const std::string& axis, int64_t blocks = 1) {
+  ShardSplit s;
+  s.dim = dim;
+  s.axis = axis;
+  s.blocks = blocks;
+  p.splits.push_back(s);
+}
+
 // check() bookkeeping for a layer whose weight is [out, in, ...] with an
 // optional bias [out] (Linear, convolutions): local shapes and notes for each
 // way of splitting it. What the split means at run time stays in the plugin.
@@ -66,24 +76,30 @@ inline void note_replicated(ParamShard& w, ParamShard* b) {
   if (b) b->note = "replicated";
 }
 
-// Weight split into `parts` along dim 0 (outputs), the bias with it. `kind`
-// names the layout ("column-parallel"); the bias note adds ", follows
-// weight" when no rule of its own placed the bias.
-inline void note_output_split(ParamShard& w, ParamShard* b, int64_t parts, const std::string& kind,
-                              const std::string& weight_note) {
+// Weight split into `parts` over `axis` along dim 0 (outputs), the bias
+// with it; with `blocks` > 1 each of that many stacked blocks is split.
+// `kind` names the layout ("column-parallel"); the bias note adds ",
+// follows weight" when no rule of its own placed the bias.
+inline void note_output_split(ParamShard& w, ParamShard* b, const std::string& axis, int64_t parts,
+                              const std::string& kind, const std::string& weight_note, int64_t blocks = 1) {
   w.local_shape[0] /= parts;
   w.note = weight_note;
+  declare_split(w, 0, axis, blocks);
   if (b) {
     b->local_shape[0] /= parts;
     b->note = rule_of(b) ? kind : kind + ", follows weight";
+    declare_split(*b, 0, axis, blocks);
   }
 }
 
-// Weight split into `parts` along dim 1 (inputs): partial results are
-// reduced, so the bias stays whole and is added once after the reduction.
-inline void note_input_split(ParamShard& w, ParamShard* b, int64_t parts, const std::string& weight_note) {
+// Weight split into `parts` over `axis` along dim 1 (inputs): partial
+// results are reduced, so the bias stays whole and is added once after the
+// reduction.
+inline void note_input_split(ParamShard& w, ParamShard* b, const std::string& axis, int64_t parts,
+                             const std::string& weight_note) {
   w.local_shape[1] /= parts;
   w.note = weight_note;
+  declare_split(w, 1, axis, 1);
   if (b) b->note = "replicated, added after the reduction";
 }
 

@@ -3,8 +3,11 @@
 // plugin needs (and checkpoint resharding later).
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <string>
 #include <utility>
+
+#include "shardplan/split.h"
 
 namespace torch {
 namespace nn {
@@ -27,6 +30,10 @@ at::Tensor shard_of(const at::Tensor& full, int64_t dim, int64_t parts, int64_t 
 // parts are smaller and may be empty (size 10 over 4: 3, 3, 3, 1; size 5
 // over 4: 2, 2, 1, 0). Equals shard_of's split when `size` divides.
 std::pair<int64_t, int64_t> shard_range(int64_t size, int64_t parts, int64_t index);
+
+// The piece `s` describes; shard_of when the block size divides, otherwise
+// shard_range's uneven chunks. Shares memory with `full` when blocks == 1.
+at::Tensor take_split(const at::Tensor& full, const ShardSplit& s);
 
 // Gives the parameter `name` of `module` the values (and shape) of `value`,
 // keeping the parameter object itself, so references held by the module's

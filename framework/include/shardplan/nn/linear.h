@@ -12,6 +12,9 @@
 #include <string>
 
 namespace shardplan {
+
+class Communicator;
+
 namespace nn {
 
 // How a Linear computes with its (possibly sharded) weight and bias.
@@ -20,6 +23,12 @@ class LinearStrategy {
   virtual ~LinearStrategy() = default;
   virtual at::Tensor forward(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias) = 0;
   virtual std::string describe() const = 0;  // "column-parallel over 'model' (2), output gathered"
+  // The group whose ranks each expect their own slice of the input's last dim
+  // (row-parallel with `input: sharded`), or nullptr when the input comes
+  // whole. A layer that feeds this Linear from activations it holds split
+  // (MultiheadAttention's heads into out_proj) asks, to hand them over as
+  // they are or gather them first.
+  virtual Communicator* sharded_input_group() const { return nullptr; }
 };
 
 class LinearImpl : public torch::nn::Cloneable<LinearImpl> {

@@ -1,0 +1,115 @@
+#include "models/gpt.h"
+
+#include <ATen/ATen.h>
+
+#include <limits>
+#include <sstream>
+
+#include "models/config.h"
+#include "models/corpus.h"
+#include "shardplan/error.h"
+
+namespace shardplan {
+namespace examples {
+
+GPTConfig GPTConfig::from(const Overrides& overrides) {
+  GPTConfig c;
+  ConfigReader r("gpt", overrides);
+  r.get("vocab", c.vocab);
+  r.get("context", c.context);
+  r.get("embed", c.embed);
+  r.get("heads", c.heads);
+  r.get("layers", c.layers);
+  r.get("mlp", c.mlp);
+  r.get("dropout", c.dropout);
+  r.finish();
+  if (c.vocab < 1 || c.context < 1 || c.embed < 1 || c.heads < 1 || c.mlp < 1)
+    throw Error("model 'gpt': vocab, context, embed, heads and mlp must be at least 1");
+  if (c.embed % c.heads != 0)
+    throw Error("model 'gpt': embed " + std::to_string(c.embed) + " is not divisible by heads " +
+                std::to_string(c.heads));
+  return c;
+}
+
+std::string GPTConfig::str() const {
+  std::ostringstream s;
+  s << "vocab=" << vocab << " context=" << context << " embed=" << embed << " heads=" << heads << " layers=" << layers
+    << " mlp=" << mlp << " dropout=" << dropout;
+  return s.str();
+}
+
+GPTBlockImpl::GPTBlockImpl(const GPTConfig& config_) : config(config_) { reset(); }
+
+void GPTBlockImpl::reset() {
+  const int64_t e = config.embed;
+  ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({e})));
+  attn = register_module("attn", shardplan::nn::MultiheadAttention(
+                                     torch::nn::MultiheadAttentionOptions(e, config.heads).dropout(config.dropout)));
+  ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({e})));
+  fc1 = register_module("fc1", shardplan::nn::Linear(e, config.mlp));
+  fc2 = register_module("fc2", shardplan::nn::Linear(config.mlp, e));
+}
+
+at::Tensor GPTBlockImpl::forward(const at::Tensor& x, const at::Tensor& mask) {
+  at::Tensor h = ln1->forward(x);
+  at::Tensor y = x + std::get<0>(attn->forward(h, h, h, {}, /*need_weights=*/false, mask));
+  return y + fc2->forward(at::gelu(fc1->forward(ln2->forward(y))));
+}
+
+GPTImpl::GPTImpl(const GPTConfig& config_) : config(config_) { reset(); }
+
+void GPTImpl::reset() {
+  tok_emb = register_module("tok_emb", shardplan::nn::Embedding(config.vocab, config.embed));
+  pos_emb = register_module("pos_emb", shardplan::nn::Embedding(config.context, config.embed));
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.layers; ++i) blocks->push_back(GPTBlock(config));
+  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.embed})));
+  head =
+      register_module("head", shardplan::nn::Linear(torch::nn::LinearOptions(config.embed, config.vocab).bias(false)));
+  loss_fn = register_module("loss", shardplan::nn::CrossEntropyLoss());
+}
+
+at::Tensor GPTImpl::forward(const at::Tensor& tokens) {
+  if (tokens.dim() != 2)
+    throw Error("gpt: tokens must be [batch, time], got " + std::to_string(tokens.dim()) + " dims");
+  const int64_t t = tokens.size(1);
+  if (t > config.context)
+    throw Error("gpt: " + std::to_string(t) + " tokens exceed the context of " + std::to_string(config.context));
+  // Seq-first, as MultiheadAttention takes it.
+  at::Tensor x = tok_emb->forward(tokens.t()) + pos_emb->forward(at::arange(t, tokens.options())).unsqueeze(1);
+  const at::Tensor mask = at::full({t, t}, -std::numeric_limits<double>::infinity(), x.options()).triu(1);
+  for (const auto& block : *blocks) x = block->as<GPTBlockImpl>()->forward(x, mask);
+  return head->forward(ln_f->forward(x));
+}
+
+at::Tensor GPTImpl::loss(const Batch& batch) {
+  at::Tensor logits = forward(batch.input);  // [T, B, V]
+  return loss_fn->forward(logits.reshape({-1, logits.size(-1)}), batch.target.t().reshape(-1));
+}
+
+Batch GPTImpl::sample(at::Generator& gen, int64_t batch_size, const Corpus* corpus) const {
+  if (!corpus) throw Error("gpt: needs a text corpus");
+  if (config.vocab < Corpus::kVocab)
+    throw Error("gpt: a byte-level corpus needs vocab >= " + std::to_string(Corpus::kVocab));
+  at::Tensor w = corpus->windows(gen, batch_size, config.context + 1);
+  return {w.narrow(1, 0, config.context), w.narrow(1, 1, config.context)};
+}
+
+// plans/gpt.yaml moves, per rank and step (N = batch * context tokens,
+// E = embed, L = layers; each all-reduce counted as its buffer):
+//   forward:  the vocab-parallel embedding's all-reduce [N, E]; per block the
+//             row-parallel all-reduces after attention and after the MLP
+//             [N, E] each; the vocab-parallel loss's max, sum-exp and
+//             target-logit reductions [N] each.
+//   backward: per block the input-gradient all-reduces entering attention and
+//             the MLP [N, E] each; the LM head's input gradient [N, E].
+// Nothing else: the position embedding, LayerNorms and biases are replicated
+// and see identical inputs, so their gradients agree without communication.
+int64_t GPTImpl::min_comm_bytes(int64_t batch_size, int world, int64_t element_size) const {
+  if (world <= 1) return 0;
+  const int64_t n = batch_size * config.context;
+  return (2 * n * config.embed * (2 * config.layers + 1) + 3 * n) * element_size;
+}
+
+}  // namespace examples
+}  // namespace shardplan

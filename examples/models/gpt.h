@@ -1,0 +1,77 @@
+#pragma once
+// A GPT-style decoder-only language model built from shardable layers:
+// token + position embeddings, pre-LayerNorm blocks (causal multi-head
+// self-attention, then a GELU MLP, each added to the residual stream), a
+// final LayerNorm, an LM head and the cross-entropy loss as a child module
+// named "loss", so a plan can reach it by its path (plans/gpt.yaml).
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <string>
+
+#include "models/model.h"
+#include "shardplan/nn/cross_entropy.h"
+#include "shardplan/nn/embedding.h"
+#include "shardplan/nn/linear.h"
+#include "shardplan/nn/multihead_attention.h"
+
+namespace shardplan {
+namespace examples {
+
+struct GPTConfig {
+  int64_t vocab = 256;  // byte-level
+  int64_t context = 64;
+  int64_t embed = 128;
+  int64_t heads = 4;
+  int64_t layers = 2;
+  int64_t mlp = 512;   // hidden width of each block's MLP
+  double dropout = 0;  // on the attention weights
+
+  static GPTConfig from(const Overrides& overrides);
+  std::string str() const;
+};
+
+// One pre-LN block over seq-first activations [T, B, E].
+class GPTBlockImpl : public torch::nn::Cloneable<GPTBlockImpl> {
+ public:
+  explicit GPTBlockImpl(const GPTConfig& config = {});
+  void reset() override;
+  // mask: additive causal attention mask [T, T].
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& mask);
+
+  GPTConfig config;
+  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  shardplan::nn::MultiheadAttention attn{nullptr};
+  shardplan::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(GPTBlock);
+
+class GPTImpl : public torch::nn::Cloneable<GPTImpl>, public ExampleModel {
+ public:
+  explicit GPTImpl(const GPTConfig& config = {});
+  void reset() override;
+  // tokens [B, T] -> logits [T, B, V] (this rank's vocab slice when the
+  // head's output is left sharded by the plan).
+  at::Tensor forward(const at::Tensor& tokens);
+
+  at::Tensor loss(const Batch& batch) override;
+  Batch sample(at::Generator& gen, int64_t batch_size, const Corpus* corpus) const override;
+  bool needs_corpus() const override { return true; }
+  int64_t items_per_sample() const override { return config.context; }
+  int64_t min_comm_bytes(int64_t batch_size, int world, int64_t element_size) const override;
+  std::string config_str() const override { return config.str(); }
+
+  GPTConfig config;
+  shardplan::nn::Embedding tok_emb{nullptr}, pos_emb{nullptr};
+  torch::nn::ModuleList blocks{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+  shardplan::nn::Linear head{nullptr};
+  shardplan::nn::CrossEntropyLoss loss_fn{nullptr};  // registered as "loss"
+};
+TORCH_MODULE(GPT);
+
+}  // namespace examples
+}  // namespace shardplan

@@ -1,0 +1,315 @@
+#include "models/train_loop.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "models/corpus.h"
+#include "models/model.h"
+#include "shardplan/error.h"
+#include "shardplan/parallelize.h"
+#include "shardplan/plan.h"
+#include "shardplan/world.h"
+
+namespace shardplan {
+namespace examples {
+namespace {
+
+struct Args {
+  std::string model;
+  std::string config;  // key=value,...
+  std::string plan;
+  std::string data;
+  int ranks = 0;  // 0: from the launcher's environment, else 1
+  int steps = -1, batch = -1, log_every = -1;
+  double lr = -1;
+  std::string optimizer = "adam";
+  std::string dtype = "float32";
+  uint64_t seed = 0;
+  int threads = 0;  // 0: the cores shared out among this machine's ranks
+  bool report = false;
+};
+
+// Defaults that make each model learn visibly in a minute or two on 2 cores.
+struct Defaults {
+  const char* model;
+  int steps, batch, log_every;
+  double lr;
+};
+const Defaults kDefaults[] = {
+    {"gpt", 300, 16, 20, 2e-3},
+    {"convnet", 100, 32, 10, 1e-3},
+    {"lstm_lm", 200, 16, 20, 3e-3},
+};
+
+// `only`: the one model a fixed program trains ("" lists every model).
+[[noreturn]] void usage(const std::string& program, const std::string& only, const std::string& why) {
+  const bool fixed = !only.empty();
+  std::string models;
+  for (const auto& n : model_names())
+    if (!fixed || n == only) models += "\n  " + n + ": " + model_help(n);
+  std::fprintf(stderr,
+               "%s: %s\nusage: %s %s[--config KEY=VALUE,...] [--plan PLAN.yaml] [--ranks N] [--steps N]\n"
+               "       [--batch N] [--lr X] [--optimizer adam|sgd] [--dtype float32|float64] [--seed N]\n"
+               "       [--threads N] [--log-every N] [--data TEXT_FILE] [--report]\n%s%s\n",
+               program.c_str(), why.c_str(), program.c_str(), fixed ? "" : "[--model NAME] ",
+               fixed ? "model:" : "models:", models.c_str());
+  std::exit(2);
+}
+
+Args parse(int argc, char** argv, const std::string& program, const std::string& default_model, bool fixed) {
+  const std::string only = fixed ? default_model : "";
+  Args a;
+  a.model = default_model;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(program, only, "missing value for " + k);
+      return argv[++i];
+    };
+    try {
+      if (k == "--model" && !fixed)
+        a.model = value();
+      else if (k == "--config")
+        a.config += (a.config.empty() ? "" : ",") + value();
+      else if (k == "--plan")
+        a.plan = value();
+      else if (k == "--data")
+        a.data = value();
+      else if (k == "--ranks")
+        a.ranks = std::stoi(value());
+      else if (k == "--steps")
+        a.steps = std::stoi(value());
+      else if (k == "--batch")
+        a.batch = std::stoi(value());
+      else if (k == "--log-every")
+        a.log_every = std::stoi(value());
+      else if (k == "--lr")
+        a.lr = std::stod(value());
+      else if (k == "--optimizer")
+        a.optimizer = value();
+      else if (k == "--dtype")
+        a.dtype = value();
+      else if (k == "--seed")
+        a.seed = std::stoull(value());
+      else if (k == "--threads")
+        a.threads = std::stoi(value());
+      else if (k == "--report")
+        a.report = true;
+      else if (k == "--help" || k == "-h")
+        usage(program, only, "tensor-parallel training of an example model");
+      else
+        usage(program, only, "unknown argument '" + k + "'");
+    } catch (const std::logic_error&) {
+      usage(program, only, "bad value for " + k);
+    }
+  }
+  if (a.optimizer != "adam" && a.optimizer != "sgd") usage(program, only, "--optimizer must be adam or sgd");
+  if (a.dtype != "float32" && a.dtype != "float64") usage(program, only, "--dtype must be float32 or float64");
+  const Defaults* d = nullptr;
+  for (const auto& x : kDefaults)
+    if (a.model == x.model) d = &x;
+  if (!d) usage(program, only, "unknown model '" + a.model + "'");
+  if (a.steps < 0) a.steps = d->steps;
+  if (a.batch < 0) a.batch = d->batch;
+  if (a.log_every < 0) a.log_every = d->log_every;
+  if (a.lr < 0) a.lr = d->lr;
+  if (a.steps < 1 || a.batch < 1 || a.log_every < 1 || a.ranks < 0 || a.threads < 0)
+    usage(program, only, "--steps, --batch and --log-every must be at least 1, --ranks and --threads not negative");
+  return a;
+}
+
+// True when a report layout ("[model, null]", "[null]") names a mesh axis.
+bool is_split(const std::string& layout) {
+  std::string token;
+  for (char c : layout + ",") {
+    if (c == '[' || c == ']' || c == ' ') continue;
+    if (c == ',') {
+      if (!token.empty() && token != "null") return true;
+      token.clear();
+    } else {
+      token += c;
+    }
+  }
+  return false;
+}
+
+std::string stem(const std::string& path) {
+  std::string base = path.substr(path.find_last_of('/') + 1);
+  return base.substr(0, base.find('.'));
+}
+
+// Prints fn(rank) on each rank in rank order (the barriers are collectives,
+// so call it outside the measured steps).
+template <class F>
+void in_rank_order(World& world, F fn) {
+  for (int r = 0; r < world.size(); ++r) {
+    if (r == world.rank()) {
+      fn();
+      std::fflush(stdout);
+    }
+    world.comm().barrier();
+  }
+}
+
+// Ranks that are threads share torch's global generator: build models one at
+// a time from the same seed so every rank starts from the same weights.
+std::mutex init_mutex;
+
+void train(const Args& a, World& world, const Corpus* corpus, int threads) {
+  // OpenMP's thread count is a per-thread setting: each rank sets its own.
+  if (threads > 0) at::set_num_threads(threads);
+  const auto dtype = a.dtype == "float64" ? torch::kDouble : torch::kFloat;
+  const int64_t esize = a.dtype == "float64" ? 8 : 4;
+  ModelHandle m;
+  {
+    std::lock_guard<std::mutex> lock(init_mutex);
+    torch::manual_seed(a.seed);
+    m = make_model(a.model, parse_overrides(a.config));
+  }
+  m.module->to(dtype);
+  const bool lead = world.rank() == 0;
+  int64_t params = 0;
+  for (const auto& p : m.module->parameters()) params += p.numel();
+  if (lead)
+    std::printf("model %s: %s; %lld parameters\n", a.model.c_str(), m.model->config_str().c_str(),
+                static_cast<long long>(params));
+
+  ParallelReport report;
+  if (!a.plan.empty()) {
+    report = parallelize(*m.module, load_plan(a.plan), world);
+    if (lead) std::printf("plan %s: mesh %s over %d ranks\n", a.plan.c_str(), report.mesh.str().c_str(), world.size());
+    if (a.report && lead) std::cout << report.table() << std::flush;
+  } else if (world.size() > 1) {
+    throw Error("several ranks but no --plan: every rank would train the whole model alone");
+  }
+
+  // Parameter bytes: held vs. what the plan promises (replicated tensors
+  // whole, split ones divided by the ranks). Dividing by the world size
+  // assumes the examples' one-axis meshes.
+  int64_t held = 0;
+  for (const auto& p : m.module->parameters()) held += p.numel() * p.element_size();
+  int64_t replicated = held, sharded = 0;
+  if (!a.plan.empty()) {
+    replicated = 0;
+    for (const auto& row : report.rows) {
+      if (row.global_shape.empty() && row.element_size == 0) continue;  // a module row (the loss)
+      int64_t n = row.element_size;
+      for (auto d : row.global_shape) n *= d;
+      (is_split(row.layout) ? sharded : replicated) += n;
+    }
+  }
+  in_rank_order(world, [&] {
+    std::printf("rank %d: parameter bytes %lld = replicated %lld + sharded %lld / %d (unsharded %lld)\n", world.rank(),
+                static_cast<long long>(held), static_cast<long long>(replicated), static_cast<long long>(sharded),
+                world.size(), static_cast<long long>(replicated + sharded));
+  });
+
+  std::unique_ptr<torch::optim::Optimizer> opt;
+  if (a.optimizer == "adam")
+    opt = std::make_unique<torch::optim::Adam>(m.module->parameters(), torch::optim::AdamOptions(a.lr));
+  else
+    opt = std::make_unique<torch::optim::SGD>(m.module->parameters(), torch::optim::SGDOptions(a.lr).momentum(0.9));
+
+  // The same data stream on every rank.
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(a.seed + 1);
+  const int64_t items = a.batch * m.model->items_per_sample();
+  // The model states its minimum for its own plan only.
+  const bool own_plan = stem(a.plan) == a.model;
+  const int64_t minimum = own_plan ? m.model->min_comm_bytes(a.batch, world.size(), esize) : -1;
+
+  m.module->train();
+  world.reset_stats();
+  CommStats first;
+  auto since = std::chrono::steady_clock::now();
+  int since_step = 0;
+  double loss_sum = 0;
+  for (int step = 1; step <= a.steps; ++step) {
+    Batch batch = m.model->sample(gen, a.batch, corpus);
+    if (batch.input.is_floating_point()) batch.input = batch.input.to(dtype);
+    opt->zero_grad();
+    at::Tensor loss = m.model->loss(batch);
+    loss.backward();
+    opt->step();
+    if (step == 1) {
+      first = world.total_stats();
+      if (lead && world.size() > 1) {
+        std::printf("communicated in step 1 (forward + backward) on rank 0: %llu bytes in %llu calls; ",
+                    static_cast<unsigned long long>(first.bytes), static_cast<unsigned long long>(first.calls));
+        if (minimum >= 0)
+          std::printf("theoretical minimum for plans/%s.yaml: %lld bytes\n", a.model.c_str(),
+                      static_cast<long long>(minimum));
+        else if (own_plan)
+          std::printf("the model states no minimum\n");
+        else
+          std::printf("no stated minimum for this plan (the model states one for plans/%s.yaml only)\n",
+                      a.model.c_str());
+      }
+    }
+    const double value = loss.item<double>();
+    loss_sum += value;
+    if (lead && (step % a.log_every == 0 || step == 1 || step == a.steps)) {
+      const auto now = std::chrono::steady_clock::now();
+      const double secs = std::chrono::duration<double>(now - since).count();
+      const double rate = (step - since_step) * static_cast<double>(items) / std::max(secs, 1e-9);
+      // One batch's loss is noisy; the mean since the last line shows the trend.
+      std::printf("step %4d  loss %.8f  mean %.4f  %s/s %.0f\n", step, value, loss_sum / (step - since_step),
+                  m.model->items_name().c_str(), rate);
+      std::fflush(stdout);
+      since = now;
+      since_step = step;
+      loss_sum = 0;
+    }
+  }
+  const CommStats total = world.total_stats();
+  in_rank_order(world, [&] {
+    std::printf("rank %d: communicated %llu bytes in %llu calls over %d steps (%llu per step", world.rank(),
+                static_cast<unsigned long long>(total.bytes), static_cast<unsigned long long>(total.calls), a.steps,
+                static_cast<unsigned long long>(total.bytes / a.steps));
+    if (minimum >= 0) std::printf("; theoretical minimum %lld", static_cast<long long>(minimum));
+    std::printf(")\n");
+  });
+}
+
+}  // namespace
+
+int train_main(int argc, char** argv, const std::string& program, const std::string& default_model, bool fixed_model) {
+  Args a = parse(argc, argv, program, default_model, fixed_model);
+  try {
+    if (a.ranks > 0 && WorldOptions::env_has_job())
+      usage(program, fixed_model ? default_model : "",
+            "--ranks runs ranks as threads; do not combine it with a launcher");
+    std::unique_ptr<Corpus> corpus;
+    {
+      ModelHandle probe;
+      {
+        std::lock_guard<std::mutex> lock(init_mutex);
+        probe = make_model(a.model, parse_overrides(a.config));  // checks the config before any rank starts
+      }
+      if (probe.model->needs_corpus())
+        corpus = std::make_unique<Corpus>(a.data.empty() ? default_corpus_path() : a.data);
+    }
+    if (WorldOptions::env_has_job()) {
+      auto world = init_world(WorldOptions::from_env());
+      train(a, *world, corpus.get(), a.threads);
+    } else {
+      const int ranks = a.ranks > 0 ? a.ranks : 1;
+      int threads = a.threads;
+      if (threads == 0 && ranks > 1)
+        threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks);
+      run_ranks_in_threads(ranks, [&](World& w) { train(a, w, corpus.get(), threads); });
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", program.c_str(), e.what());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace examples
+}  // namespace shardplan

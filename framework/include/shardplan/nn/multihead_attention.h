@@ -1,0 +1,104 @@
+#pragma once
+// shardplan::nn::MultiheadAttention: torch::nn::MultiheadAttention with a
+// seam for parallelism. Same options (torch::nn::MultiheadAttentionOptions),
+// parameter names (in_proj_weight or q/k/v_proj_weight, in_proj_bias,
+// bias_k, bias_v, out_proj.weight, out_proj.bias), initialisation, state_dict
+// keys and forward signature (sequence first: [L, N, E]), so a vanilla
+// checkpoint loads into it and back, and unsharded it computes what torch's
+// does with the same ATen calls in the same order (bit-identical).
+//
+// Where libtorch's C++ module is broken it follows PyTorch's Python module
+// instead of failing or silently misbehaving:
+//  - a bool attn_mask masks out the positions that are true (libtorch 1.13
+//    adds it to the scores as 0/1, pytorch/pytorch#80494);
+//  - a 3-D attn_mask [N * num_heads, L, S] is applied per head (libtorch
+//    1.13 throws on it);
+//  - key and value may differ in their last dim (kdim != vdim; libtorch
+//    asserts their sizes are equal).
+// out_proj is a shardplan::nn::Linear, so the plan shards it like any Linear
+// (row-parallel, `input: sharded`, after head-parallel attention).
+#include <torch/nn/cloneable.h>
+#include <torch/nn/modules/common.h>
+#include <torch/nn/modules/container/any_value.h>
+#include <torch/nn/options/activation.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "shardplan/nn/linear.h"
+
+namespace shardplan {
+namespace nn {
+
+class MultiheadAttentionImpl;
+
+// How a MultiheadAttention computes with its (possibly sharded) parameters.
+// Gets the module itself: the heads' part (MultiheadAttentionImpl::attend)
+// and out_proj are the module's to run.
+class MultiheadAttentionStrategy {
+ public:
+  virtual ~MultiheadAttentionStrategy() = default;
+  virtual std::tuple<at::Tensor, at::Tensor> forward(MultiheadAttentionImpl& attention, const at::Tensor& query,
+                                                     const at::Tensor& key, const at::Tensor& value,
+                                                     const at::Tensor& key_padding_mask, bool need_weights,
+                                                     const at::Tensor& attn_mask, bool average_attn_weights) = 0;
+  virtual std::string describe() const = 0;  // "head-parallel over 'model' (2): 2 of 4 heads per rank"
+};
+
+class MultiheadAttentionImpl : public torch::nn::Cloneable<MultiheadAttentionImpl> {
+ public:
+  MultiheadAttentionImpl(int64_t embed_dim, int64_t num_heads)
+      : MultiheadAttentionImpl(torch::nn::MultiheadAttentionOptions(embed_dim, num_heads)) {}
+  explicit MultiheadAttentionImpl(const torch::nn::MultiheadAttentionOptions& options_);
+
+  // (attn_output [L, N, E], attn_weights): [N, L, S] averaged over heads, or
+  // [N, num_heads, L, S] with average_attn_weights = false; undefined when
+  // need_weights is false. key_padding_mask: bool [N, S], true = padding.
+  // attn_mask: [L, S] or [N * num_heads, L, S], float (added to the scores)
+  // or bool (true = may not attend).
+  std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                             const at::Tensor& key_padding_mask = {}, bool need_weights = true,
+                                             const at::Tensor& attn_mask = {}, bool average_attn_weights = true);
+
+  // forward() up to the output projection, for the heads whose rows the
+  // projection parameters hold: all of them, unless a plugin left this rank
+  // only its own heads' rows of q, k and v. attn_mask is [L, S] or
+  // [N * heads, L, S] for exactly those heads. Returns the context
+  // [L, N, heads * head_dim] (what out_proj reads) and the attention weights
+  // [N * heads, L, S] after dropout, as torch returns them.
+  std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                            const at::Tensor& key_padding_mask, const at::Tensor& attn_mask);
+
+  void reset() override;
+  void _reset_parameters();
+  void pretty_print(std::ostream& stream) const override;
+
+  void set_strategy(std::shared_ptr<MultiheadAttentionStrategy> strategy) { strategy_ = std::move(strategy); }
+  const std::shared_ptr<MultiheadAttentionStrategy>& strategy() const { return strategy_; }
+
+  torch::nn::MultiheadAttentionOptions options;
+  bool _qkv_same_embed_dim = true;
+  at::Tensor in_proj_weight;
+  at::Tensor in_proj_bias;
+  at::Tensor bias_k;
+  at::Tensor bias_v;
+  Linear out_proj = nullptr;
+  at::Tensor q_proj_weight;
+  at::Tensor k_proj_weight;
+  at::Tensor v_proj_weight;
+  int64_t head_dim = 0;
+
+ protected:
+  FORWARD_HAS_DEFAULT_ARGS({3, torch::nn::AnyValue(at::Tensor())}, {4, torch::nn::AnyValue(true)},
+                           {5, torch::nn::AnyValue(at::Tensor())}, {6, torch::nn::AnyValue(true)})
+
+ private:
+  std::shared_ptr<MultiheadAttentionStrategy> strategy_;
+};
+
+TORCH_MODULE(MultiheadAttention);
+
+}  // namespace nn
+}  // namespace shardplan

@@ -1,0 +1,553 @@
+#include "shardplan/checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/nn/module.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <map>
+#include <set>
+#include <sstream>
+#include <type_traits>
+
+#include "shardplan/checkpoint_meta.h"
+#include "shardplan/communicator.h"
+#include "shardplan/error.h"
+#include "shardplan/shard.h"
+#include "shardplan/world.h"
+
+namespace shardplan {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string shape_str(at::IntArrayRef s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+std::map<std::string, const ReportRow*> rows_by_path(const ParallelReport& report) {
+  std::map<std::string, const ReportRow*> rows;
+  for (const auto& row : report.rows)
+    if (!row.global_shape.empty() || row.module_type.empty() || !row.path.empty()) rows.emplace(row.path, &row);
+  return rows;
+}
+
+// Inverse of take_split over one axis group: every member's piece, padded to
+// the largest chunk for the all-gather, trimmed and put back block by block.
+at::Tensor gather_split(const at::Tensor& local, const ShardSplit& s, int64_t global_dim_size, Communicator& group) {
+  if (s.parts == 1) return local;
+  const int64_t block = global_dim_size / s.blocks;
+  const int64_t chunk = (block + s.parts - 1) / s.parts;
+  std::vector<int64_t> sizes = local.sizes().vec();
+  // [.., blocks * len, ..] -> [.., blocks, len, ..]
+  std::vector<int64_t> blocked(sizes.begin(), sizes.begin() + s.dim);
+  blocked.push_back(s.blocks);
+  blocked.push_back(sizes[s.dim] / s.blocks);
+  blocked.insert(blocked.end(), sizes.begin() + s.dim + 1, sizes.end());
+  at::Tensor piece = local.contiguous().view(blocked);
+  const int64_t len = blocked[s.dim + 1];
+  if (len < chunk) {
+    std::vector<int64_t> pad_shape = blocked;
+    pad_shape[s.dim + 1] = chunk - len;
+    piece = at::cat({piece, at::zeros(pad_shape, piece.options())}, s.dim + 1);
+  }
+  at::Tensor all = group.all_gather(piece.unsqueeze(0).contiguous(), 0);  // [parts, .., blocks, chunk, ..]
+  std::vector<at::Tensor> parts;
+  for (int64_t r = 0; r < s.parts; ++r) {
+    const auto range = shard_range(block, s.parts, r);
+    parts.push_back(all[r].narrow(s.dim + 1, 0, range.second - range.first));
+  }
+  at::Tensor joined = at::cat(parts, s.dim + 1);  // [.., blocks, block, ..]
+  std::vector<int64_t> out = sizes;
+  out[s.dim] = global_dim_size;
+  return joined.reshape(out);
+}
+
+at::Tensor take_splits(const at::Tensor& full, const std::vector<ShardSplit>& splits) {
+  at::Tensor t = full;
+  for (const auto& s : splits) t = take_split(t, s);
+  return t.contiguous();
+}
+
+std::vector<int64_t> shape_after(std::vector<int64_t> global, const std::vector<ShardSplit>& splits) {
+  for (const auto& s : splits) {
+    const auto range = shard_range(global[s.dim] / s.blocks, s.parts, s.index);
+    global[s.dim] = (range.second - range.first) * s.blocks;
+  }
+  return global;
+}
+
+std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kDouble: return "float64";
+    case at::kHalf: return "float16";
+    case at::kBFloat16: return "bfloat16";
+    case at::kChar: return "int8";
+    case at::kByte: return "uint8";
+    case at::kShort: return "int16";
+    case at::kInt: return "int32";
+    case at::kLong: return "int64";
+    case at::kBool: return "bool";
+    default: throw Error(std::string("checkpoints do not support dtype ") + c10::toString(t));
+  }
+}
+
+at::ScalarType dtype_of(const std::string& name) {
+  static const std::map<std::string, at::ScalarType> types = {
+      {"float32", at::kFloat}, {"float64", at::kDouble}, {"float16", at::kHalf}, {"bfloat16", at::kBFloat16},
+      {"int8", at::kChar},     {"uint8", at::kByte},     {"int16", at::kShort},  {"int32", at::kInt},
+      {"int64", at::kLong},    {"bool", at::kBool}};
+  return types.at(name);
+}
+
+// ------------------------------------------------------------ tensor inventory
+
+// Everything a checkpoint holds for one tensor of this rank.
+struct Item {
+  std::string name;
+  at::Tensor local;                  // this rank's piece, as the model holds it (detached)
+  at::Tensor param;                  // the parameter itself: optimizer states are keyed by it
+  std::vector<int64_t> global_shape;
+  std::vector<ShardSplit> splits;    // how `local` was cut; empty: whole
+  std::string layout;
+};
+
+// Optimizer states are stored per parameter under "optimizer/<param>/<field>".
+// libtorch keys them by the parameter's TensorImpl, as a string in 1.x and a
+// pointer in 2.x: find the key type rather than naming it.
+template <class Map>
+typename Map::key_type state_key(const Map&, const at::Tensor& p) {
+  using Key = typename Map::key_type;
+  if constexpr (std::is_same<Key, std::string>::value) {
+    std::ostringstream os;  // what c10::guts::to_string does
+    os << p.unsafeGetTensorImpl();
+    return os.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+
+const char* optimizer_kind(torch::optim::Optimizer& opt) {
+  if (dynamic_cast<torch::optim::SGD*>(&opt)) return "sgd";
+  if (dynamic_cast<torch::optim::AdamW*>(&opt)) return "adamw";
+  if (dynamic_cast<torch::optim::Adam*>(&opt)) return "adam";
+  throw Error("checkpoints save optimizer state for SGD, Adam and AdamW only");
+}
+
+struct OptField {
+  std::string field;
+  at::Tensor* tensor;  // inside the param state
+};
+
+// The tensors of one parameter's optimizer state (created when `create`).
+std::vector<std::pair<std::string, at::Tensor*>> state_tensors(torch::optim::Optimizer& opt, const at::Tensor& p,
+                                                               bool create, int64_t** step) {
+  auto& states = opt.state();
+  auto key = state_key(states, p);
+  auto it = states.find(key);
+  const std::string kind = optimizer_kind(opt);
+  if (it == states.end()) {
+    if (!create) return {};
+    if (kind == "sgd") states[key] = std::make_unique<torch::optim::SGDParamState>();
+    else if (kind == "adam") states[key] = std::make_unique<torch::optim::AdamParamState>();
+    else states[key] = std::make_unique<torch::optim::AdamWParamState>();
+    it = states.find(key);
+  }
+  std::vector<std::pair<std::string, at::Tensor*>> out;
+  *step = nullptr;
+  if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
+    out.emplace_back("momentum_buffer", &const_cast<at::Tensor&>(s->momentum_buffer()));
+  } else if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) {
+    out.emplace_back("exp_avg", &const_cast<at::Tensor&>(a->exp_avg()));
+    out.emplace_back("exp_avg_sq", &const_cast<at::Tensor&>(a->exp_avg_sq()));
+    out.emplace_back("max_exp_avg_sq", &const_cast<at::Tensor&>(a->max_exp_avg_sq()));
+    *step = &const_cast<int64_t&>(a->step());
+  } else if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
+    out.emplace_back("exp_avg", &const_cast<at::Tensor&>(w->exp_avg()));
+    out.emplace_back("exp_avg_sq", &const_cast<at::Tensor&>(w->exp_avg_sq()));
+    out.emplace_back("max_exp_avg_sq", &const_cast<at::Tensor&>(w->max_exp_avg_sq()));
+    *step = &const_cast<int64_t&>(w->step());
+  }
+  return out;
+}
+
+std::vector<Item> inventory(torch::nn::Module& model, const ParallelReport& report,
+                            torch::optim::Optimizer* opt, std::map<std::string, std::string>* attributes) {
+  const auto rows = rows_by_path(report);
+  std::vector<Item> items;
+  for (const auto& p : model.named_parameters()) {
+    Item it{p.key(), p.value().detach(), p.value(), p.value().sizes().vec(), {}, ""};
+    auto r = rows.find(p.key());
+    if (r != rows.end()) {
+      it.global_shape = r->second->global_shape;
+      it.splits = r->second->splits;
+      it.layout = r->second->layout;
+    }
+    items.push_back(it);
+  }
+  for (const auto& b : model.named_buffers())
+    items.push_back(Item{b.key(), b.value().detach(), at::Tensor(), b.value().sizes().vec(), {}, ""});
+  if (opt) {
+    (*attributes)["optimizer"] = optimizer_kind(*opt);
+    const size_t n_items = items.size();
+    for (size_t i = 0; i < n_items; ++i) {
+      if (!items[i].param.defined()) continue;  // a buffer
+      int64_t* step = nullptr;
+      for (auto& f : state_tensors(*opt, items[i].param, false, &step)) {
+        if (!f.second->defined()) continue;
+        Item s = items[i];
+        s.name = "optimizer/" + items[i].name + "/" + f.first;
+        s.local = f.second->detach();
+        s.param = at::Tensor();
+        items.push_back(s);
+      }
+      if (step) (*attributes)["optimizer/" + items[i].name + "/step"] = std::to_string(*step);
+    }
+  }
+  return items;
+}
+
+// A rank writes a piece only when it is the first holder of that piece: the
+// ranks that differ from it only on axes the tensor is not split over hold
+// copies.
+bool writes_piece(const Mesh& mesh, int rank, const std::vector<ShardSplit>& splits) {
+  if (mesh.ndim() == 0) return rank == 0;
+  for (const auto& axis : mesh.axes()) {
+    bool split = false;
+    for (const auto& s : splits) split |= s.axis == axis.first;
+    if (!split && mesh.coord(rank, axis.first) != 0) return false;
+  }
+  return true;
+}
+
+std::string rank_file(int rank) {
+  std::ostringstream os;
+  os << "rank-" << std::setw(5) << std::setfill('0') << rank << ".bin";
+  return os.str();
+}
+
+// Every rank's text, on every rank.
+std::vector<std::string> all_gather_text(Communicator& comm, const std::string& text) {
+  at::Tensor len = at::tensor({static_cast<int64_t>(text.size())}, at::kLong);
+  at::Tensor lens = comm.all_gather(len, 0);
+  int64_t longest = lens.max().item<int64_t>();
+  at::Tensor buf = at::zeros({1, std::max<int64_t>(longest, 1)}, at::kByte);
+  std::memcpy(buf.data_ptr(), text.data(), text.size());
+  at::Tensor all = comm.all_gather(buf, 0).contiguous();
+  std::vector<std::string> out;
+  for (int64_t r = 0; r < comm.size(); ++r)
+    out.emplace_back(reinterpret_cast<const char*>(all[r].data_ptr()), static_cast<size_t>(lens[r].item<int64_t>()));
+  return out;
+}
+
+// Agreement on success: a rank that failed makes every rank throw, naming it,
+// instead of leaving the others waiting in the next collective.
+void agree(Communicator& comm, const std::string& my_error, const std::string& what) {
+  auto errors = all_gather_text(comm, my_error);
+  for (size_t r = 0; r < errors.size(); ++r)
+    if (!errors[r].empty()) throw Error(what + ": rank " + std::to_string(r) + ": " + errors[r]);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error("cannot read '" + path + "'");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------- public
+
+StateDict local_state_dict(torch::nn::Module& model) {
+  StateDict out;
+  for (const auto& p : model.named_parameters()) out.emplace_back(p.key(), p.value().detach());
+  for (const auto& b : model.named_buffers()) out.emplace_back(b.key(), b.value().detach());
+  return out;
+}
+
+StateDict collect_state_dict(torch::nn::Module& model, const ParallelReport& report, World& world, int root) {
+  at::NoGradGuard no_grad;
+  std::map<std::string, std::string> unused;
+  StateDict out;
+  for (auto& item : inventory(model, report, nullptr, &unused)) {
+    at::Tensor t = item.local;
+    for (auto s = item.splits.rbegin(); s != item.splits.rend(); ++s)
+      t = gather_split(t, *s, item.global_shape[s->dim], *world.group(report.mesh, s->axis));
+    if (root < 0 || world.rank() == root) out.emplace_back(item.name, t.contiguous());
+  }
+  return out;
+}
+
+StateDict relocate_state_dict(const StateDict& full, const ParallelReport& report) {
+  const auto rows = rows_by_path(report);
+  StateDict out;
+  for (const auto& kv : full) {
+    auto r = rows.find(kv.first);
+    if (r == rows.end() || r->second->splits.empty()) {
+      out.push_back(kv);
+      continue;
+    }
+    const ReportRow& row = *r->second;
+    if (kv.second.sizes().vec() != row.global_shape)
+      throw Error("state dict: '" + kv.first + "' has shape " + shape_str(kv.second.sizes()) +
+                  ", the model's is " + shape_str(row.global_shape));
+    out.emplace_back(kv.first, take_splits(kv.second, row.splits));
+  }
+  return out;
+}
+
+void load_state_dict(torch::nn::Module& model, const StateDict& state) {
+  std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
+  at::NoGradGuard no_grad;
+  auto copy = [&](const std::string& name, at::Tensor& dst) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) throw Error("state dict has no '" + name + "'");
+    if (it->second.sizes() != dst.sizes())
+      throw Error("state dict: '" + name + "' has shape " + shape_str(it->second.sizes()) + ", the model's is " +
+                  shape_str(dst.sizes()));
+    dst.copy_(it->second);
+  };
+  for (auto& p : model.named_parameters()) copy(p.key(), p.value());
+  for (auto& b : model.named_buffers()) copy(b.key(), b.value());
+}
+
+void save_checkpoint(const std::string& dir, torch::nn::Module& model, const ParallelReport& report, World& world,
+                     const CheckpointOptions& options) {
+  at::NoGradGuard no_grad;
+  Communicator& comm = world.comm();
+  const fs::path target = fs::absolute(dir).lexically_normal();
+  const fs::path staging = target.string() + ".partial";
+  const std::string what = "saving checkpoint '" + target.string() + "'";
+
+  // Every step that can fail on one rank is followed by agree(), so all
+  // ranks stop together instead of leaving the others in a collective.
+  std::map<std::string, std::string> attributes = options.attributes;
+  std::vector<Item> items;
+  std::string err;
+  try {
+    items = inventory(model, report, options.optimizer, &attributes);
+    // Rank 0 prepares the staging directory; a stale one from a crashed save
+    // is discarded (the target is never touched until the final rename).
+    if (world.rank() == 0) {
+      std::error_code ec;
+      fs::remove_all(staging, ec);
+      fs::create_directories(staging);
+    }
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  agree(comm, err, what);
+
+  // Each rank: its pieces into one file, described in a partial metadata.
+  ckpt::Meta mine;
+  std::string blob;
+  try {
+    const std::string file = rank_file(world.rank());
+    for (const auto& item : items) {
+      if (!writes_piece(report.mesh, world.rank(), item.splits)) continue;
+      at::Tensor t = item.local.contiguous().cpu();
+      ckpt::TensorEntry e;
+      e.name = item.name;
+      e.dtype = dtype_name(t.scalar_type());
+      e.shape = item.global_shape;
+      e.layout = item.layout;
+      ckpt::Piece p;
+      p.rank = world.rank();
+      p.file = file;
+      p.offset = blob.size();
+      p.nbytes = t.numel() * t.element_size();
+      p.shape = t.sizes().vec();
+      for (const auto& s : item.splits) p.split.push_back(ckpt::DimSplit{s.dim, s.axis, s.parts, s.index, s.blocks});
+      p.crc32c = ckpt::crc32c(t.data_ptr(), p.nbytes);
+      blob.append(static_cast<const char*>(t.data_ptr()), p.nbytes);
+      e.pieces.push_back(p);
+      mine.tensors.push_back(e);
+    }
+    if (!blob.empty() || world.rank() == 0) ckpt::write_file_atomic((staging / file).string(), blob.data(), blob.size());
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  agree(comm, err, what);
+
+  // Rank 0 merges the descriptions, writes the metadata, and swaps the
+  // staging directory in.
+  mine.world_size = world.size();
+  mine.mesh = report.mesh.axes();
+  auto texts = all_gather_text(comm, err.empty() ? ckpt::to_yaml(mine) : "");
+  if (world.rank() == 0) {
+    try {
+      ckpt::Meta meta;
+      meta.world_size = world.size();
+      meta.mesh = report.mesh.axes();
+      meta.attributes = attributes;
+      meta.plan = report.plan_yaml;
+      std::map<std::string, size_t> index;
+      for (const auto& item : items) {
+        index[item.name] = meta.tensors.size();
+        ckpt::TensorEntry e;
+        e.name = item.name;
+        e.shape = item.global_shape;
+        e.layout = item.layout;
+        e.dtype = dtype_name(item.local.scalar_type());
+        meta.tensors.push_back(e);
+      }
+      for (const auto& text : texts) {
+        const ckpt::Meta part = ckpt::parse_meta(text, "<rank metadata>", /*complete=*/false);
+        for (const auto& e : part.tensors) {
+          auto at = index.find(e.name);
+          if (at == index.end()) throw Error("a rank wrote tensor '" + e.name + "', which rank 0 does not have");
+          for (const auto& p : e.pieces) meta.tensors[at->second].pieces.push_back(p);
+        }
+      }
+      const std::string yaml = ckpt::to_yaml(meta);
+      ckpt::parse_meta(yaml, "<new metadata>");  // what we write must read back
+      ckpt::write_file_atomic((staging / ckpt::kMetaFile).string(), yaml.data(), yaml.size());
+      ckpt::replace_directory(staging.string(), target.string());
+    } catch (const std::exception& e) {
+      err = e.what();
+    }
+  }
+  agree(comm, err, what);
+}
+
+namespace {
+
+// The intervals of `global` along s.dim that piece s.index holds, and where
+// they sit in the piece: one per block.
+struct Interval {
+  int64_t global_start, piece_start, len;
+};
+std::vector<Interval> intervals(const ckpt::DimSplit& s, int64_t global) {
+  const int64_t block = global / s.blocks;
+  const auto range = shard_range(block, s.parts, s.index);
+  const int64_t len = range.second - range.first;
+  std::vector<Interval> out;
+  for (int64_t b = 0; b < s.blocks; ++b) out.push_back({b * block + range.first, b * len, len});
+  return out;
+}
+
+void place(at::Tensor& full, const at::Tensor& piece, const std::vector<ckpt::DimSplit>& split, size_t i,
+           at::Tensor dst, at::Tensor src) {
+  if (i == split.size()) {
+    dst.copy_(src);
+    return;
+  }
+  const auto& s = split[i];
+  for (const auto& iv : intervals(s, full.size(s.dim))) {
+    if (iv.len == 0) continue;
+    place(full, piece, split, i + 1, dst.narrow(s.dim, iv.global_start, iv.len), src.narrow(s.dim, iv.piece_start, iv.len));
+  }
+}
+
+// The whole tensor from its pieces, checksums verified.
+at::Tensor assemble(const ckpt::TensorEntry& e, const fs::path& dir) {
+  const at::ScalarType type = dtype_of(e.dtype);
+  at::Tensor full = at::empty(e.shape, at::TensorOptions().dtype(type));
+  for (const auto& p : e.pieces) {
+    const fs::path path = dir / p.file;
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw Error("checkpoint file '" + path.string() + "' is missing (tensor '" + e.name + "', rank " +
+                         std::to_string(p.rank) + ")");
+    in.seekg(0, std::ios::end);
+    const uint64_t size = static_cast<uint64_t>(in.tellg());
+    if (p.offset + p.nbytes > size)
+      throw Error("checkpoint file '" + path.string() + "' is truncated: tensor '" + e.name + "' needs bytes " +
+                  std::to_string(p.offset) + ".." + std::to_string(p.offset + p.nbytes) + " of " +
+                  std::to_string(size));
+    at::Tensor piece = at::empty(p.shape, at::TensorOptions().dtype(type));
+    in.seekg(static_cast<std::streamoff>(p.offset));
+    in.read(static_cast<char*>(piece.data_ptr()), static_cast<std::streamsize>(p.nbytes));
+    if (!in) throw Error("cannot read '" + path.string() + "'");
+    if (ckpt::crc32c(piece.data_ptr(), p.nbytes) != p.crc32c)
+      throw Error("checkpoint file '" + path.string() + "' is corrupted: checksum of tensor '" + e.name +
+                  "' (bytes " + std::to_string(p.offset) + ".." + std::to_string(p.offset + p.nbytes) +
+                  ") does not match the metadata");
+    place(full, piece, p.split, 0, full, piece);
+  }
+  return full;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> load_checkpoint(const std::string& dir, torch::nn::Module& model,
+                                                   const ParallelReport& report, World& world,
+                                                   const CheckpointOptions& options) {
+  at::NoGradGuard no_grad;
+  const fs::path target = fs::absolute(dir).lexically_normal();
+  const std::string what = "loading checkpoint '" + target.string() + "'";
+  std::string err;
+  ckpt::Meta meta;
+  try {
+    const fs::path meta_path = target / ckpt::kMetaFile;
+    if (!fs::exists(meta_path)) {
+      throw Error(fs::exists(target) ? "'" + meta_path.string() + "' is missing: not a complete checkpoint"
+                                     : "no checkpoint at '" + target.string() + "'");
+    }
+    meta = ckpt::parse_meta(read_file(meta_path.string()), meta_path.string());
+    std::map<std::string, std::string> unused;
+    const std::vector<Item> items = inventory(model, report, nullptr, &unused);
+    // Check every tensor before changing any, so a mismatch leaves the model as it was.
+    std::vector<std::pair<const Item*, const ckpt::TensorEntry*>> plan;
+    for (const auto& item : items) {
+      const ckpt::TensorEntry* e = meta.find(item.name);
+      if (!e) throw Error("the checkpoint has no tensor '" + item.name + "' (it has " +
+                          std::to_string(meta.tensors.size()) + " tensors; a different model?)");
+      if (e->shape != item.global_shape)
+        throw Error("'" + item.name + "': the checkpoint's shape is " + shape_str(e->shape) + ", the model's " +
+                    shape_str(item.global_shape));
+      plan.emplace_back(&item, e);
+    }
+    std::vector<at::Tensor> locals;
+    for (const auto& pe : plan) {
+      at::Tensor full = assemble(*pe.second, target).to(pe.first->local.scalar_type());
+      locals.push_back(take_splits(full, pe.first->splits));
+    }
+    for (size_t i = 0; i < plan.size(); ++i) const_cast<at::Tensor&>(plan[i].first->local).copy_(locals[i]);
+
+    if (options.optimizer) {
+      const auto it = meta.attributes.find("optimizer");
+      const std::string kind = optimizer_kind(*options.optimizer);
+      if (it == meta.attributes.end())
+        throw Error("the checkpoint has no optimizer state (saved without an optimizer)");
+      if (it->second != kind)
+        throw Error("the checkpoint's optimizer state is " + it->second + "'s, the optimizer given is " + kind);
+      for (const Item& item : items) {
+        if (!item.param.defined()) continue;
+        const std::string prefix = "optimizer/" + item.name + "/";
+        bool any = false;
+        for (const auto& e : meta.tensors) any |= e.name.rfind(prefix, 0) == 0;
+        if (!any) continue;  // the parameter had no state yet (never stepped)
+        int64_t* step = nullptr;
+        for (auto& f : state_tensors(*options.optimizer, item.param, true, &step)) {
+          const ckpt::TensorEntry* e = meta.find(prefix + f.first);
+          if (!e) continue;
+          at::Tensor full = assemble(*e, target).to(item.local.scalar_type());
+          *f.second = take_splits(full, item.splits).clone();
+        }
+        if (step) {
+          auto st = meta.attributes.find(prefix + "step");
+          if (st != meta.attributes.end()) *step = std::stoll(st->second);
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    err = e.what();
+  }
+  agree(world.comm(), err, what);
+  return meta.attributes;
+}
+
+}  // namespace shardplan

@@ -1,0 +1,359 @@
+// Checkpoints: whole state dicts gathered from shards and cut back into them,
+// and sharded checkpoints saved at one world size and loaded at another,
+// including optimizer state (the next steps must match an uninterrupted run)
+// and every way a checkpoint on disk can be broken.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include "shardplan/checkpoint.h"
+#include "shardplan/checkpoint_meta.h"
+#include "shardplan/error.h"
+#include "shardplan/nn/embedding.h"
+#include "shardplan/nn/linear.h"
+#include "shardplan/parallelize.h"
+#include "shardplan/plan.h"
+#include "shardplan/world.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+using shardplan::StateDict;
+
+// Every kind of cut: column (with a blocked, fused q/k/v), row, an uneven
+// vocab-parallel embedding (10 rows over 4 ranks: 3, 3, 3, 1), replicated.
+struct NetImpl : torch::nn::Cloneable<NetImpl> {
+  NetImpl() { reset(); }
+  void reset() override {
+    emb = register_module("emb", shardplan::nn::Embedding(10, 8));
+    qkv = register_module("qkv", shardplan::nn::Linear(8, 24));
+    fc = register_module("fc", shardplan::nn::Linear(24, 8));
+    head = register_module("head", shardplan::nn::Linear(8, 3));
+  }
+  torch::Tensor forward(const torch::Tensor& ids) {
+    auto h = emb->forward(ids);
+    return head->forward(torch::tanh(fc->forward(torch::tanh(qkv->forward(h)))));
+  }
+  shardplan::nn::Embedding emb{nullptr};
+  shardplan::nn::Linear qkv{nullptr}, fc{nullptr}, head{nullptr};
+};
+TORCH_MODULE(Net);
+
+const char* kPlan = R"(mesh: {model: auto}
+rules:
+  - {match: 'emb\.weight', layout: [model, null]}
+  - {match: 'qkv\.weight', layout: [model, null], blocks: 3}
+  - {match: 'qkv\.bias', layout: [model]}
+  - {match: 'fc\.weight', layout: [null, model]}
+)";
+
+shardplan::Plan plan() { return shardplan::parse_plan(kPlan, "ckpt.yaml"); }
+
+Net reference(torch::Dtype dtype = torch::kDouble) {
+  torch::manual_seed(7);
+  Net net;
+  net->to(dtype);
+  return net;
+}
+
+std::vector<torch::Tensor> batches(int n) {
+  torch::manual_seed(11);
+  std::vector<torch::Tensor> out;
+  for (int i = 0; i < n; ++i) out.push_back(torch::randint(0, 10, {6, 5}, torch::kLong));
+  return out;
+}
+
+double loss_of(Net& net, const torch::Tensor& ids) { return net->forward(ids).pow(2).mean().item<double>(); }
+
+// Runs `body` on `world` ranks as threads, each with its own clone of `ref`
+// parallelized by the plan; returns the first failure message, if any.
+template <class F>
+std::vector<std::string> on_ranks(int world, const Net& ref, F body) {
+  std::vector<Net> replicas;
+  for (int r = 0; r < world; ++r) replicas.push_back(std::dynamic_pointer_cast<NetImpl>(ref->clone()));
+  std::mutex mu;
+  std::vector<std::string> failures;
+  shardplan::run_ranks_in_threads(world, [&](shardplan::World& w) {
+    try {
+      Net net = replicas[w.rank()];
+      auto report = shardplan::parallelize(*net, plan(), w);
+      body(w, net, report);
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      failures.push_back("rank " + std::to_string(w.rank()) + ": " + e.what());
+    }
+  });
+  return failures;
+}
+
+bool same(const StateDict& a, const StateDict& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].first != b[i].first || !a[i].second.equal(b[i].second)) return false;
+  return true;
+}
+
+fs::path fresh_dir(const std::string& name) {
+  fs::path d = fs::temp_directory_path() / ("shardplan_ckpt_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::remove_all(d.string() + ".partial");
+  return d;
+}
+
+class CollectRelocate : public ::testing::TestWithParam<int> {};
+
+TEST_P(CollectRelocate, RoundTripsThroughWholeTensors) {
+  const int world = GetParam();
+  Net ref = reference();
+  const StateDict expected = shardplan::local_state_dict(*ref);
+  auto failures = on_ranks(world, ref, [&](shardplan::World& w, Net& net, const shardplan::ParallelReport& report) {
+    StateDict all = shardplan::collect_state_dict(*net, report, w, /*root=*/-1);
+    if (!same(all, expected)) throw std::runtime_error("collected state differs from the unsharded model's");
+    StateDict at_root = shardplan::collect_state_dict(*net, report, w, /*root=*/0);
+    if ((w.rank() == 0) != !at_root.empty()) throw std::runtime_error("root-only collect returned on the wrong ranks");
+    StateDict mine = shardplan::relocate_state_dict(expected, report);
+    if (!same(mine, shardplan::local_state_dict(*net))) throw std::runtime_error("relocated shards differ");
+  });
+  EXPECT_TRUE(failures.empty()) << failures.front();
+}
+
+TEST_P(CollectRelocate, CollectedStateLoadsIntoThePlainModel) {
+  const int world = GetParam();
+  Net ref = reference();
+  StateDict collected;
+  auto failures = on_ranks(world, ref, [&](shardplan::World& w, Net& net, const shardplan::ParallelReport& report) {
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& p : net->parameters()) p.add_(1.0);  // something the plain model does not have yet
+    }
+    auto all = shardplan::collect_state_dict(*net, report, w, 0);
+    if (w.rank() == 0) collected = all;
+  });
+  ASSERT_TRUE(failures.empty()) << failures.front();
+  Net plain = reference();
+  shardplan::load_state_dict(*plain, collected);
+  for (const auto& p : ref->named_parameters())
+    EXPECT_TRUE(plain->named_parameters()[p.key()].equal(p.value() + 1.0)) << p.key();
+}
+
+INSTANTIATE_TEST_SUITE_P(World, CollectRelocate, ::testing::Values(1, 2, 4));
+
+// Save at `from` ranks after some Adam steps; load at `to` ranks into a fresh
+// model and optimizer; the next steps' losses must equal an uninterrupted run.
+struct Resharding {
+  int from, to;
+};
+class Reshard : public ::testing::TestWithParam<Resharding> {};
+
+TEST_P(Reshard, ResumesWithIdenticalLosses) {
+  const auto [from, to] = GetParam();
+  const auto data = batches(6);
+  const fs::path dir = fresh_dir("reshard_" + std::to_string(from) + "_" + std::to_string(to));
+  Net ref = reference();
+
+  // Uninterrupted: 6 steps unsharded.
+  std::vector<double> want;
+  {
+    Net net = std::dynamic_pointer_cast<NetImpl>(ref->clone());
+    torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-2));
+    for (const auto& ids : data) {
+      opt.zero_grad();
+      auto loss = net->forward(ids).pow(2).mean();
+      want.push_back(loss.item<double>());
+      loss.backward();
+      opt.step();
+    }
+  }
+  // 3 steps at `from`, save.
+  auto f1 = on_ranks(from, ref, [&](shardplan::World& w, Net& net, const shardplan::ParallelReport& report) {
+    torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-2));
+    for (int s = 0; s < 3; ++s) {
+      opt.zero_grad();
+      net->forward(data[s]).pow(2).mean().backward();
+      opt.step();
+    }
+    shardplan::CheckpointOptions o;
+    o.optimizer = &opt;
+    o.attributes["step"] = "3";
+    shardplan::save_checkpoint(dir.string(), *net, report, w, o);
+  });
+  ASSERT_TRUE(f1.empty()) << f1.front();
+  // Load at `to` into a differently initialised model, 3 more steps.
+  torch::manual_seed(99);
+  Net other;
+  other->to(torch::kDouble);
+  std::vector<std::vector<double>> got(to);
+  auto f2 = on_ranks(to, other, [&](shardplan::World& w, Net& net, const shardplan::ParallelReport& report) {
+    torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-2));
+    shardplan::CheckpointOptions o;
+    o.optimizer = &opt;
+    auto attrs = shardplan::load_checkpoint(dir.string(), *net, report, w, o);
+    if (attrs["step"] != "3") throw std::runtime_error("attribute 'step' lost");
+    for (int s = 3; s < 6; ++s) {
+      opt.zero_grad();
+      auto loss = net->forward(data[s]).pow(2).mean();
+      got[w.rank()].push_back(loss.item<double>());
+      loss.backward();
+      opt.step();
+    }
+  });
+  ASSERT_TRUE(f2.empty()) << f2.front();
+  for (int r = 0; r < to; ++r)
+    for (int s = 0; s < 3; ++s) EXPECT_NEAR(got[r][s], want[3 + s], 1e-12 * std::abs(want[3 + s])) << "rank " << r << " step " << 3 + s;
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, Reshard,
+                         ::testing::Values(Resharding{2, 2}, Resharding{2, 1}, Resharding{2, 4}, Resharding{4, 2},
+                                           Resharding{1, 4}),
+                         [](const ::testing::TestParamInfo<Resharding>& i) {
+                           return "from" + std::to_string(i.param.from) + "_to" + std::to_string(i.param.to);
+                         });
+
+// --------------------------------------------------------------- broken disks
+
+class Broken : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir = fresh_dir(::testing::UnitTest::GetInstance()->current_test_info()->name());
+    auto f = on_ranks(2, reference(), [&](shardplan::World& w, Net& net, const shardplan::ParallelReport& report) {
+      shardplan::save_checkpoint(dir.string(), *net, report, w);
+    });
+    ASSERT_TRUE(f.empty()) << f.front();
+  }
+  void TearDown() override { fs::remove_all(dir); }
+  // The error loading gives, the same on every rank.
+  std::string load_error(int world = 2, Net model = reference()) {
+    std::vector<std::string> errors;
+    std::mutex mu;
+    on_ranks(world, model, [&](shardplan::World& w, Net& net, const shardplan::ParallelReport& report) {
+      try {
+        shardplan::load_checkpoint(dir.string(), *net, report, w);
+      } catch (const shardplan::Error& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        errors.push_back(e.what());
+      }
+    });
+    if (errors.size() != static_cast<size_t>(world)) return "not every rank failed";
+    return errors[0];
+  }
+  fs::path dir;
+};
+
+TEST_F(Broken, FlippedByteIsAChecksumError) {
+  const fs::path f = dir / "rank-00001.bin";
+  std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+  io.seekp(5);
+  char c = 0;
+  io.seekg(5);
+  io.read(&c, 1);
+  c ^= 0x10;
+  io.seekp(5);
+  io.write(&c, 1);
+  io.close();
+  EXPECT_THAT(load_error(), ::testing::HasSubstr("rank-00001.bin' is corrupted: checksum"));
+}
+
+TEST_F(Broken, TruncatedFileSaysSo) {
+  fs::resize_file(dir / "rank-00000.bin", 10);
+  EXPECT_THAT(load_error(1), ::testing::HasSubstr("rank-00000.bin' is truncated"));
+}
+
+TEST_F(Broken, MissingRankFileNamesIt) {
+  fs::remove(dir / "rank-00001.bin");
+  EXPECT_THAT(load_error(4), ::testing::HasSubstr("rank-00001.bin' is missing"));
+}
+
+TEST_F(Broken, MissingMetadataIsNotACheckpoint) {
+  fs::remove(dir / "metadata.yaml");
+  EXPECT_THAT(load_error(), ::testing::HasSubstr("not a complete checkpoint"));
+}
+
+TEST_F(Broken, DifferentModelNamesTheParameter) {
+  torch::manual_seed(1);
+  Net wide;
+  wide->qkv = wide->replace_module("qkv", shardplan::nn::Linear(8, 24));
+  wide->head = wide->replace_module("head", shardplan::nn::Linear(8, 5));
+  wide->to(torch::kDouble);
+  EXPECT_THAT(load_error(2, wide), ::testing::HasSubstr("'head.weight': the checkpoint's shape is [3, 8], the model's [5, 8]"));
+}
+
+TEST_F(Broken, FailedSaveLeavesThePreviousCheckpoint) {
+  const std::string before = [&] {
+    std::ifstream in(dir / "metadata.yaml");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  // A save that fails half way, after the staging directory exists: rank 0
+  // holds a tensor checkpoints cannot store.
+  Net changed = reference();
+  {
+    torch::NoGradGuard g;
+    for (auto& p : changed->parameters()) p.mul_(2);
+  }
+  std::vector<std::string> errors;
+  std::mutex mu;
+  on_ranks(2, changed, [&](shardplan::World& w, Net& net, const shardplan::ParallelReport& report) {
+    if (w.rank() == 0) net->register_buffer("odd", torch::zeros({2}, torch::kComplexFloat));
+    try {
+      shardplan::save_checkpoint(dir.string(), *net, report, w);
+    } catch (const shardplan::Error& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      errors.push_back(e.what());
+    }
+  });
+  EXPECT_EQ(errors.size(), 2u);
+  std::ifstream in(dir / "metadata.yaml");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), before);
+  EXPECT_EQ(load_error(), "not every rank failed");  // the old checkpoint still loads
+}
+
+// ------------------------------------------------------------------ metadata
+
+TEST(CheckpointMeta, RejectsPiecesThatDoNotPartitionTheTensor) {
+  const std::string good = R"(format_version: 1
+world_size: 2
+mesh: {model: 2}
+tensors:
+  - name: w
+    dtype: float32
+    shape: [5, 2]
+    pieces:
+      - {rank: 0, file: a.bin, offset: 0, nbytes: 24, shape: [3, 2], split: [{dim: 0, axis: model, parts: 2, index: 0, blocks: 1}], crc32c: 1}
+      - {rank: 1, file: b.bin, offset: 0, nbytes: 16, shape: [2, 2], split: [{dim: 0, axis: model, parts: 2, index: 1, blocks: 1}], crc32c: 2}
+)";
+  auto meta = shardplan::ckpt::parse_meta(good, "m.yaml");
+  ASSERT_EQ(meta.tensors.size(), 1u);
+  EXPECT_EQ(shardplan::ckpt::parse_meta(shardplan::ckpt::to_yaml(meta), "again").tensors[0].pieces.size(), 2u);
+  auto broken = [&](const std::string& from, const std::string& to) {
+    std::string s = good;
+    s.replace(s.find(from), from.size(), to);
+    try {
+      shardplan::ckpt::parse_meta(s, "m.yaml");
+    } catch (const shardplan::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("parsed");
+  };
+  EXPECT_THAT(broken("index: 1", "index: 0"), ::testing::HasSubstr("m.yaml:10:"));
+  EXPECT_THAT(broken("index: 1", "index: 0"), ::testing::HasSubstr("two pieces hold the same part"));
+  EXPECT_THAT(broken("shape: [2, 2]", "shape: [3, 2]"), ::testing::HasSubstr("piece shape disagrees with its split"));
+  EXPECT_THAT(broken("nbytes: 16", "nbytes: 15"), ::testing::HasSubstr("nbytes disagrees"));
+  EXPECT_THAT(broken("file: b.bin", "file: ../b.bin"), ::testing::HasSubstr("must be a plain file name"));
+  EXPECT_THAT(broken("format_version: 1", "format_version: 9"), ::testing::HasSubstr("format version 9 is not supported"));
+  EXPECT_THAT(broken("axis: model, parts: 2, index: 1", "axis: data, parts: 2, index: 1"),
+              ::testing::HasSubstr("which the mesh does not have"));
+  EXPECT_THAT(broken("dtype: float32", "dtype: complex"), ::testing::HasSubstr("unknown dtype"));
+}
+
+TEST(CheckpointMeta, Crc32cKnownValue) {
+  // RFC 3720 B.4: 32 bytes of zeros.
+  std::vector<unsigned char> zeros(32, 0);
+  EXPECT_EQ(shardplan::ckpt::crc32c(zeros.data(), zeros.size()), 0x8A9136AAu);
+  EXPECT_EQ(shardplan::ckpt::crc32c("123456789", 9), 0xE3069283u);
+}
+
+}  // namespace
