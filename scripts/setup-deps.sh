@@ -14,6 +14,8 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   iproute2                # multi-node tests bind ranks to other loopback addresses
   gnuplot-nox             # shardplan bench comm --plot
+  clang libclang-rt-14-dev # libFuzzer targets (scripts/fuzz.sh): clang++ and libclang_rt.fuzzer
+  llvm                    # llvm-symbolizer: file:line in libFuzzer's crash reports
 )
 
 missing=()

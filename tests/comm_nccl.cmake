@@ -36,6 +36,14 @@ target_include_directories(comm_nccl_mock PRIVATE
   $<TARGET_PROPERTY:shardplan_cuda_nccl,INTERFACE_INCLUDE_DIRECTORIES>)
 target_compile_options(comm_nccl_mock PRIVATE -Wall -Wextra -Wno-unused-parameter)
 add_dependencies(comm_nccl_tests comm_nccl_mock)
+set(_nccl_preload $<TARGET_FILE:comm_nccl_mock>)
+# ASan refuses to start unless its runtime comes first in the library list,
+# and a preloaded library comes before the program's own dependencies.
+if(SHARDPLAN_SANITIZE MATCHES "address")
+  execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libasan.so
+    OUTPUT_VARIABLE _asan_rt OUTPUT_STRIP_TRAILING_WHITESPACE)
+  set(_nccl_preload "${_asan_rt}:${_nccl_preload}")
+endif()
 add_test(NAME comm_nccl_mock_ws1 COMMAND comm_nccl_tests --gtest_filter=NcclWorld1.*)
 set_tests_properties(comm_nccl_mock_ws1 PROPERTIES TIMEOUT 600 LABELS "comm;nccl"
-  ENVIRONMENT "LD_PRELOAD=$<TARGET_FILE:comm_nccl_mock>")
+  ENVIRONMENT "LD_PRELOAD=${_nccl_preload}")

@@ -8,6 +8,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <mutex>
 
 #include "shardplan/checkpoint.h"
@@ -53,10 +55,10 @@ rules:
 
 shardplan::Plan plan() { return shardplan::parse_plan(kPlan, "ckpt.yaml"); }
 
-Net reference(torch::Dtype dtype = torch::kDouble) {
-  torch::manual_seed(7);
+Net reference(uint64_t seed = 7) {
+  torch::manual_seed(seed);
   Net net;
-  net->to(dtype);
+  net->to(torch::kDouble);
   return net;
 }
 
@@ -225,20 +227,31 @@ class Broken : public ::testing::Test {
     });
     ASSERT_TRUE(f.empty()) << f.front();
   }
-  void TearDown() override { fs::remove_all(dir); }
-  // The error loading gives, the same on every rank.
-  std::string load_error(int world = 2, Net model = reference()) {
+  void TearDown() override {
+    fs::remove_all(dir);
+    fs::remove_all(dir.string() + ".partial");  // what a failed save leaves
+  }
+  // The error loading gives, the same on every rank; a failed load must
+  // leave every rank's model as it was. `tweak` may change a rank's model
+  // after parallelize.
+  std::string load_error(int world = 2, Net model = reference(),
+                         std::function<void(int, Net&)> tweak = nullptr) {
     std::vector<std::string> errors;
     std::mutex mu;
     on_ranks(world, model, [&](shardplan::World& w, Net& net, const shardplan::ParallelReport& report) {
+      if (tweak) tweak(w.rank(), net);
+      StateDict before;
+      for (const auto& kv : shardplan::local_state_dict(*net)) before.emplace_back(kv.first, kv.second.clone());
       try {
         shardplan::load_checkpoint(dir.string(), *net, report, w);
       } catch (const shardplan::Error& e) {
         std::lock_guard<std::mutex> lock(mu);
         errors.push_back(e.what());
+        if (!same(before, shardplan::local_state_dict(*net)))
+          errors.push_back("rank " + std::to_string(w.rank()) + " changed its model in a failed load");
       }
     });
-    if (errors.size() != static_cast<size_t>(world)) return "not every rank failed";
+    if (errors.size() != static_cast<size_t>(world)) return "not every rank failed (or one changed its model)";
     return errors[0];
   }
   fs::path dir;
@@ -282,7 +295,18 @@ TEST_F(Broken, DifferentModelNamesTheParameter) {
   EXPECT_THAT(load_error(2, wide), ::testing::HasSubstr("'head.weight': the checkpoint's shape is [3, 8], the model's [5, 8]"));
 }
 
+// Every file of a directory and its bytes.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& f : fs::directory_iterator(dir)) {
+    std::ifstream in(f.path(), std::ios::binary);
+    out[f.path().filename().string()] = std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  return out;
+}
+
 TEST_F(Broken, FailedSaveLeavesThePreviousCheckpoint) {
+  const auto files = snapshot(dir);
   const std::string before = [&] {
     std::ifstream in(dir / "metadata.yaml");
     return std::string(std::istreambuf_iterator<char>(in), {});
@@ -306,9 +330,147 @@ TEST_F(Broken, FailedSaveLeavesThePreviousCheckpoint) {
     }
   });
   EXPECT_EQ(errors.size(), 2u);
+  EXPECT_EQ(snapshot(dir), files) << "a file of the previous checkpoint changed";
   std::ifstream in(dir / "metadata.yaml");
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), before);
-  EXPECT_EQ(load_error(), "not every rank failed");  // the old checkpoint still loads
+  EXPECT_EQ(load_error(), "not every rank failed (or one changed its model)");  // the old checkpoint still loads
+}
+
+TEST_F(Broken, OneRanksMismatchChangesNoRank) {
+  // Rank 1's model has a buffer the checkpoint lacks; rank 0's would load
+  // fine but must not, since its peers cannot.
+  EXPECT_THAT(load_error(2, reference(),
+                         [](int rank, Net& net) {
+                           if (rank == 1) net->fc->register_buffer("extra", torch::zeros({2}, torch::kDouble));
+                         }),
+              ::testing::HasSubstr("rank 1: the checkpoint has no tensor 'fc.extra'"));
+}
+
+TEST_F(Broken, MissingOptimizerStateChangesNothing) {
+  // The parameters would load; the optimizer state is missing (saved without
+  // one): neither model nor optimizer may change.
+  std::vector<std::string> errors;
+  std::mutex mu;
+  torch::manual_seed(5);
+  Net other;
+  other->to(torch::kDouble);
+  on_ranks(2, other, [&](shardplan::World& w, Net& net, const shardplan::ParallelReport& report) {
+    torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-2));
+    opt.zero_grad();
+    net->forward(batches(1)[0]).pow(2).mean().backward();
+    opt.step();
+    StateDict before;
+    for (const auto& kv : shardplan::local_state_dict(*net)) before.emplace_back(kv.first, kv.second.clone());
+    const size_t states = opt.state().size();
+    shardplan::CheckpointOptions o;
+    o.optimizer = &opt;
+    try {
+      shardplan::load_checkpoint(dir.string(), *net, report, w, o);
+    } catch (const shardplan::Error& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      errors.push_back(e.what());
+      if (!same(before, shardplan::local_state_dict(*net)) || opt.state().size() != states)
+        errors.push_back("changed");
+    }
+  });
+  ASSERT_EQ(errors.size(), 2u) << ::testing::PrintToString(errors);
+  EXPECT_THAT(errors[0], ::testing::HasSubstr("the checkpoint has no optimizer state (saved without an optimizer)"));
+}
+
+TEST_F(Broken, AnotherModelIsRefusedWholesale) {
+  // Same parameter names up to the last one, which is missing.
+  struct OtherImpl : torch::nn::Cloneable<OtherImpl> {
+    OtherImpl() { reset(); }
+    void reset() override {
+      emb = register_module("emb", shardplan::nn::Embedding(10, 8));
+      qkv = register_module("qkv", shardplan::nn::Linear(8, 24));
+      fc = register_module("fc", shardplan::nn::Linear(24, 8));
+      tail = register_module("tail", shardplan::nn::Linear(8, 3));
+    }
+    shardplan::nn::Embedding emb{nullptr};
+    shardplan::nn::Linear qkv{nullptr}, fc{nullptr}, tail{nullptr};
+  };
+  torch::manual_seed(3);
+  auto other = std::make_shared<OtherImpl>();
+  other->to(torch::kDouble);
+  const StateDict before = [&] {
+    StateDict b;
+    for (const auto& kv : shardplan::local_state_dict(*other)) b.emplace_back(kv.first, kv.second.clone());
+    return b;
+  }();
+  std::string error;
+  shardplan::run_ranks_in_threads(1, [&](shardplan::World& w) {
+    try {
+      shardplan::load_checkpoint(dir.string(), *other, shardplan::ParallelReport{}, w);
+    } catch (const shardplan::Error& e) {
+      error = e.what();
+    }
+  });
+  EXPECT_THAT(error, ::testing::HasSubstr("the checkpoint has no tensor 'tail.weight'"));
+  EXPECT_TRUE(same(before, shardplan::local_state_dict(*other))) << "emb, qkv and fc were loaded anyway";
+}
+
+// A plan that cuts the same global shapes differently is a resharding, not
+// an error: qkv unsplit, fc column- instead of row-parallel.
+TEST_F(Broken, DifferentLayoutsAreResharding) {
+  const char* other_plan = R"(mesh: {model: auto}
+rules:
+  - {match: 'emb\.weight', layout: [null, model]}
+  - {match: 'fc\.weight', layout: [model, null]}
+  - {match: 'fc\.bias', layout: [model]}
+)";
+  torch::manual_seed(5);
+  Net other;
+  other->to(torch::kDouble);
+  const StateDict expected = shardplan::local_state_dict(*reference());
+  std::vector<Net> replicas{std::dynamic_pointer_cast<NetImpl>(other->clone()),
+                            std::dynamic_pointer_cast<NetImpl>(other->clone())};
+  std::vector<std::string> failures;
+  std::mutex mu;
+  shardplan::run_ranks_in_threads(2, [&](shardplan::World& w) {
+    try {
+      Net net = replicas[w.rank()];
+      auto report = shardplan::parallelize(*net, shardplan::parse_plan(other_plan, "other.yaml"), w);
+      shardplan::load_checkpoint(dir.string(), *net, report, w);
+      if (!same(shardplan::collect_state_dict(*net, report, w, -1), expected))
+        throw std::runtime_error("loaded state differs from the saved model's");
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      failures.push_back(e.what());
+    }
+  });
+  EXPECT_TRUE(failures.empty()) << failures.front();
+}
+
+// Offline resharding (shardplan ckpt convert): 2 -> 4 -> 1 (in place), each
+// loading to the saved model; a corrupted source writes nothing.
+TEST_F(Broken, ReshardOfflineThenLoad) {
+  const StateDict expected = shardplan::local_state_dict(*reference());
+  const fs::path four = dir.string() + "_4";
+  fs::remove_all(four);
+  shardplan::reshard_checkpoint(dir.string(), four.string(), 4);
+  auto failures = on_ranks(4, reference(99), [&](shardplan::World& w, Net& net, const shardplan::ParallelReport& report) {
+    shardplan::load_checkpoint(four.string(), *net, report, w);
+    if (!same(shardplan::collect_state_dict(*net, report, w, -1), expected))
+      throw std::runtime_error("resharded state differs");
+  });
+  EXPECT_TRUE(failures.empty()) << failures.front();
+  EXPECT_TRUE(fs::exists(four / "rank-00003.bin"));
+  shardplan::reshard_checkpoint(four.string(), four.string(), 1);
+  EXPECT_FALSE(fs::exists(four / "rank-00001.bin"));
+  EXPECT_FALSE(fs::exists(four.string() + ".partial"));
+  EXPECT_TRUE(same(shardplan::read_checkpoint(four.string()), expected));
+  fs::remove_all(four);
+
+  fs::resize_file(dir / "rank-00001.bin", 8);
+  try {
+    shardplan::reshard_checkpoint(dir.string(), four.string(), 4);
+    ADD_FAILURE() << "no error";
+  } catch (const shardplan::Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("rank-00001.bin' is truncated"));
+  }
+  EXPECT_FALSE(fs::exists(four));
+  fs::remove_all(four.string() + ".partial");
 }
 
 // ------------------------------------------------------------------ metadata

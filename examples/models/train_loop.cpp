@@ -11,6 +11,7 @@
 
 #include "models/corpus.h"
 #include "models/model.h"
+#include "shardplan/checkpoint.h"
 #include "shardplan/error.h"
 #include "shardplan/parallelize.h"
 #include "shardplan/plan.h"
@@ -33,6 +34,8 @@ struct Args {
   uint64_t seed = 0;
   int threads = 0;  // 0: the cores shared out among this machine's ranks
   bool report = false;
+  std::string save, load;  // checkpoint directories
+  int save_every = 0;      // 0: save once, after the last step
 };
 
 // Defaults that make each model learn visibly in a minute or two on 2 cores.
@@ -56,7 +59,11 @@ const Defaults kDefaults[] = {
   std::fprintf(stderr,
                "%s: %s\nusage: %s %s[--config KEY=VALUE,...] [--plan PLAN.yaml] [--ranks N] [--steps N]\n"
                "       [--batch N] [--lr X] [--optimizer adam|sgd] [--dtype float32|float64] [--seed N]\n"
-               "       [--threads N] [--log-every N] [--data TEXT_FILE] [--report]\n%s%s\n",
+               "       [--threads N] [--log-every N] [--data TEXT_FILE] [--report]\n"
+               "       [--save DIR [--save-every N]] [--load DIR]\n"
+               "--save writes a sharded checkpoint (model, optimizer, step) to DIR after the last step, and\n"
+               "every N steps with --save-every; --load resumes from one, saved at any number of ranks,\n"
+               "training on from its step to --steps (docs/CHECKPOINTS.md)\n%s%s\n",
                program.c_str(), why.c_str(), program.c_str(), fixed ? "" : "[--model NAME] ",
                fixed ? "model:" : "models:", models.c_str());
   std::exit(2);
@@ -101,6 +108,12 @@ Args parse(int argc, char** argv, const std::string& program, const std::string&
         a.threads = std::stoi(value());
       else if (k == "--report")
         a.report = true;
+      else if (k == "--save")
+        a.save = value();
+      else if (k == "--save-every")
+        a.save_every = std::stoi(value());
+      else if (k == "--load")
+        a.load = value();
       else if (k == "--help" || k == "-h")
         usage(program, only, "tensor-parallel training of an example model");
       else
@@ -119,6 +132,8 @@ Args parse(int argc, char** argv, const std::string& program, const std::string&
   if (a.batch < 0) a.batch = d->batch;
   if (a.log_every < 0) a.log_every = d->log_every;
   if (a.lr < 0) a.lr = d->lr;
+  if (a.save_every < 0 || (a.save_every > 0 && a.save.empty()))
+    usage(program, only, "--save-every needs --save DIR and a positive step count");
   if (a.steps < 1 || a.batch < 1 || a.log_every < 1 || a.ranks < 0 || a.threads < 0)
     usage(program, only, "--steps, --batch and --log-every must be at least 1, --ranks and --threads not negative");
   return a;
@@ -218,6 +233,27 @@ void train(const Args& a, World& world, const Corpus* corpus, int threads) {
 
   // The same data stream on every rank.
   auto gen = at::make_generator<at::CPUGeneratorImpl>(a.seed + 1);
+
+  // Resuming: the model and optimizer from the checkpoint (resharded to this
+  // plan and world), and the data stream advanced past the steps it saw.
+  int start = 1;
+  if (!a.load.empty()) {
+    CheckpointOptions o;
+    o.optimizer = opt.get();
+    auto attributes = load_checkpoint(a.load, *m.module, report, world, o);
+    const auto it = attributes.find("step");
+    if (it == attributes.end()) throw Error("checkpoint '" + a.load + "' records no step");
+    start = std::stoi(it->second) + 1;
+    for (int s = 1; s < start; ++s) m.model->sample(gen, a.batch, corpus);
+    if (lead) std::printf("resumed from %s at step %d\n", a.load.c_str(), start - 1);
+  }
+  auto save = [&](int step) {
+    CheckpointOptions o;
+    o.optimizer = opt.get();
+    o.attributes = {{"step", std::to_string(step)}, {"model", a.model}, {"config", m.model->config_str()}};
+    save_checkpoint(a.save, *m.module, report, world, o);
+    if (lead) std::printf("saved %s at step %d\n", a.save.c_str(), step);
+  };
   const int64_t items = a.batch * m.model->items_per_sample();
   // The model states its minimum for its own plan only.
   const bool own_plan = stem(a.plan) == a.model;
@@ -227,16 +263,16 @@ void train(const Args& a, World& world, const Corpus* corpus, int threads) {
   world.reset_stats();
   CommStats first;
   auto since = std::chrono::steady_clock::now();
-  int since_step = 0;
+  int since_step = start - 1;
   double loss_sum = 0;
-  for (int step = 1; step <= a.steps; ++step) {
+  for (int step = start; step <= a.steps; ++step) {
     Batch batch = m.model->sample(gen, a.batch, corpus);
     if (batch.input.is_floating_point()) batch.input = batch.input.to(dtype);
     opt->zero_grad();
     at::Tensor loss = m.model->loss(batch);
     loss.backward();
     opt->step();
-    if (step == 1) {
+    if (step == start) {
       first = world.total_stats();
       if (lead && world.size() > 1) {
         std::printf("communicated in step 1 (forward + backward) on rank 0: %llu bytes in %llu calls; ",
@@ -253,7 +289,7 @@ void train(const Args& a, World& world, const Corpus* corpus, int threads) {
     }
     const double value = loss.item<double>();
     loss_sum += value;
-    if (lead && (step % a.log_every == 0 || step == 1 || step == a.steps)) {
+    if (lead && (step % a.log_every == 0 || step == start || step == a.steps)) {
       const auto now = std::chrono::steady_clock::now();
       const double secs = std::chrono::duration<double>(now - since).count();
       const double rate = (step - since_step) * static_cast<double>(items) / std::max(secs, 1e-9);
@@ -265,12 +301,14 @@ void train(const Args& a, World& world, const Corpus* corpus, int threads) {
       since_step = step;
       loss_sum = 0;
     }
+    if (!a.save.empty() && (step == a.steps || (a.save_every > 0 && step % a.save_every == 0))) save(step);
   }
   const CommStats total = world.total_stats();
   in_rank_order(world, [&] {
+    const int steps = std::max(1, a.steps - start + 1);
     std::printf("rank %d: communicated %llu bytes in %llu calls over %d steps (%llu per step", world.rank(),
-                static_cast<unsigned long long>(total.bytes), static_cast<unsigned long long>(total.calls), a.steps,
-                static_cast<unsigned long long>(total.bytes / a.steps));
+                static_cast<unsigned long long>(total.bytes), static_cast<unsigned long long>(total.calls), steps,
+                static_cast<unsigned long long>(total.bytes / steps));
     if (minimum >= 0) std::printf("; theoretical minimum %lld", static_cast<long long>(minimum));
     std::printf(")\n");
   });

@@ -8,18 +8,29 @@
 #include <torch/optim/optimizer.h>
 #include <torch/optim/sgd.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <map>
+#include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
+#include <thread>
 #include <type_traits>
 
 #include "shardplan/checkpoint_meta.h"
 #include "shardplan/communicator.h"
 #include "shardplan/error.h"
+#include "shardplan/plan.h"
 #include "shardplan/shard.h"
 #include "shardplan/world.h"
 
@@ -79,14 +90,6 @@ at::Tensor take_splits(const at::Tensor& full, const std::vector<ShardSplit>& sp
   return t.contiguous();
 }
 
-std::vector<int64_t> shape_after(std::vector<int64_t> global, const std::vector<ShardSplit>& splits) {
-  for (const auto& s : splits) {
-    const auto range = shard_range(global[s.dim] / s.blocks, s.parts, s.index);
-    global[s.dim] = (range.second - range.first) * s.blocks;
-  }
-  return global;
-}
-
 std::string dtype_name(at::ScalarType t) {
   switch (t) {
     case at::kFloat: return "float32";
@@ -121,6 +124,7 @@ struct Item {
   std::vector<int64_t> global_shape;
   std::vector<ShardSplit> splits;    // how `local` was cut; empty: whole
   std::string layout;
+  bool buffer = false;
 };
 
 // Optimizer states are stored per parameter under "optimizer/<param>/<field>".
@@ -197,7 +201,7 @@ std::vector<Item> inventory(torch::nn::Module& model, const ParallelReport& repo
     items.push_back(it);
   }
   for (const auto& b : model.named_buffers())
-    items.push_back(Item{b.key(), b.value().detach(), at::Tensor(), b.value().sizes().vec(), {}, ""});
+    items.push_back(Item{b.key(), b.value().detach(), at::Tensor(), b.value().sizes().vec(), {}, "", true});
   if (opt) {
     (*attributes)["optimizer"] = optimizer_kind(*opt);
     const size_t n_items = items.size();
@@ -210,6 +214,7 @@ std::vector<Item> inventory(torch::nn::Module& model, const ParallelReport& repo
         s.name = "optimizer/" + items[i].name + "/" + f.first;
         s.local = f.second->detach();
         s.param = at::Tensor();
+        s.buffer = false;
         items.push_back(s);
       }
       if (step) (*attributes)["optimizer/" + items[i].name + "/step"] = std::to_string(*step);
@@ -265,6 +270,20 @@ std::string read_file(const std::string& path) {
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// Test hook (tests/e2e/ckpt_kill.sh): SHARDPLAN_TEST_CKPT_PAUSE_MS=N makes
+// every rank announce itself on stderr and sleep N ms between writing its
+// pieces and the metadata, the window in which a killed rank must leave the
+// previous checkpoint intact.
+void test_pause(int rank, const std::string& target) {
+  const char* env = std::getenv("SHARDPLAN_TEST_CKPT_PAUSE_MS");
+  if (!env || !*env) return;
+  const long ms = std::atol(env);
+  std::fprintf(stderr, "checkpoint test pause: rank %d pid %ld pausing %ld ms before publishing '%s'\n", rank,
+               static_cast<long>(::getpid()), ms, target.c_str());
+  std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
 }  // namespace
@@ -380,6 +399,7 @@ void save_checkpoint(const std::string& dir, torch::nn::Module& model, const Par
   } catch (const std::exception& e) {
     err = e.what();
   }
+  test_pause(world.rank(), target.string());
   agree(comm, err, what);
 
   // Rank 0 merges the descriptions, writes the metadata, and swaps the
@@ -394,6 +414,7 @@ void save_checkpoint(const std::string& dir, torch::nn::Module& model, const Par
       meta.mesh = report.mesh.axes();
       meta.attributes = attributes;
       meta.plan = report.plan_yaml;
+      for (const auto& m : model.named_modules("", /*include_self=*/false)) meta.modules.push_back(m.key());
       std::map<std::string, size_t> index;
       for (const auto& item : items) {
         index[item.name] = meta.tensors.size();
@@ -401,6 +422,7 @@ void save_checkpoint(const std::string& dir, torch::nn::Module& model, const Par
         e.name = item.name;
         e.shape = item.global_shape;
         e.layout = item.layout;
+        e.buffer = item.buffer;
         e.dtype = dtype_name(item.local.scalar_type());
         meta.tensors.push_back(e);
       }
@@ -488,6 +510,16 @@ std::map<std::string, std::string> load_checkpoint(const std::string& dir, torch
   at::NoGradGuard no_grad;
   const fs::path target = fs::absolute(dir).lexically_normal();
   const std::string what = "loading checkpoint '" + target.string() + "'";
+  // Everything is read, checked and cut into this rank's pieces first; only
+  // when every rank has succeeded does any rank change its model or
+  // optimizer, so a bad checkpoint leaves all of them as they were.
+  struct OptimizerLoad {
+    at::Tensor param;
+    std::vector<std::pair<std::string, at::Tensor>> fields;  // empty: the parameter had no state yet
+    std::optional<int64_t> step;
+  };
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (model tensor, new value)
+  std::vector<OptimizerLoad> opt_loads;
   std::string err;
   ckpt::Meta meta;
   try {
@@ -499,8 +531,6 @@ std::map<std::string, std::string> load_checkpoint(const std::string& dir, torch
     meta = ckpt::parse_meta(read_file(meta_path.string()), meta_path.string());
     std::map<std::string, std::string> unused;
     const std::vector<Item> items = inventory(model, report, nullptr, &unused);
-    // Check every tensor before changing any, so a mismatch leaves the model as it was.
-    std::vector<std::pair<const Item*, const ckpt::TensorEntry*>> plan;
     for (const auto& item : items) {
       const ckpt::TensorEntry* e = meta.find(item.name);
       if (!e) throw Error("the checkpoint has no tensor '" + item.name + "' (it has " +
@@ -508,14 +538,11 @@ std::map<std::string, std::string> load_checkpoint(const std::string& dir, torch
       if (e->shape != item.global_shape)
         throw Error("'" + item.name + "': the checkpoint's shape is " + shape_str(e->shape) + ", the model's " +
                     shape_str(item.global_shape));
-      plan.emplace_back(&item, e);
     }
-    std::vector<at::Tensor> locals;
-    for (const auto& pe : plan) {
-      at::Tensor full = assemble(*pe.second, target).to(pe.first->local.scalar_type());
-      locals.push_back(take_splits(full, pe.first->splits));
+    for (const auto& item : items) {
+      at::Tensor full = assemble(*meta.find(item.name), target).to(item.local.scalar_type());
+      copies.emplace_back(item.local, take_splits(full, item.splits));
     }
-    for (size_t i = 0; i < plan.size(); ++i) const_cast<at::Tensor&>(plan[i].first->local).copy_(locals[i]);
 
     if (options.optimizer) {
       const auto it = meta.attributes.find("optimizer");
@@ -524,30 +551,206 @@ std::map<std::string, std::string> load_checkpoint(const std::string& dir, torch
         throw Error("the checkpoint has no optimizer state (saved without an optimizer)");
       if (it->second != kind)
         throw Error("the checkpoint's optimizer state is " + it->second + "'s, the optimizer given is " + kind);
+      const std::vector<std::string> fields =
+          kind == "sgd" ? std::vector<std::string>{"momentum_buffer"}
+                        : std::vector<std::string>{"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
       for (const Item& item : items) {
         if (!item.param.defined()) continue;
         const std::string prefix = "optimizer/" + item.name + "/";
-        bool any = false;
-        for (const auto& e : meta.tensors) any |= e.name.rfind(prefix, 0) == 0;
-        if (!any) continue;  // the parameter had no state yet (never stepped)
-        int64_t* step = nullptr;
-        for (auto& f : state_tensors(*options.optimizer, item.param, true, &step)) {
-          const ckpt::TensorEntry* e = meta.find(prefix + f.first);
+        OptimizerLoad load;
+        load.param = item.param;
+        for (const auto& f : fields) {
+          const ckpt::TensorEntry* e = meta.find(prefix + f);
           if (!e) continue;
+          if (e->shape != item.global_shape)
+            throw Error("'" + e->name + "': the checkpoint's shape is " + shape_str(e->shape) + ", the model's " +
+                        shape_str(item.global_shape));
           at::Tensor full = assemble(*e, target).to(item.local.scalar_type());
-          *f.second = take_splits(full, item.splits).clone();
+          load.fields.emplace_back(f, take_splits(full, item.splits).clone());
         }
-        if (step) {
-          auto st = meta.attributes.find(prefix + "step");
-          if (st != meta.attributes.end()) *step = std::stoll(st->second);
+        auto st = meta.attributes.find(prefix + "step");
+        if (st != meta.attributes.end()) {
+          try {
+            load.step = std::stoll(st->second);
+          } catch (const std::logic_error&) {
+            throw Error("attribute '" + st->first + "' is not a step count: '" + st->second + "'");
+          }
         }
+        opt_loads.push_back(std::move(load));
       }
     }
   } catch (const std::exception& e) {
     err = e.what();
   }
   agree(world.comm(), err, what);
+
+  for (auto& c : copies) c.first.copy_(c.second);
+  if (options.optimizer) {
+    auto& states = options.optimizer->state();
+    for (auto& load : opt_loads) {
+      if (load.fields.empty()) {
+        states.erase(state_key(states, load.param));  // as it was when saved: no state yet
+        continue;
+      }
+      int64_t* step = nullptr;
+      auto targets = state_tensors(*options.optimizer, load.param, true, &step);
+      for (auto& f : load.fields)
+        for (auto& t : targets)
+          if (t.first == f.first) *t.second = f.second;
+      if (step && load.step) *step = *load.step;
+    }
+  }
   return meta.attributes;
+}
+
+namespace {
+
+ckpt::Meta read_meta(const fs::path& dir) {
+  const fs::path meta_path = dir / ckpt::kMetaFile;
+  if (!fs::exists(meta_path))
+    throw Error(fs::exists(dir) ? "'" + meta_path.string() + "' is missing: not a complete checkpoint"
+                                : "no checkpoint at '" + dir.string() + "'");
+  return ckpt::parse_meta(read_file(meta_path.string()), meta_path.string());
+}
+
+bool is_optimizer_state(const std::string& name) { return name.rfind("optimizer/", 0) == 0; }
+
+// One rank's file of a checkpoint being written piece by piece; synced when
+// closed, since the directory is only published afterwards.
+class PieceFile {
+ public:
+  explicit PieceFile(std::string path) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) fail("create");
+  }
+  ~PieceFile() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  PieceFile(const PieceFile&) = delete;
+  PieceFile& operator=(const PieceFile&) = delete;
+  uint64_t append(const void* data, size_t n) {
+    const uint64_t at = size_;
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const ssize_t w = ::write(fd_, p, n);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        fail("write");
+      }
+      p += w;
+      n -= static_cast<size_t>(w);
+      size_ += static_cast<uint64_t>(w);
+    }
+    return at;
+  }
+  void close() {
+    if (::fsync(fd_) != 0) fail("sync");
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) fail("close");
+  }
+
+ private:
+  [[noreturn]] void fail(const char* what) const {
+    throw Error(std::string("cannot ") + what + " '" + path_ + "': " + std::strerror(errno));
+  }
+  std::string path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
+}  // namespace
+
+void reshard_checkpoint(const std::string& src, const std::string& dst, int world_size, const std::string& plan_yaml) {
+  if (world_size < 1) throw Error("the world size must be at least 1, got " + std::to_string(world_size));
+  const fs::path from = fs::absolute(src).lexically_normal();
+  const fs::path target = fs::absolute(dst).lexically_normal();
+  const fs::path staging = target.string() + ".partial";
+  const ckpt::Meta old = read_meta(from);
+
+  ckpt::Meta meta;
+  meta.world_size = world_size;
+  meta.attributes = old.attributes;
+  meta.modules = old.modules;
+  meta.plan = plan_yaml.empty() ? old.plan : plan_yaml;
+  Mesh mesh;
+  if (!meta.plan.empty()) {
+    mesh = parse_plan(meta.plan, plan_yaml.empty() ? (from / ckpt::kMetaFile).string() + " (plan)" : "--plan")
+               .resolve_mesh(world_size);
+    meta.plan = parse_plan(meta.plan).to_yaml();
+  }
+  meta.mesh = mesh.axes();
+
+  // Cuts of every tensor, checked against the new mesh before writing anything.
+  std::vector<std::vector<ShardSplit>> cuts;
+  for (const auto& e : old.tensors) {
+    std::vector<ShardSplit> c;
+    for (const auto& s : e.pieces.front().split) {
+      if (!mesh.has_axis(s.axis))
+        throw Error("tensor '" + e.name + "' is split over mesh axis '" + s.axis + "', which the mesh " +
+                    (mesh.ndim() ? mesh.str() : std::string("{}")) + " for " + std::to_string(world_size) +
+                    " ranks does not have");
+      ShardSplit x;
+      x.dim = s.dim;
+      x.axis = s.axis;
+      x.blocks = s.blocks;
+      x.parts = mesh.axis_size(s.axis);
+      if (x.parts > 1) c.push_back(x);
+    }
+    cuts.push_back(c);
+  }
+
+  std::error_code ec;
+  fs::remove_all(staging, ec);
+  fs::create_directories(staging);
+  std::vector<std::unique_ptr<PieceFile>> files(world_size);
+  for (size_t i = 0; i < old.tensors.size(); ++i) {
+    const auto& e = old.tensors[i];
+    const at::Tensor full = assemble(e, from);
+    ckpt::TensorEntry out;
+    out.name = e.name;
+    out.dtype = e.dtype;
+    out.shape = e.shape;
+    out.layout = e.layout;
+    out.buffer = e.buffer;
+    for (int r = 0; r < world_size; ++r) {
+      if (!writes_piece(mesh, r, cuts[i])) continue;
+      std::vector<ShardSplit> mine = cuts[i];
+      for (auto& s : mine) s.index = mesh.coord(r, s.axis);
+      const at::Tensor t = take_splits(full, mine);
+      ckpt::Piece p;
+      p.rank = r;
+      p.file = rank_file(r);
+      if (!files[r]) files[r] = std::make_unique<PieceFile>((staging / p.file).string());
+      p.nbytes = static_cast<uint64_t>(t.numel()) * t.element_size();
+      p.offset = files[r]->append(t.data_ptr(), p.nbytes);
+      p.shape = t.sizes().vec();
+      for (const auto& s : mine) p.split.push_back(ckpt::DimSplit{s.dim, s.axis, s.parts, s.index, s.blocks});
+      p.crc32c = ckpt::crc32c(t.data_ptr(), p.nbytes);
+      out.pieces.push_back(p);
+    }
+    meta.tensors.push_back(out);
+  }
+  for (auto& f : files)
+    if (f) f->close();
+  const std::string yaml = ckpt::to_yaml(meta);
+  ckpt::parse_meta(yaml, "<new metadata>");
+  ckpt::write_file_atomic((staging / ckpt::kMetaFile).string(), yaml.data(), yaml.size());
+  ckpt::replace_directory(staging.string(), target.string());
+}
+
+StateDict read_checkpoint(const std::string& dir, std::vector<std::string>* buffers,
+                          std::vector<std::string>* modules) {
+  const fs::path from = fs::absolute(dir).lexically_normal();
+  const ckpt::Meta meta = read_meta(from);
+  if (modules) *modules = meta.modules;
+  StateDict out;
+  for (const auto& e : meta.tensors) {
+    if (is_optimizer_state(e.name)) continue;
+    out.emplace_back(e.name, assemble(e, from));
+    if (buffers && e.buffer) buffers->push_back(e.name);
+  }
+  return out;
 }
 
 }  // namespace shardplan

@@ -149,6 +149,11 @@ std::string to_yaml(const Meta& meta) {
   for (const auto& kv : meta.attributes) out << YAML::Key << kv.first << YAML::Value << YAML::DoubleQuoted << kv.second;
   out << YAML::EndMap;
   out << YAML::Key << "plan" << YAML::Value << YAML::Literal << meta.plan;
+  if (!meta.modules.empty()) {
+    out << YAML::Key << "modules" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    for (const auto& m : meta.modules) out << YAML::DoubleQuoted << m;
+    out << YAML::EndSeq;
+  }
   out << YAML::Key << "tensors" << YAML::Value << YAML::BeginSeq;
   for (const auto& t : meta.tensors) {
     out << YAML::BeginMap;
@@ -157,6 +162,7 @@ std::string to_yaml(const Meta& meta) {
     out << YAML::Key << "shape" << YAML::Value;
     emit_ints(out, t.shape);
     out << YAML::Key << "layout" << YAML::Value << YAML::DoubleQuoted << t.layout;
+    if (t.buffer) out << YAML::Key << "buffer" << YAML::Value << true;
     out << YAML::Key << "pieces" << YAML::Value << YAML::BeginSeq;
     for (const auto& p : t.pieces) {
       out << YAML::Flow << YAML::BeginMap;
@@ -305,6 +311,13 @@ Meta parse_meta(const std::string& text, const std::string& source, bool complet
     if (!plan.IsScalar()) r.fail(plan, "'plan' must be the plan's text");
     meta.plan = plan.Scalar();
   }
+  if (YAML::Node modules = root["modules"]) {
+    if (!modules.IsSequence()) r.fail(modules, "'modules' must list module paths");
+    for (const auto& m : modules) {
+      if (!m.IsScalar() || m.Scalar().empty()) r.fail(m, "'modules' must list module paths");
+      meta.modules.push_back(m.Scalar());
+    }
+  }
   std::set<std::string> names;
   for (const auto& tn : r.need(root, "tensors", YAML::NodeType::Sequence)) {
     TensorEntry t;
@@ -319,6 +332,14 @@ Meta parse_meta(const std::string& text, const std::string& source, bool complet
     if (t.shape.size() > 16) r.fail(tn["shape"], what + ": more than 16 dims");
     if (!numel(t.shape)) r.fail(tn["shape"], what + ": too many elements");
     if (YAML::Node l = tn["layout"]) t.layout = l.IsScalar() ? l.Scalar() : "";
+    if (YAML::Node b = tn["buffer"]) {
+      if (!b.IsScalar()) r.fail(b, what + ": 'buffer' must be true or false");
+      try {
+        t.buffer = b.as<bool>();
+      } catch (const YAML::Exception&) {
+        r.fail(b, what + ": 'buffer' must be true or false");
+      }
+    }
 
     // Pieces must partition the tensor: the same dims split the same way in
     // every piece, each combination of indices exactly once.

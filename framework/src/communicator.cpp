@@ -103,9 +103,16 @@ sp_buffer Communicator::buffer_of(const at::Tensor& t) {
 void Communicator::check(int status, const char* collective) const {
   if (status == SP_OK) return;
   const char* why = api_->last_error();
+  // A timeout almost always means a peer never called the collective (it
+  // died, hangs, or took another code path); say so, and where the limit is set.
+  const std::string hint = status == SP_ERR_TIMEOUT
+                               ? " (a rank of group '" + name_ + "' did not join it within " +
+                                     std::to_string(timeout_.count()) +
+                                     " ms; the limit is SHARDPLAN_TIMEOUT_MS, or shardplan launch --timeout-ms)"
+                               : "";
   throw CommError(std::string(api_->name) + " " + collective + " on group '" + name_ + "' (rank " +
                       std::to_string(rank_) + " of " + std::to_string(size_) + "): " +
-                      (why && *why ? why : "failed with status " + std::to_string(status)),
+                      (why && *why ? why : "failed with status " + std::to_string(status)) + hint,
                   status);
 }
 

@@ -5,6 +5,7 @@
 #include <torch/nn/module.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <iomanip>
 #include <map>
 #include <sstream>
@@ -13,6 +14,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "shardplan/agreement.h"
 #include "shardplan/error.h"
 #include "shardplan/layer_plugin.h"
 #include "shardplan/plugin_loader.h"
@@ -100,10 +102,16 @@ LayerPlugin* plugin_for(const std::string& type, const ModuleShard& shard, Plugi
     return hit->second.plugin;
   }
   if (!requested.empty()) {
-    LayerPlugin* plugin = loader.layer(requested);
+    const Rule* rule = requested_by ? requested_by->rule : shard.rule;
+    LayerPlugin* plugin = nullptr;
+    try {
+      plugin = loader.layer(requested);
+    } catch (const PluginError& e) {
+      // A misspelt `plugin:` is a mistake in the plan: point at it.
+      throw PlanError(rule->option("plugin")->loc, e.what());
+    }
     auto types = plugin->module_types();
     if (std::find(types.begin(), types.end(), type) == types.end()) {
-      const Rule* rule = requested_by ? requested_by->rule : shard.rule;
       const std::string path = requested_by ? requested_by->path : shard.path;
       throw PlanError(rule->option("plugin")->loc,
                       "plugin '" + requested + "' does not handle '" + path + "' of type " + type);
@@ -159,7 +167,11 @@ std::vector<ShardSplit> resolve_splits(ParamShard& p, const Mesh& mesh, int rank
   return splits;
 }
 
-Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, int rank) {
+// With `errors`, a problem found in a module or a tie is appended there and
+// checking goes on with the next one (the plan checker lists them all);
+// without, the first one throws.
+Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, int rank,
+                   std::vector<std::string>* errors = nullptr) {
   PluginLoader::instance().add_dirs(plan.plugin_dirs);
 
   // Every parameter with its owning module, in named_parameters() order.
@@ -195,7 +207,7 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
   std::vector<std::string> bare_paths;
   bare_paths.reserve(bare.size());
   for (const auto& b : bare) bare_paths.push_back(b.second);
-  PlanMatch match = plan.assign(infos, world_size, bare_paths);
+  PlanMatch match = plan.assign(infos, world_size, bare_paths, errors);
   std::vector<bool> matched_params(plan.rules.size(), false);  // by rule index
   for (const Assignment& a : match.params)
     if (a.rule) matched_params[static_cast<size_t>(a.rule - plan.rules.data())] = true;
@@ -270,29 +282,35 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
     for (const auto& p : s.params)
       if (p.assignment.rule && !first_matched) first_matched = &p.assignment;
     if (!first_matched) continue;  // nothing planned: stays replicated, no plugin needed
-    if (is_vanilla_torch(s.type))
-      throw Error("parameter '" + first_matched->path + "'" + where(*first_matched) + " belongs to a " + s.type +
-                  ", which cannot be sharded: build the model with " + shardable_twin(s.type) +
-                  " (same options and parameter names)");
-    std::string plugin_name;
-    LayerPlugin* plugin = plugin_for(s.type, s, plugins, &plugin_name);
-    if (!plugin) {
-      std::string dirs;
-      for (const auto& d : PluginLoader::instance().search_path()) dirs += (dirs.empty() ? "" : ", ") + d;
-      throw Error("parameter '" + first_matched->path + "'" + where(*first_matched) + " belongs to a module of type " +
-                  s.type + " that no layer plugin handles (searched: " + dirs + ")");
+    try {
+      if (is_vanilla_torch(s.type))
+        throw Error("parameter '" + first_matched->path + "'" + where(*first_matched) + " belongs to a " + s.type +
+                    ", which cannot be sharded: build the model with " + shardable_twin(s.type) +
+                    " (same options and parameter names)");
+      std::string plugin_name;
+      LayerPlugin* plugin = plugin_for(s.type, s, plugins, &plugin_name);
+      if (!plugin) {
+        std::string dirs;
+        for (const auto& d : PluginLoader::instance().search_path()) dirs += (dirs.empty() ? "" : ", ") + d;
+        throw Error("parameter '" + first_matched->path + "'" + where(*first_matched) + " belongs to a module of type " +
+                    s.type + " that no layer plugin handles (searched: " + dirs + ")");
+      }
+      plugin->check(s);
+      for (size_t k = 0; k < s.params.size(); ++k) {
+        ParamShard& p = s.params[k];
+        ReportRow& row = out.rows[candidate_rows[c][k]];
+        row.plugin = plugin_name;
+        row.local_shape = p.local_shape;
+        if (!p.note.empty()) row.note = p.note;
+        row.splits = resolve_splits(p, out.mesh, rank, plugin_name);
+      }
+      out.plugins.push_back(plugin);
+      out.shards.push_back(std::move(s));
+    } catch (const Error& e) {
+      if (!errors) throw;
+      errors->push_back(e.what());
+      for (size_t k : candidate_rows[c]) out.rows[k].note = "not checked: the module has an error";
     }
-    plugin->check(s);
-    for (size_t k = 0; k < s.params.size(); ++k) {
-      ParamShard& p = s.params[k];
-      ReportRow& row = out.rows[candidate_rows[c][k]];
-      row.plugin = plugin_name;
-      row.local_shape = p.local_shape;
-      if (!p.note.empty()) row.note = p.note;
-      row.splits = resolve_splits(p, out.mesh, rank, plugin_name);
-    }
-    out.plugins.push_back(plugin);
-    out.shards.push_back(std::move(s));
   }
 
   // Tied parameters (one tensor in several modules) are sliced once, so every
@@ -318,11 +336,13 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
                  shape_str(r.local_shape) + ")";
         };
         const Rule* at = rule_of[i] ? rule_of[i] : rule_of[f];
-        throw PlanError(at ? at->loc : SourceLoc{}, "tied parameters " + desc(f) + " and " + desc(i) +
-                                                        " are one tensor but are planned differently: give both "
-                                                        "the same layout (e.g. a vocab-parallel embedding "
-                                                        "[model, null] and a column-parallel head [model, null]), "
-                                                        "or untie them");
+        const PlanError err(at ? at->loc : SourceLoc{}, "tied parameters " + desc(f) + " and " + desc(i) +
+                                                            " are one tensor but are planned differently: give both "
+                                                            "the same layout (e.g. a vocab-parallel embedding "
+                                                            "[model, null] and a column-parallel head [model, null]), "
+                                                            "or untie them");
+        if (!errors) throw err;
+        errors->push_back(err.what());
       }
       b.tied_to = a.path;
       b.note += (b.note.empty() ? "" : "; ") + std::string("tied to ") + a.path;
@@ -354,36 +374,41 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
     s.rule = a.rule;
     s.layout = a.layout;
     const std::string what = "module '" + (a.path.empty() ? std::string("<root>") : a.path) + "'";
-    if (is_vanilla_torch(s.type)) {
-      if (param_rule) continue;
-      throw PlanError(a.rule->pattern_loc, what + " is a " + s.type + ", which cannot be sharded: build the model with " +
-                                               shardable_twin(s.type) + " (same options)");
-    }
-    std::string plugin_name;
-    LayerPlugin* plugin = nullptr;
     try {
-      plugin = plugin_for(s.type, s, plugins, &plugin_name);
-    } catch (const Error&) {
-      if (!param_rule) throw;  // e.g. its `plugin:` is meant for the parameters' modules
+      if (is_vanilla_torch(s.type)) {
+        if (param_rule) continue;
+        throw PlanError(a.rule->pattern_loc, what + " is a " + s.type + ", which cannot be sharded: build the model with " +
+                                                 shardable_twin(s.type) + " (same options)");
+      }
+      std::string plugin_name;
+      LayerPlugin* plugin = nullptr;
+      try {
+        plugin = plugin_for(s.type, s, plugins, &plugin_name);
+      } catch (const Error&) {
+        if (!param_rule) throw;  // e.g. its `plugin:` is meant for the parameters' modules
+      }
+      if (!plugin) {
+        if (param_rule) continue;
+        std::string dirs;
+        for (const auto& d : PluginLoader::instance().search_path()) dirs += (dirs.empty() ? "" : ", ") + d;
+        throw PlanError(a.rule->pattern_loc, what + " matched by this rule has no parameters and is of type " + s.type +
+                                                 ", which no layer plugin handles (searched: " + dirs + ")");
+      }
+      plugin->check(s);
+      ReportRow row;
+      row.path = a.path;
+      row.module_type = s.type;
+      row.rule = a.rule->loc.str();
+      row.layout = layout_str(a.layout);
+      row.plugin = plugin_name;
+      row.note = s.note.empty() ? "module input" : s.note;
+      out.rows.push_back(std::move(row));
+      out.plugins.push_back(plugin);
+      out.shards.push_back(std::move(s));
+    } catch (const Error& e) {
+      if (!errors) throw;
+      errors->push_back(e.what());
     }
-    if (!plugin) {
-      if (param_rule) continue;
-      std::string dirs;
-      for (const auto& d : PluginLoader::instance().search_path()) dirs += (dirs.empty() ? "" : ", ") + d;
-      throw PlanError(a.rule->pattern_loc, what + " matched by this rule has no parameters and is of type " + s.type +
-                                               ", which no layer plugin handles (searched: " + dirs + ")");
-    }
-    plugin->check(s);
-    ReportRow row;
-    row.path = a.path;
-    row.module_type = s.type;
-    row.rule = a.rule->loc.str();
-    row.layout = layout_str(a.layout);
-    row.plugin = plugin_name;
-    row.note = s.note.empty() ? "module input" : s.note;
-    out.rows.push_back(std::move(row));
-    out.plugins.push_back(plugin);
-    out.shards.push_back(std::move(s));
   }
   return out;
 }
@@ -429,7 +454,17 @@ ParallelReport check_plan(torch::nn::Module& model, const Plan& plan, int world_
   return report_of(std::move(p), world_size, rank, model);
 }
 
+ParallelReport check_plan(torch::nn::Module& model, const Plan& plan, int world_size, int rank,
+                          std::vector<std::string>& errors) {
+  Planned p = plan_model(model, plan, world_size, rank, &errors);
+  return report_of(std::move(p), world_size, rank, model);
+}
+
 ParallelReport parallelize(torch::nn::Module& model, const Plan& plan, World& world) {
+  // First, while the model is untouched: ranks that disagree would cut
+  // incompatible shards, and one whose planning throws would leave the
+  // others waiting in the group creation below.
+  check_ranks_agree(model, plan, world.comm());
   Planned p = plan_model(model, plan, world.size(), world.rank());
   for (auto& s : p.shards) s.mesh = &p.mesh;  // p was moved out of plan_model
   // Groups are created collectively, so every rank asks for all of them even
@@ -513,18 +548,65 @@ int64_t ParallelReport::global_bytes() const {
   return total;
 }
 
+namespace {
+
+// JSON string literal: quotes, backslashes and control characters escaped;
+// other bytes (UTF-8 in paths) pass through.
+std::string json_str(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::string ParallelReport::json() const {
+  std::ostringstream os;
+  os << "{\n  \"mesh\": {";
+  for (size_t i = 0; i < mesh.axes().size(); ++i)
+    os << (i ? ", " : "") << json_str(mesh.axes()[i].first) << ": " << mesh.axes()[i].second;
+  os << "},\n  \"rank\": " << rank << ",\n  \"world_size\": " << world_size << ",\n  \"rows\": [";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const ReportRow& r = rows[i];
+    os << (i ? "," : "") << "\n    {\"path\": " << json_str(r.path) << ", \"module_type\": " << json_str(r.module_type)
+       << ", \"rule\": " << json_str(r.rule) << ", \"layout\": " << json_str(r.layout)
+       << ", \"plugin\": " << json_str(r.plugin) << ", \"note\": " << json_str(r.note)
+       << ", \"global_shape\": " << shape_str(r.global_shape) << ", \"local_shape\": " << shape_str(r.local_shape)
+       << ", \"element_size\": " << r.element_size << ", \"tied_to\": " << json_str(r.tied_to) << "}";
+  }
+  os << (rows.empty() ? "" : "\n  ") << "],\n  \"warnings\": [";
+  for (size_t i = 0; i < warnings.size(); ++i) os << (i ? ", " : "") << json_str(warnings[i]);
+  os << "],\n  \"local_bytes\": " << local_bytes() << ",\n  \"global_bytes\": " << global_bytes() << "\n}";
+  return os.str();
+}
+
 std::string ParallelReport::table() const {
   std::ostringstream os;
   os << "mesh " << mesh.str() << ", rank " << rank << " of " << world_size << "\n";
-  size_t w = 9;
-  for (const auto& r : rows) w = std::max(w, r.path.size());
+  size_t w = 9, pw = 6;
+  for (const auto& r : rows) {
+    w = std::max(w, r.path.size());
+    pw = std::max(pw, r.plugin.size());
+  }
   os << std::left << std::setw(static_cast<int>(w) + 2) << "parameter" << std::setw(16) << "layout"
-     << std::setw(14) << "global" << std::setw(14) << "local" << std::setw(8) << "plugin"
+     << std::setw(14) << "global" << std::setw(14) << "local" << std::setw(static_cast<int>(pw) + 2) << "plugin"
      << "rule / note\n";
   for (const auto& r : rows) {
     os << std::setw(static_cast<int>(w) + 2) << r.path << std::setw(16) << r.layout << std::setw(14)
-       << shape_str(r.global_shape) << std::setw(14) << shape_str(r.local_shape) << std::setw(8)
-       << (r.plugin.empty() ? "-" : r.plugin) << (r.rule.empty() ? "" : r.rule + " ") << r.note << "\n";
+       << shape_str(r.global_shape) << std::setw(14) << shape_str(r.local_shape) << std::setw(static_cast<int>(pw) + 2)
+       << (r.plugin.empty() ? "-" : r.plugin) << r.rule << (r.rule.empty() || r.note.empty() ? "" : " ") << r.note
+       << "\n";
   }
   for (const auto& wmsg : warnings) os << "warning: " << wmsg << "\n";
   os << "parameter bytes on this rank: " << local_bytes() << " of " << global_bytes() << "\n";

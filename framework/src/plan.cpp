@@ -743,7 +743,7 @@ Mesh Plan::resolve_mesh(int world_size) const {
 }
 
 PlanMatch Plan::assign(const std::vector<ParamInfo>& params, int world_size,
-                       const std::vector<std::string>& module_paths) const {
+                       const std::vector<std::string>& module_paths, std::vector<std::string>* errors) const {
   PlanMatch out;
   out.mesh = resolve_mesh(world_size);
   std::vector<size_t> hits(rules.size(), 0);
@@ -757,11 +757,17 @@ PlanMatch Plan::assign(const std::vector<ParamInfo>& params, int world_size,
       const Rule& r = *a.rule;
       if (r.layout.size() != p.shape.size()) {
         auto dims = [](size_t n) { return std::to_string(n) + (n == 1 ? " dim" : " dims"); };
-        throw PlanError(r.layout_loc, "layout " + layout_str(r.layout) + " has " + dims(r.layout.size()) +
-                                          " but parameter '" + p.path + "' has " + dims(p.shape.size()) +
-                                          " (shape " + shape_str(p.shape) + ")");
+        const PlanError err(r.layout_loc, "layout " + layout_str(r.layout) + " has " + dims(r.layout.size()) +
+                                              " but parameter '" + p.path + "' has " + dims(p.shape.size()) +
+                                              " (shape " + shape_str(p.shape) + ")");
+        if (!errors) throw err;
+        errors->push_back(err.what());
+        ++hits[static_cast<size_t>(a.rule - rules.data())];
+        a.rule = nullptr;
       }
-      a.layout = r.layout;
+    }
+    if (a.rule) {
+      a.layout = a.rule->layout;
       ++hits[static_cast<size_t>(a.rule - rules.data())];
     } else {
       a.layout = Layout(p.shape.size());
@@ -783,8 +789,8 @@ PlanMatch Plan::assign(const std::vector<ParamInfo>& params, int world_size,
     if (hits[i]) continue;
     const PlanError err(rules[i].loc, "rule " + std::to_string(i + 1) + " (match: '" + rules[i].pattern +
                                           "') matched no parameter");
-    if (strict) throw err;
-    out.warnings.push_back(err.what());
+    if (strict && !errors) throw err;
+    (strict ? *errors : out.warnings).push_back(err.what());
   }
   return out;
 }

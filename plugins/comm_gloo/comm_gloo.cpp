@@ -42,7 +42,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -52,40 +51,28 @@
 #include "shardplan/abi/comm.h"
 #include "shardplan/abi/plugin.h"
 #include "shardplan/comm_dtype.h"
+#include "shardplan/comm_plugin.h"
 
 namespace sp_gloo {
 class Comm;
-struct WorkState;
 }  // namespace sp_gloo
 
 struct sp_comm {
   std::shared_ptr<sp_gloo::Comm> impl;
 };
 
-struct sp_work {
-  std::shared_ptr<sp_gloo::WorkState> state;
-};
-
 namespace sp_gloo {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using ms = std::chrono::milliseconds;
-using shardplan::comm::dtype_name;
 using shardplan::comm::dtype_size;
+using shardplan::comm::fail;
+using shardplan::comm::overlaps;
+using shardplan::comm::WorkState;
 
 // Slot prefixes of our own algorithms; gloo's collectives use 0x01..0x08.
 constexpr uint8_t kReduceScatterSlotPrefix = 0x21;
 constexpr uint8_t kPointToPointSlotPrefix = 0x22;
-
-constexpr int64_t kDefaultTimeoutMs = 5 * 60 * 1000;
-
-thread_local std::string t_error;
-
-int fail(int status, std::string msg) {
-  t_error = std::move(msg);
-  return status;
-}
 
 // gloo writes to its sockets with writev(), so a peer that died raises
 // SIGPIPE in whichever thread writes next, and the default action kills the
@@ -140,11 +127,6 @@ bool mentions_timeout(const std::string& msg) {
   return low.find("timed out") != std::string::npos || low.find("timeout") != std::string::npos;
 }
 
-bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
-  auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
-  return an && bn && pa < pb + bn && pb < pa + an;
-}
-
 uint8_t* bytes(const sp_buffer& b, size_t offset = 0) { return static_cast<uint8_t*>(b.data) + offset; }
 
 // gloo's option setters take the element type only for its size.
@@ -192,37 +174,6 @@ class Context final : public gloo::rendezvous::Context {
   void abort(const std::string& why) {
     // Every context of this plugin comes from a TCP device.
     if (transportContext_) fail_pending(transportContext_.get(), why);
-  }
-};
-
-struct WorkState {
-  WorkState(const char* op, int rank, int size, ms limit) : op(op), rank(rank), size(size), limit(limit) {}
-  const char* const op;  // a string literal
-  const int rank;
-  const int size;
-  const ms limit;  // the communicator's timeout
-
-  // "all_reduce on rank 1 of 4", for messages; built only when one is needed.
-  std::string what() const {
-    return std::string(op) + " on rank " + std::to_string(rank) + " of " + std::to_string(size);
-  }
-
-  std::mutex mu;
-  std::condition_variable cv;
-  bool started = false;
-  Clock::time_point start;
-  bool done = false;
-  int status = SP_OK;
-  std::string error;
-
-  void finish(int st, std::string err) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      done = true;
-      status = st;
-      error = std::move(err);
-    }
-    cv.notify_all();
   }
 };
 
@@ -311,14 +262,7 @@ class Comm {
       : rank(rank), size(size), timeout(timeout), store(std::move(store)), prefix(std::move(prefix)),
         device(std::move(device)) {}
 
-  ~Comm() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    if (worker_.joinable()) worker_.join();
-  }
+  ~Comm() { queue_.stop(); }
 
   const int rank;
   const int size;
@@ -355,128 +299,58 @@ class Comm {
 
   // Runs `run` in issue order. work == nullptr: blocks and returns its status.
   int submit(const char* op, std::function<void()> run, sp_work** work) {
-    auto state = std::make_shared<WorkState>(op, rank, size, timeout);
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!work && queue_.empty() && !busy_) {
-      busy_ = true;
-      lock.unlock();
-      execute(*state, run);
-      lock.lock();
-      busy_ = false;
-      lock.unlock();
-      cv_.notify_all();
-    } else {
-      if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
-      queue_.push_back(Task{state, std::move(run)});
-      lock.unlock();
-      cv_.notify_all();
-      if (work) {
-        *work = new sp_work{state};
-        return SP_OK;
-      }
-      std::unique_lock<std::mutex> wl(state->mu);
-      state->cv.wait(wl, [&] { return state->done; });
-    }
-    if (state->status != SP_OK) t_error = "gloo " + state->what() + ": " + state->error;
-    return state->status;
+    return queue_.submit(std::make_shared<WorkState>("gloo", op, rank, size, timeout), std::move(run), work);
   }
 
   void abort() {
     aborted = true;
     if (ctx) ctx->abort("communicator aborted");
     self.wake();
-    std::vector<std::shared_ptr<Comm>> kids;
-    {
-      std::lock_guard<std::mutex> lock(children_mu_);
-      for (auto& w : children_)
-        if (auto c = w.lock()) kids.push_back(std::move(c));
-    }
-    for (auto& c : kids) c->abort();
+    children.abort_all();
   }
 
-  void adopt(const std::shared_ptr<Comm>& child) {
-    std::lock_guard<std::mutex> lock(children_mu_);
-    children_.erase(std::remove_if(children_.begin(), children_.end(),
-                                   [](const std::weak_ptr<Comm>& w) { return w.expired(); }),
-                    children_.end());
-    children_.push_back(child);
-  }
+  shardplan::comm::Children<Comm> children;
 
  private:
-  struct Task {
-    std::shared_ptr<WorkState> state;
-    std::function<void()> run;
-  };
-
-  void execute(WorkState& state, std::function<void()>& run) {
-    {
-      std::lock_guard<std::mutex> lock(state.mu);
-      state.started = true;
-      state.start = Clock::now();
+  int execute(std::function<void()>& run, std::string& err) {
+    if (aborted) {
+      err = "the communicator was aborted";
+      return SP_ERR_ABORTED;
     }
     int status = SP_OK;
-    std::string err;
-    if (aborted) {
-      status = SP_ERR_ABORTED;
-      err = "the communicator was aborted";
-    } else {
-      try {
-        run();
-      } catch (const RendezvousError& e) {
-        status = e.status();
-        err = clean(e.what());
-      } catch (const gloo::IoException& e) {
-        err = clean(e.what());
-        status = mentions_timeout(err) ? SP_ERR_TIMEOUT : SP_ERR_INTERNAL;
-      } catch (const std::exception& e) {
-        status = SP_ERR_INTERNAL;
-        err = clean(e.what());
-      } catch (...) {
-        status = SP_ERR_INTERNAL;
-        err = "unknown error";
-      }
-      if (status != SP_OK && aborted) {
-        status = SP_ERR_ABORTED;
-        err = "the communicator was aborted (" + err + ")";
-      }
+    try {
+      run();
+    } catch (const RendezvousError& e) {
+      status = e.status();
+      err = clean(e.what());
+    } catch (const gloo::IoException& e) {
+      err = clean(e.what());
+      status = mentions_timeout(err) ? SP_ERR_TIMEOUT : SP_ERR_INTERNAL;
+    } catch (const std::exception& e) {
+      status = SP_ERR_INTERNAL;
+      err = clean(e.what());
+    } catch (...) {
+      status = SP_ERR_INTERNAL;
+      err = "unknown error";
     }
-    run = nullptr;  // frees temporaries before anyone is told it is done
-    state.finish(status, std::move(err));
+    if (status != SP_OK && aborted) {
+      status = SP_ERR_ABORTED;
+      err = "the communicator was aborted (" + err + ")";
+    }
+    return status;
   }
 
-  void worker_loop() {
+  // SIGPIPE stays blocked for good on the worker, which only ever runs gloo.
+  static void block_sigpipe() {
     sigset_t pipe;
     sigemptyset(&pipe);
     sigaddset(&pipe, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !busy_); });
-      if (queue_.empty() || busy_) {
-        if (stopping_ && queue_.empty()) return;
-        continue;
-      }
-      Task task = std::move(queue_.front());
-      queue_.pop_front();
-      busy_ = true;
-      lock.unlock();
-      execute(*task.state, task.run);
-      lock.lock();
-      busy_ = false;
-    }
   }
 
   uint32_t tag_ = 0;
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Task> queue_;
-  bool busy_ = false;
-  bool stopping_ = false;
-  std::thread worker_;
-
-  std::mutex children_mu_;
-  std::vector<std::weak_ptr<Comm>> children_;
+  shardplan::comm::InOrderQueue<std::function<void()>> queue_{
+      [this](std::function<void()>& run, std::string& err) { return execute(run, err); }, &block_sigpipe};
 };
 
 namespace {
@@ -541,20 +415,7 @@ bool overlaps_other_blocks(const void* own, const sp_buffer& blocks, size_t bloc
 // ------------------------------------------------------------ validation
 
 int check_buffer(const char* op, const char* which, const sp_buffer* b) {
-  if (!b) return fail(SP_ERR_INVALID, std::string("gloo ") + op + ": " + which + " buffer is NULL");
-  if (dtype_size(b->dtype) == 0)
-    return fail(SP_ERR_INVALID, std::string("gloo ") + op + ": " + which + " has unknown dtype " +
-                                    std::to_string(b->dtype));
-  if (b->device_type == SP_DEVICE_CUDA)
-    return fail(SP_ERR_UNSUPPORTED, std::string("gloo ") + op + ": " + which +
-                                        " is a CUDA buffer; this backend moves CPU memory only");
-  if (b->device_type != SP_DEVICE_CPU)
-    return fail(SP_ERR_INVALID, std::string("gloo ") + op + ": " + which + " has unknown device type " +
-                                    std::to_string(b->device_type));
-  if (b->count > 0 && !b->data)
-    return fail(SP_ERR_INVALID, std::string("gloo ") + op + ": " + which + " has " + std::to_string(b->count) +
-                                    " elements but no data");
-  return SP_OK;
+  return shardplan::comm::check_cpu_buffer("gloo", op, which, b);
 }
 
 // How send and recv counts relate; rank-major layouts hold one block of the
@@ -587,11 +448,7 @@ int check_counts(const char* op, const sp_buffer& send, const sp_buffer& recv, C
 }
 
 int check_pair(const char* op, const sp_buffer* send, const sp_buffer* recv, Counts counts, int size) {
-  if (int rc = check_buffer(op, "send", send)) return rc;
-  if (int rc = check_buffer(op, "recv", recv)) return rc;
-  if (send->dtype != recv->dtype)
-    return fail(SP_ERR_INVALID, std::string("gloo ") + op + ": send is " + dtype_name(send->dtype) + " but recv is " +
-                                    dtype_name(recv->dtype));
+  if (int rc = shardplan::comm::check_cpu_pair("gloo", op, send, recv)) return rc;
   return check_counts(op, *send, *recv, counts, size);
 }
 
@@ -663,29 +520,19 @@ struct Options {
 
 Options parse_options(const char* const* options) {
   Options o;
-  for (auto p = options; p && *p; ++p) {
-    std::string kv(*p);
-    auto eq = kv.find('=');
-    std::string k = kv.substr(0, eq), v = eq == std::string::npos ? "" : kv.substr(eq + 1);
+  shardplan::comm::for_each_option(options, [&](const std::string& k, const std::string& v) {
     if (k == "local_addr") o.local_addr = v;
     else if (k == "iface") o.iface = v;
     else if (k == "file_store") o.file_store = v;
     else if (k == "prefix") o.prefix = v;
-    // Anything else is meant for another backend or for the framework.
-  }
+  });
   return o;
 }
 
 int api_create(const sp_comm_config* config, sp_comm** out) {
-  if (!out) return fail(SP_ERR_INVALID, "gloo create: out is NULL");
-  *out = nullptr;
-  if (!config || config->struct_size < sizeof(sp_comm_config))
-    return fail(SP_ERR_INVALID, "gloo create: config is NULL or from an older ABI");
-  if (config->world_size < 1 || config->rank < 0 || config->rank >= config->world_size)
-    return fail(SP_ERR_INVALID, "gloo create: rank " + std::to_string(config->rank) + " of world size " +
-                                    std::to_string(config->world_size));
+  if (int rc = shardplan::comm::check_create("gloo", config, out)) return rc;
   const int rank = config->rank, size = config->world_size;
-  const ms timeout(config->timeout_ms > 0 ? config->timeout_ms : kDefaultTimeoutMs);
+  const ms timeout = shardplan::comm::timeout_of(*config);
   Options opt = parse_options(config->options);
   const std::string op = "create (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
   const std::string who = "gloo " + op;
@@ -763,9 +610,7 @@ int api_split(sp_comm* parent, int32_t color, int32_t key, sp_comm** out) {
       nullptr);
   if (rc != SP_OK) return rc;
   if (child) {
-    p->adopt(child);
-    // An abort that raced with the connect must still reach the child.
-    if (p->aborted) child->abort();
+    p->children.adopt(child, p->aborted);
     *out = new sp_comm{child};
   }
   return SP_OK;
@@ -1037,81 +882,18 @@ int api_barrier(sp_comm* comm, sp_work** work) {
 
 // ------------------------------------------------------------------ work
 
-int finished(WorkState& st) {
-  if (st.status != SP_OK) t_error = "gloo " + st.what() + ": " + st.error;
-  return st.status;
-}
-
+// Every gloo operation gives up after the communicator's timeout by itself;
+// wait()'s margin beyond that only guards against a transport that never answers.
 int api_wait(sp_work* work, int64_t timeout_ms) {
-  if (!work || !work->state) return fail(SP_ERR_INVALID, "gloo wait: NULL work");
-  WorkState& st = *work->state;
-  std::unique_lock<std::mutex> lock(st.mu);
-  if (timeout_ms >= 0) {
-    if (!st.cv.wait_for(lock, ms(timeout_ms), [&] { return st.done; }))
-      return fail(SP_ERR_TIMEOUT, "gloo " + st.what() + ": not finished after " + std::to_string(timeout_ms) + " ms");
-    return finished(st);
-  }
-  // Every gloo operation gives up after the communicator's timeout by
-  // itself; the margin only guards against a transport that never answers.
-  while (!st.cv.wait_for(lock, ms(200), [&] { return st.done; })) {
-    if (st.started && Clock::now() - st.start > st.limit + ms(30000))
-      return fail(SP_ERR_TIMEOUT, "gloo " + st.what() + ": no answer from the transport " +
-                                      std::to_string(st.limit.count()) + " ms after it started");
-  }
-  return finished(st);
+  return shardplan::comm::wait_work("gloo", work, timeout_ms, "the transport");
 }
 
-int api_test(sp_work* work, int32_t* done) {
-  if (!work || !work->state || !done) return fail(SP_ERR_INVALID, "gloo test: NULL work or done");
-  WorkState& st = *work->state;
-  std::lock_guard<std::mutex> lock(st.mu);
-  *done = st.done ? 1 : 0;
-  return st.done ? finished(st) : SP_OK;
-}
+int api_test(sp_work* work, int32_t* done) { return shardplan::comm::test_work("gloo", work, done); }
 
-void api_release(sp_work* work) { delete work; }
-
-const char* api_last_error() { return t_error.c_str(); }
-
-sp_comm_api make_api() {
-  sp_comm_api a{};
-  a.abi_version = SP_COMM_ABI_VERSION;
-  a.struct_size = sizeof(sp_comm_api);
-  a.name = "gloo";
-  a.caps = SP_CAP_CPU | SP_CAP_THREAD_RANKS | SP_CAP_PROCESS_RANKS;
-  a.last_error = &api_last_error;
-  a.create = &api_create;
-  a.split = &api_split;
-  a.abort = &api_abort;
-  a.destroy = &api_destroy;
-  a.rank = &api_rank;
-  a.size = &api_size;
-  a.all_reduce = &api_all_reduce;
-  a.all_gather = &api_all_gather;
-  a.reduce_scatter = &api_reduce_scatter;
-  a.broadcast = &api_broadcast;
-  a.scatter = &api_scatter;
-  a.gather = &api_gather;
-  a.all_to_all = &api_all_to_all;
-  a.send = &api_send;
-  a.recv = &api_recv;
-  a.barrier = &api_barrier;
-  a.wait = &api_wait;
-  a.test = &api_test;
-  a.release = &api_release;
-  return a;
-}
-
-const void* factory() {
-  static const sp_comm_api api = make_api();
-  return &api;
-}
+void api_release(sp_work* work) { shardplan::comm::release_work(work); }
 
 }  // namespace
 }  // namespace sp_gloo
 
-extern "C" SP_PLUGIN_EXPORT const sp_plugin_info* shardplan_plugin_entry(void) {
-  static const sp_plugin_info info = {SP_PLUGIN_ENTRY_VERSION, SP_PLUGIN_COMM, SP_COMM_ABI_VERSION, "gloo",
-                                      "shardplan gloo plugin 0.1 (gloo 0.5.0, TCP)", &sp_gloo::factory};
-  return &info;
-}
+SHARDPLAN_COMM_PLUGIN(sp_gloo, "gloo", SP_CAP_CPU | SP_CAP_THREAD_RANKS | SP_CAP_PROCESS_RANKS,
+                      "shardplan gloo plugin 0.1 (gloo 0.5.0, TCP)")

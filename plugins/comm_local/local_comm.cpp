@@ -54,23 +54,19 @@
 #include "shardplan/abi/comm.h"
 #include "shardplan/abi/plugin.h"
 #include "shardplan/comm_dtype.h"
+#include "shardplan/comm_plugin.h"
 
 namespace sp_local {
 namespace {
 
 using shardplan::comm::dtype_name;
 using shardplan::comm::dtype_size;
+using shardplan::comm::fail;
+using shardplan::comm::last_error;
+using shardplan::comm::overlaps;
 using shardplan::comm::reduce_op_name;
 
 using Clock = std::chrono::steady_clock;
-constexpr int64_t kDefaultTimeoutMs = 300000;
-
-thread_local std::string t_error;
-
-int fail(int status, std::string message) {
-  t_error = std::move(message);
-  return status;
-}
 
 enum Kind {
   K_ALL_REDUCE,
@@ -421,12 +417,6 @@ void leave(Comm* c) {
 }
 
 // ---------------------------------------------------------------- collectives
-
-bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
-  if (an == 0 || bn == 0) return false;
-  auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
-  return pa < pb + bn && pb < pa + an;
-}
 
 std::string check_buffer(const char* what, const char* which, const sp_buffer& b) {
   const std::string pre = std::string("local ") + what + ": " + which + " buffer ";
@@ -1100,7 +1090,7 @@ int issue(sp_comm* pc, const Desc& d, sp_work** work, sp_comm** split_out = null
       st = d.kind == K_SEND ? do_send(c, d, msg) : run_collective(c, d, msg, split_out);
       for (auto& dep : recvs) wait_done(dep.get(), forever);
     }
-    if (st != SP_OK) t_error = std::move(msg);
+    if (st != SP_OK) last_error() = std::move(msg);
     return st;
   }
 
@@ -1196,28 +1186,17 @@ int rendezvous(const std::string& id, int rank, int n, int64_t timeout_ms, std::
 
 // ---------------------------------------------------------------- the ABI
 
-const char* api_last_error(void) { return t_error.c_str(); }
-
 int api_create(const sp_comm_config* cfg, sp_comm** out) {
-  if (!out) return fail(SP_ERR_INVALID, "local create: out is NULL");
-  *out = nullptr;
-  if (!cfg) return fail(SP_ERR_INVALID, "local create: config is NULL");
-  if (cfg->struct_size < offsetof(sp_comm_config, options) + sizeof(cfg->options))
-    return fail(SP_ERR_INVALID, "local create: config struct_size " + std::to_string(cfg->struct_size) +
-                                    " is too small");
+  if (int rc = shardplan::comm::check_create("local", cfg, out)) return rc;
   const int n = cfg->world_size, rank = cfg->rank;
-  if (n < 1 || rank < 0 || rank >= n)
-    return fail(SP_ERR_INVALID, "local create: rank " + std::to_string(rank) + " is not in a world of " +
-                                    std::to_string(n));
-  const int64_t timeout = cfg->timeout_ms > 0 ? cfg->timeout_ms : kDefaultTimeoutMs;
+  const int64_t timeout = shardplan::comm::timeout_of(*cfg).count();
   std::string id;
   bool have_id = false;
-  for (const char* const* o = cfg->options; o && *o; ++o) {
-    if (std::strncmp(*o, "local_id=", 9) == 0) {
-      id = *o + 9;
-      have_id = true;
-    }
-  }
+  shardplan::comm::for_each_option(cfg->options, [&](const std::string& k, const std::string& v) {
+    if (k != "local_id") return;
+    id = v;
+    have_id = true;
+  });
   std::shared_ptr<Group> g;
   if (!have_id && n == 1) {
     g = std::make_shared<Group>("local", 1);
@@ -1317,7 +1296,7 @@ int api_wait(sp_work* w, int64_t timeout_ms) {
   if (!wait_all(op, deadline))
     return fail(SP_ERR_TIMEOUT, std::string("local wait: ") + kind_name(op->d.kind) + " on group '" + op->g->name +
                                     "' not finished after " + ms_str(timeout_ms));
-  if (op->status != SP_OK) t_error = op->msg;
+  if (op->status != SP_OK) last_error() = op->msg;
   return op->status;
 }
 
@@ -1340,7 +1319,7 @@ int api_test(sp_work* w, int32_t* done) {
   check(op);
   *done = all ? 1 : 0;
   if (all && op->status != SP_OK) {
-    t_error = op->msg;
+    last_error() = op->msg;
     return op->status;
   }
   return SP_OK;
@@ -1348,42 +1327,7 @@ int api_test(sp_work* w, int32_t* done) {
 
 void api_release(sp_work* w) { delete reinterpret_cast<WorkHandle*>(w); }
 
-const sp_comm_api kApi = {
-    SP_COMM_ABI_VERSION,
-    sizeof(sp_comm_api),
-    "local",
-    SP_CAP_CPU | SP_CAP_THREAD_RANKS,
-    &api_last_error,
-    &api_create,
-    &api_split,
-    &api_abort,
-    &api_destroy,
-    &api_rank,
-    &api_size,
-    &api_all_reduce,
-    &api_all_gather,
-    &api_reduce_scatter,
-    &api_broadcast,
-    &api_scatter,
-    &api_gather,
-    &api_all_to_all,
-    &api_send,
-    &api_recv,
-    &api_barrier,
-    &api_wait,
-    &api_test,
-    &api_release,
-};
-
-const void* factory(void) { return &kApi; }
-
 }  // namespace
 }  // namespace sp_local
 
-extern "C" SP_PLUGIN_EXPORT const sp_plugin_info* shardplan_plugin_entry(void) {
-  static const sp_plugin_info info = {
-      SP_PLUGIN_ENTRY_VERSION, SP_PLUGIN_COMM, SP_COMM_ABI_VERSION, "local", "1.0 (threads, shared memory)",
-      &sp_local::factory,
-  };
-  return &info;
-}
+SHARDPLAN_COMM_PLUGIN(sp_local, "local", SP_CAP_CPU | SP_CAP_THREAD_RANKS, "1.0 (threads, shared memory)")

@@ -36,10 +36,8 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -51,6 +49,7 @@
 #include "shardplan/abi/comm.h"
 #include "shardplan/abi/plugin.h"
 #include "shardplan/comm_dtype.h"
+#include "shardplan/comm_plugin.h"
 
 #define SP_MPI_STR2(x) #x
 #define SP_MPI_STR(x) SP_MPI_STR2(x)
@@ -63,15 +62,10 @@
 
 namespace sp_mpi {
 class Comm;
-struct WorkState;
 }  // namespace sp_mpi
 
 struct sp_comm {
   std::shared_ptr<sp_mpi::Comm> impl;
-};
-
-struct sp_work {
-  std::shared_ptr<sp_mpi::WorkState> state;
 };
 
 namespace sp_mpi {
@@ -79,11 +73,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using ms = std::chrono::milliseconds;
-using shardplan::comm::dtype_name;
 using shardplan::comm::dtype_size;
 using shardplan::comm::dtype_traits;
+using shardplan::comm::fail;
+using shardplan::comm::overlaps;
+using shardplan::comm::WorkState;
 
-constexpr int64_t kDefaultTimeoutMs = 5 * 60 * 1000;
 // Polling: back to back at first, as MPI's own blocking calls do, so a short
 // operation completes with MPI's latency; then short sleeps, so a rank
 // waiting minutes for a slow peer does not burn a core. No sched_yield()
@@ -95,13 +90,6 @@ constexpr auto kBusyFor = ms(50);
 constexpr auto kNapShort = std::chrono::microseconds(50);
 constexpr auto kNapLong = std::chrono::microseconds(500);
 constexpr auto kNapLongAfter = ms(2000);
-
-thread_local std::string t_error;
-
-int fail(int status, std::string msg) {
-  t_error = std::move(msg);
-  return status;
-}
 
 std::string mpi_error(int rc) {
   char text[MPI_MAX_ERROR_STRING];
@@ -309,49 +297,12 @@ MPI_Op mpi_op(int32_t dtype, int32_t op) {
   }
 }
 
-bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
-  auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
-  return an && bn && pa < pb + bn && pb < pa + an;
-}
-
 uint8_t* bytes(const sp_buffer& b, size_t offset = 0) { return static_cast<uint8_t*>(b.data) + offset; }
 
 // MPI counts are C ints.
 constexpr uint64_t kMaxCount = static_cast<uint64_t>(INT_MAX);
 
 }  // namespace
-
-// -------------------------------------------------------------- work state
-
-struct WorkState {
-  WorkState(const char* op, int rank, int size, ms limit) : op(op), rank(rank), size(size), limit(limit) {}
-  const char* const op;  // a string literal
-  const int rank;
-  const int size;
-  const ms limit;  // the communicator's timeout
-
-  std::string what() const {
-    return std::string(op) + " on rank " + std::to_string(rank) + " of " + std::to_string(size);
-  }
-
-  std::mutex mu;
-  std::condition_variable cv;
-  bool started = false;
-  Clock::time_point start;
-  bool done = false;
-  int status = SP_OK;
-  std::string error;
-
-  void finish(int st, std::string err) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      done = true;
-      status = st;
-      error = std::move(err);
-    }
-    cv.notify_all();
-  }
-};
 
 // ------------------------------------------------------------- communicator
 
@@ -362,12 +313,7 @@ class Comm {
   Comm(MPI_Comm mc, int rank, int size, ms timeout) : mc(mc), rank(rank), size(size), timeout(timeout) {}
 
   ~Comm() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    cv_.notify_all();
-    if (worker_.joinable()) worker_.join();
+    queue_.stop();
     // Freeing a communicator an abandoned request still uses is legal but
     // would only invite MPI to touch it again; it is leaked instead.
     if (given_up_.load() || mc == MPI_COMM_NULL) return;
@@ -446,51 +392,16 @@ class Comm {
   // `posted`: a request posted at issue time that `run` completes; it is
   // abandoned if `run` never gets to it.
   int submit(const char* op, Run run, sp_work** work, std::shared_ptr<MPI_Request> posted = nullptr) {
-    auto state = std::make_shared<WorkState>(op, rank, size, timeout);
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!work && queue_.empty() && !busy_) {
-      busy_ = true;
-      lock.unlock();
-      execute(*state, run, posted);
-      lock.lock();
-      busy_ = false;
-      lock.unlock();
-      cv_.notify_all();
-    } else {
-      if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
-      queue_.push_back(Task{state, std::move(run), std::move(posted)});
-      lock.unlock();
-      cv_.notify_all();
-      if (work) {
-        *work = new sp_work{state};
-        return SP_OK;
-      }
-      std::unique_lock<std::mutex> wl(state->mu);
-      state->cv.wait(wl, [&] { return state->done; });
-    }
-    if (state->status != SP_OK) t_error = "mpi " + state->what() + ": " + state->error;
-    return state->status;
+    return queue_.submit(std::make_shared<WorkState>("mpi", op, rank, size, timeout),
+                         Task{std::move(run), std::move(posted)}, work);
   }
 
   void abort() {
     aborted = true;
-    std::vector<std::shared_ptr<Comm>> kids;
-    {
-      std::lock_guard<std::mutex> lock(children_mu_);
-      for (auto& w : children_)
-        if (auto c = w.lock()) kids.push_back(std::move(c));
-    }
-    for (auto& c : kids) c->abort();
+    children.abort_all();
   }
 
-  void adopt(const std::shared_ptr<Comm>& child) {
-    std::lock_guard<std::mutex> lock(children_mu_);
-    std::vector<std::weak_ptr<Comm>> live;
-    for (auto& w : children_)
-      if (!w.expired()) live.push_back(w);
-    live.push_back(child);
-    children_.swap(live);
-  }
+  shardplan::comm::Children<Comm> children;
 
   void give_up(MPI_Request* reqs, int n, std::vector<uint8_t>* keep) {
     given_up_ = true;
@@ -498,20 +409,15 @@ class Comm {
   }
 
  private:
+  // What submit() was given.
   struct Task {
-    std::shared_ptr<WorkState> state;
     Run run;
     std::shared_ptr<MPI_Request> posted;
   };
 
-  void execute(WorkState& state, Run& run, const std::shared_ptr<MPI_Request>& posted) {
-    {
-      std::lock_guard<std::mutex> lock(state.mu);
-      state.started = true;
-      state.start = Clock::now();
-    }
+  int execute(Task& task, std::string& err) {
     int status = SP_OK;
-    std::string err = unusable();
+    err = unusable();
     BusyScope busy;
     if (!err.empty()) {
       status = SP_ERR_ABORTED;
@@ -520,46 +426,18 @@ class Comm {
       err = "MPI has been finalized (the process is exiting)";
     } else {
       try {
-        status = run(err);
+        status = task.run(err);
       } catch (const std::exception& e) {
         status = SP_ERR_INTERNAL;
         err = e.what();
       }
     }
-    if (status != SP_OK && posted && *posted != MPI_REQUEST_NULL) give_up(posted.get(), 1, nullptr);
-    run = nullptr;  // frees temporaries before anyone is told it is done
-    state.finish(status, std::move(err));
-  }
-
-  void worker_loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return stopping_ || (!queue_.empty() && !busy_); });
-      if (queue_.empty() || busy_) {
-        if (stopping_ && queue_.empty()) return;
-        continue;
-      }
-      Task task = std::move(queue_.front());
-      queue_.pop_front();
-      busy_ = true;
-      lock.unlock();
-      execute(*task.state, task.run, task.posted);
-      task = Task{};
-      lock.lock();
-      busy_ = false;
-    }
+    if (status != SP_OK && task.posted && *task.posted != MPI_REQUEST_NULL) give_up(task.posted.get(), 1, nullptr);
+    return status;
   }
 
   std::atomic<bool> given_up_{false};
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Task> queue_;
-  bool busy_ = false;
-  bool stopping_ = false;
-  std::thread worker_;
-
-  std::mutex children_mu_;
-  std::vector<std::weak_ptr<Comm>> children_;
+  shardplan::comm::InOrderQueue<Task> queue_{[this](Task& task, std::string& err) { return execute(task, err); }};
 };
 
 namespace {
@@ -567,29 +445,11 @@ namespace {
 // ------------------------------------------------------------ validation
 
 int check_buffer(const char* op, const char* which, const sp_buffer* b) {
-  if (!b) return fail(SP_ERR_INVALID, std::string("mpi ") + op + ": " + which + " buffer is NULL");
-  if (dtype_size(b->dtype) == 0)
-    return fail(SP_ERR_INVALID, std::string("mpi ") + op + ": " + which + " has unknown dtype " +
-                                    std::to_string(b->dtype));
-  if (b->device_type == SP_DEVICE_CUDA)
-    return fail(SP_ERR_UNSUPPORTED, std::string("mpi ") + op + ": " + which +
-                                        " is a CUDA buffer; this backend moves CPU memory only");
-  if (b->device_type != SP_DEVICE_CPU)
-    return fail(SP_ERR_INVALID, std::string("mpi ") + op + ": " + which + " has unknown device type " +
-                                    std::to_string(b->device_type));
-  if (b->count > 0 && !b->data)
-    return fail(SP_ERR_INVALID, std::string("mpi ") + op + ": " + which + " has " + std::to_string(b->count) +
-                                    " elements but no data");
-  return SP_OK;
+  return shardplan::comm::check_cpu_buffer("mpi", op, which, b);
 }
 
 int check_pair(const char* op, const sp_buffer* send, const sp_buffer* recv) {
-  int rc = check_buffer(op, "send", send);
-  if (rc == SP_OK) rc = check_buffer(op, "recv", recv);
-  if (rc == SP_OK && send->dtype != recv->dtype)
-    rc = fail(SP_ERR_INVALID, std::string("mpi ") + op + ": send is " + dtype_name(send->dtype) + " but recv is " +
-                                  dtype_name(recv->dtype));
-  return rc;
+  return shardplan::comm::check_cpu_pair("mpi", op, send, recv);
 }
 
 int count_mismatch(const char* op, const std::string& what) {
@@ -644,15 +504,9 @@ int run_one(Comm& c, const char* op, std::string& err, Start&& start, std::vecto
 // ---------------------------------------------------------------- create
 
 int api_create(const sp_comm_config* config, sp_comm** out) {
-  if (!out) return fail(SP_ERR_INVALID, "mpi create: out is NULL");
-  *out = nullptr;
-  if (!config || config->struct_size < sizeof(sp_comm_config))
-    return fail(SP_ERR_INVALID, "mpi create: config is NULL or from an older ABI");
-  if (config->world_size < 1 || config->rank < 0 || config->rank >= config->world_size)
-    return fail(SP_ERR_INVALID, "mpi create: rank " + std::to_string(config->rank) + " of world size " +
-                                    std::to_string(config->world_size));
+  if (int rc = shardplan::comm::check_create("mpi", config, out)) return rc;
   const int rank = config->rank, size = config->world_size;
-  const ms timeout(config->timeout_ms > 0 ? config->timeout_ms : kDefaultTimeoutMs);
+  const ms timeout = shardplan::comm::timeout_of(*config);
   const std::string who = "mpi create (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
   if (int rc = ensure_mpi(who)) return rc;
   Global& g = global();
@@ -729,9 +583,7 @@ int api_split(sp_comm* parent, int32_t color, int32_t key, sp_comm** out) {
       nullptr);
   if (rc != SP_OK) return rc;
   if (child) {
-    p->adopt(child);
-    // An abort that raced with the split must still reach the child.
-    if (p->aborted) child->abort();
+    p->children.adopt(child, p->aborted);
     *out = new sp_comm{child};
   }
   return SP_OK;
@@ -1046,82 +898,16 @@ int api_barrier(sp_comm* comm, sp_work** work) {
 
 // ------------------------------------------------------------------ work
 
-int finished(WorkState& st) {
-  if (st.status != SP_OK) t_error = "mpi " + st.what() + ": " + st.error;
-  return st.status;
-}
+// Operations give up after the communicator's timeout by themselves, but
+// MPI_Comm_split (in split) blocks inside MPI; wait()'s margin bounds that.
+int api_wait(sp_work* work, int64_t timeout_ms) { return shardplan::comm::wait_work("mpi", work, timeout_ms, "MPI"); }
 
-int api_wait(sp_work* work, int64_t timeout_ms) {
-  if (!work || !work->state) return fail(SP_ERR_INVALID, "mpi wait: NULL work");
-  WorkState& st = *work->state;
-  std::unique_lock<std::mutex> lock(st.mu);
-  if (timeout_ms >= 0) {
-    if (!st.cv.wait_for(lock, ms(timeout_ms), [&] { return st.done; }))
-      return fail(SP_ERR_TIMEOUT, "mpi " + st.what() + ": not finished after " + std::to_string(timeout_ms) + " ms");
-    return finished(st);
-  }
-  // Operations give up after the communicator's timeout by themselves, but
-  // MPI_Comm_split (in split) blocks inside MPI; the margin bounds that.
-  while (!st.cv.wait_for(lock, ms(200), [&] { return st.done; })) {
-    if (st.started && Clock::now() - st.start > st.limit + ms(30000))
-      return fail(SP_ERR_TIMEOUT, "mpi " + st.what() + ": no answer from MPI " +
-                                      std::to_string(st.limit.count()) + " ms after it started");
-  }
-  return finished(st);
-}
+int api_test(sp_work* work, int32_t* done) { return shardplan::comm::test_work("mpi", work, done); }
 
-int api_test(sp_work* work, int32_t* done) {
-  if (!work || !work->state || !done) return fail(SP_ERR_INVALID, "mpi test: NULL work or done");
-  WorkState& st = *work->state;
-  std::lock_guard<std::mutex> lock(st.mu);
-  *done = st.done ? 1 : 0;
-  return st.done ? finished(st) : SP_OK;
-}
-
-void api_release(sp_work* work) { delete work; }
-
-const char* api_last_error() { return t_error.c_str(); }
-
-sp_comm_api make_api() {
-  sp_comm_api a{};
-  a.abi_version = SP_COMM_ABI_VERSION;
-  a.struct_size = sizeof(sp_comm_api);
-  a.name = "mpi";
-  // Not SP_CAP_THREAD_RANKS: MPI's ranks are processes.
-  a.caps = SP_CAP_CPU | SP_CAP_PROCESS_RANKS;
-  a.last_error = &api_last_error;
-  a.create = &api_create;
-  a.split = &api_split;
-  a.abort = &api_abort;
-  a.destroy = &api_destroy;
-  a.rank = &api_rank;
-  a.size = &api_size;
-  a.all_reduce = &api_all_reduce;
-  a.all_gather = &api_all_gather;
-  a.reduce_scatter = &api_reduce_scatter;
-  a.broadcast = &api_broadcast;
-  a.scatter = &api_scatter;
-  a.gather = &api_gather;
-  a.all_to_all = &api_all_to_all;
-  a.send = &api_send;
-  a.recv = &api_recv;
-  a.barrier = &api_barrier;
-  a.wait = &api_wait;
-  a.test = &api_test;
-  a.release = &api_release;
-  return a;
-}
-
-const void* factory() {
-  static const sp_comm_api api = make_api();
-  return &api;
-}
+void api_release(sp_work* work) { shardplan::comm::release_work(work); }
 
 }  // namespace
 }  // namespace sp_mpi
 
-extern "C" SP_PLUGIN_EXPORT const sp_plugin_info* shardplan_plugin_entry(void) {
-  static const sp_plugin_info info = {SP_PLUGIN_ENTRY_VERSION, SP_PLUGIN_COMM, SP_COMM_ABI_VERSION, "mpi",
-                                      "shardplan mpi plugin 0.1 (" SP_MPI_BUILT_WITH ")", &sp_mpi::factory};
-  return &info;
-}
+// Not SP_CAP_THREAD_RANKS: MPI's ranks are processes.
+SHARDPLAN_COMM_PLUGIN(sp_mpi, "mpi", SP_CAP_CPU | SP_CAP_PROCESS_RANKS, "shardplan mpi plugin 0.1 (" SP_MPI_BUILT_WITH ")")

@@ -44,6 +44,7 @@
 #include "shardplan/abi/comm.h"
 #include "shardplan/abi/plugin.h"
 #include "shardplan/comm_dtype.h"
+#include "shardplan/comm_plugin.h"
 
 #if NCCL_VERSION_CODE < NCCL_VERSION(2, 14, 0)
 #error "the nccl plugin needs NCCL 2.14 or newer (nonblocking communicators)"
@@ -71,15 +72,8 @@ using Clock = std::chrono::steady_clock;
 using ms = std::chrono::milliseconds;
 using shardplan::comm::dtype_name;
 using shardplan::comm::dtype_size;
-
-constexpr int64_t kDefaultTimeoutMs = 5 * 60 * 1000;
-
-thread_local std::string t_error;
-
-int fail(int status, std::string msg) {
-  t_error = std::move(msg);
-  return status;
-}
+using shardplan::comm::fail;
+using shardplan::comm::overlaps;
 
 std::string cuda_msg(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
 
@@ -121,11 +115,6 @@ bool nccl_op(int32_t op, ncclRedOp_t* out) {
     case SP_PROD: *out = ncclProd; return true;
     default: return false;
   }
-}
-
-bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
-  auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
-  return an && bn && pa < pb + bn && pb < pa + an;
 }
 
 char* at(void* p, size_t offset) { return static_cast<char*>(p) + offset; }
@@ -528,26 +517,17 @@ class Comm : public std::enable_shared_from_this<Comm> {
     return split_through_store(seq, color, key, child_prefix, out, err);
   }
 
-  void adopt(const std::shared_ptr<Comm>& child) {
-    std::lock_guard<std::mutex> lock(mu_);
-    children_.erase(std::remove_if(children_.begin(), children_.end(),
-                                   [](const std::weak_ptr<Comm>& w) { return w.expired(); }),
-                    children_.end());
-    children_.push_back(child);
-  }
-
   void abort() {
     // Before the lock: whoever holds it is polling NCCL and gives up on this.
     aborted = true;
-    std::vector<std::shared_ptr<Comm>> kids;
     {
       std::lock_guard<std::mutex> lock(mu_);
       abort_locked();
-      for (auto& w : children_)
-        if (auto c = w.lock()) kids.push_back(std::move(c));
     }
-    for (auto& c : kids) c->abort();
+    children.abort_all();
   }
+
+  shardplan::comm::Children<Comm> children;
 
   // The end of the communicator for its owner; works still held stay valid.
   void destroy() {
@@ -774,13 +754,12 @@ class Comm : public std::enable_shared_from_this<Comm> {
   cudaStream_t last_stream_ = nullptr;
   std::vector<P2P> pending_;
   uint32_t split_seq_ = 0;
-  std::vector<std::weak_ptr<Comm>> children_;
 };
 
 namespace {
 
 int report(const WorkState& st) {
-  if (st.status != SP_OK) t_error = st.comm->what(st.op) + ": " + st.error;
+  if (st.status != SP_OK) shardplan::comm::last_error() = st.comm->what(st.op) + ": " + st.error;
   return st.status;
 }
 
@@ -819,17 +798,14 @@ int check_comm(const char* op, sp_comm* comm) {
 }
 
 int check_buffer(const Comm& c, const char* op, const char* which, const sp_buffer* b) {
-  auto bad = [&](int st, const std::string& why) { return fail(st, c.what(op) + ": " + which + " " + why); };
-  if (!b) return bad(SP_ERR_INVALID, "buffer is NULL");
-  if (dtype_size(b->dtype) == 0) return bad(SP_ERR_INVALID, "has unknown dtype " + std::to_string(b->dtype));
-  if (b->device_type == SP_DEVICE_CPU)
-    return bad(SP_ERR_UNSUPPORTED, "is a CPU buffer; the nccl backend moves CUDA device memory only (use gloo for CPU)");
-  if (b->device_type != SP_DEVICE_CUDA)
-    return bad(SP_ERR_INVALID, "has unknown device type " + std::to_string(b->device_type));
+  auto context = [&] { return c.what(op); };
+  if (int rc = shardplan::comm::check_device_buffer(
+          SP_DEVICE_CUDA, "is a CPU buffer; the nccl backend moves CUDA device memory only (use gloo for CPU)", which, b,
+          context))
+    return rc;
   if (b->device_index != c.device)
-    return bad(SP_ERR_INVALID, "is on cuda:" + std::to_string(b->device_index) + " but this communicator uses cuda:" +
-                                   std::to_string(c.device));
-  if (b->count > 0 && !b->data) return bad(SP_ERR_INVALID, "has " + std::to_string(b->count) + " elements but no data");
+    return fail(SP_ERR_INVALID, context() + ": " + which + " is on cuda:" + std::to_string(b->device_index) +
+                                    " but this communicator uses cuda:" + std::to_string(c.device));
   return SP_OK;
 }
 
@@ -878,33 +854,23 @@ bool parse_int(const std::string& v, int* out) {
 
 Options parse_options(const char* const* options) {
   Options o;
-  for (auto p = options; p && *p; ++p) {
-    std::string kv(*p);
-    auto eq = kv.find('=');
-    std::string k = kv.substr(0, eq), v = eq == std::string::npos ? "" : kv.substr(eq + 1);
+  shardplan::comm::for_each_option(options, [&](const std::string& k, const std::string& v) {
     if (k == "device" || k == "local_rank") {
-      if (!parse_int(v, k == "device" ? &o.device : &o.local_rank) && o.bad.empty()) o.bad = kv;
+      if (!parse_int(v, k == "device" ? &o.device : &o.local_rank) && o.bad.empty()) o.bad = k + "=" + v;
     } else if (k == "prefix") {
       o.prefix = v;
     } else if (k == "split") {
-      if (v != "nccl" && v != "store" && o.bad.empty()) o.bad = kv;
+      if (v != "nccl" && v != "store" && o.bad.empty()) o.bad = k + "=" + v;
       o.split = v;
     }
-    // Anything else is meant for another backend or for the framework.
-  }
+  });
   return o;
 }
 
 int api_create(const sp_comm_config* config, sp_comm** out) {
-  if (!out) return fail(SP_ERR_INVALID, "nccl create: out is NULL");
-  *out = nullptr;
-  if (!config || config->struct_size < sizeof(sp_comm_config))
-    return fail(SP_ERR_INVALID, "nccl create: config is NULL or from an older ABI");
-  if (config->world_size < 1 || config->rank < 0 || config->rank >= config->world_size)
-    return fail(SP_ERR_INVALID, "nccl create: rank " + std::to_string(config->rank) + " of world size " +
-                                    std::to_string(config->world_size));
+  if (int rc = shardplan::comm::check_create("nccl", config, out)) return rc;
   const int rank = config->rank, size = config->world_size;
-  const ms timeout(config->timeout_ms > 0 ? config->timeout_ms : kDefaultTimeoutMs);
+  const ms timeout = shardplan::comm::timeout_of(*config);
   const std::string who = "nccl create (rank " + std::to_string(rank) + " of " + std::to_string(size) + ")";
   const Options opt = parse_options(config->options);
   if (!opt.bad.empty())
@@ -971,9 +937,7 @@ int api_split(sp_comm* parent, int32_t color, int32_t key, sp_comm** out) {
   std::string err;
   if (int rc = p->split(color, key, &child, &err)) return fail(rc, p->what("split") + ": " + err);
   if (child) {
-    p->adopt(child);
-    // An abort that raced with the split must still reach the child.
-    if (p->aborted) child->abort();
+    p->children.adopt(child, p->aborted);
     *out = new sp_comm{child};
   }
   return SP_OK;
@@ -1237,53 +1201,12 @@ int api_test(sp_work* work, int32_t* done) {
 
 void api_release(sp_work* work) { delete work; }
 
-const char* api_last_error() { return t_error.c_str(); }
-
-sp_comm_api make_api() {
-  sp_comm_api a{};
-  a.abi_version = SP_COMM_ABI_VERSION;
-  a.struct_size = sizeof(sp_comm_api);
-  a.name = "nccl";
-  a.caps = SP_CAP_CUDA | SP_CAP_PROCESS_RANKS;
-  a.last_error = &api_last_error;
-  a.create = &api_create;
-  a.split = &api_split;
-  a.abort = &api_abort;
-  a.destroy = &api_destroy;
-  a.rank = &api_rank;
-  a.size = &api_size;
-  a.all_reduce = &api_all_reduce;
-  a.all_gather = &api_all_gather;
-  a.reduce_scatter = &api_reduce_scatter;
-  a.broadcast = &api_broadcast;
-  a.scatter = &api_scatter;
-  a.gather = &api_gather;
-  a.all_to_all = &api_all_to_all;
-  a.send = &api_send;
-  a.recv = &api_recv;
-  a.barrier = &api_barrier;
-  a.wait = &api_wait;
-  a.test = &api_test;
-  a.release = &api_release;
-  return a;
-}
-
-const void* factory() {
-  static const sp_comm_api api = make_api();
-  return &api;
-}
-
 #define SP_STR2(x) #x
 #define SP_STR(x) SP_STR2(x)
 
 }  // namespace
 }  // namespace sp_nccl
 
-extern "C" SP_PLUGIN_EXPORT const sp_plugin_info* shardplan_plugin_entry(void) {
-  static const sp_plugin_info info = {
-      SP_PLUGIN_ENTRY_VERSION, SP_PLUGIN_COMM, SP_COMM_ABI_VERSION, "nccl",
-      "shardplan nccl plugin 0.1 (built with NCCL " SP_STR(NCCL_MAJOR) "." SP_STR(NCCL_MINOR) "." SP_STR(
-          NCCL_PATCH) ")",
-      &sp_nccl::factory};
-  return &info;
-}
+SHARDPLAN_COMM_PLUGIN(sp_nccl, "nccl", SP_CAP_CUDA | SP_CAP_PROCESS_RANKS,
+                      "shardplan nccl plugin 0.1 (built with NCCL " SP_STR(NCCL_MAJOR) "." SP_STR(NCCL_MINOR) "." SP_STR(
+                          NCCL_PATCH) ")")

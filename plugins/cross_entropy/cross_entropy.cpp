@@ -26,16 +26,16 @@ const char* kLossType = "shardplan::nn::CrossEntropyLossImpl";
 
 class VocabParallel : public nn::CrossEntropyStrategy {
  public:
-  VocabParallel(std::shared_ptr<Communicator> group, std::string path, size_t dims)
-      : group_(std::move(group)), path_(std::move(path)), dims_(dims) {}
+  VocabParallel(std::shared_ptr<Communicator> group, std::string path, size_t dims, SourceLoc layout_loc)
+      : group_(std::move(group)), path_(std::move(path)), dims_(dims), layout_loc_(std::move(layout_loc)) {}
   at::Tensor forward(const at::Tensor& input, const at::Tensor& target,
                      const torch::nn::CrossEntropyLossOptions& options) override {
     // A layout for (N, C) applied to (N, C, d1) would split the wrong dim's
     // meaning silently; the plan's rank is the contract.
     if (static_cast<size_t>(input.dim()) != dims_)
-      throw Error("module '" + path_ + "': the plan's layout has " + std::to_string(dims_) +
-                  " dims but the logits have " + std::to_string(input.dim()) + " (shape " + c10::str(input.sizes()) +
-                  ")");
+      throw PlanError(layout_loc_, "module '" + path_ + "': the plan's layout has " + std::to_string(dims_) +
+                                       " dims but the logits have " + std::to_string(input.dim()) + " (shape " +
+                                       c10::str(input.sizes()) + ")");
     return vocab_parallel_cross_entropy(input, target, *group_, options);
   }
   std::string describe() const override {
@@ -46,6 +46,7 @@ class VocabParallel : public nn::CrossEntropyStrategy {
   std::shared_ptr<Communicator> group_;
   std::string path_;
   size_t dims_;
+  SourceLoc layout_loc_;  // where the plan wrote the layout, for the error
 };
 
 struct Decision {
@@ -107,9 +108,12 @@ class CrossEntropyPlugin : public LayerPlugin {
 
   void apply(ModuleShard& shard) const override {
     Decision d = decide(shard);
-    if (d.axis.empty()) return;
+    // Over one rank the logits are whole: torch's cross-entropy is exact and
+    // several times cheaper than the vocab-parallel algorithm.
+    if (d.axis.empty() || d.parts == 1) return;
     auto& loss = dynamic_cast<nn::CrossEntropyLossImpl&>(*shard.module);
-    loss.set_strategy(std::make_shared<VocabParallel>(shard.group(d.axis), shard.path, shard.layout.size()));
+    loss.set_strategy(
+        std::make_shared<VocabParallel>(shard.group(d.axis), shard.path, shard.layout.size(), shard.rule->layout_loc));
   }
 };
 

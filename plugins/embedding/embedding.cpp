@@ -189,7 +189,9 @@ class EmbeddingPlugin : public LayerPlugin {
 
   void apply(ModuleShard& shard) const override {
     Decision d = decide(shard);
-    if (d.mode == Mode::Replicated) return;
+    // An axis of one rank splits nothing: torch's own lookup is then exact and
+    // cheaper than masking ids for a vocabulary range that is all of it.
+    if (d.mode == Mode::Replicated || d.parts == 1) return;
     auto& emb = dynamic_cast<nn::EmbeddingImpl&>(*shard.module);
     auto group = shard.group(d.axis);
     const int64_t index = group->rank();

@@ -6,8 +6,14 @@ execute_process(COMMAND ${CMAKE_COMMAND} --install ${BIN} --prefix ${WORK}/prefi
 if(rc)
   message(FATAL_ERROR "cmake --install failed: ${rc}")
 endif()
+# A sanitized libshardplan needs the sanitizer runtime first in the
+# consumer's library list, so the consumer is built with the same flags.
+set(flags "")
+if(SANITIZE)
+  set(flags "-DCMAKE_CXX_FLAGS=-fsanitize=${SANITIZE}")
+endif()
 execute_process(COMMAND ${CMAKE_COMMAND} -S ${SRC} -B ${WORK}/build -DCMAKE_BUILD_TYPE=Release
-  -DCMAKE_PREFIX_PATH=${WORK}/prefix -DCMAKE_CXX_COMPILER_LAUNCHER=${LAUNCHER} RESULT_VARIABLE rc)
+  -DCMAKE_PREFIX_PATH=${WORK}/prefix -DCMAKE_CXX_COMPILER_LAUNCHER=${LAUNCHER} ${flags} RESULT_VARIABLE rc)
 if(rc)
   message(FATAL_ERROR "configuring the consumer failed: ${rc}")
 endif()

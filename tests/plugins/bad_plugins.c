@@ -12,8 +12,10 @@ SP_PLUGIN_EXPORT const sp_plugin_info* shardplan_plugin_entry(void) {
       SP_PLUGIN_ENTRY_VERSION + 1, SP_PLUGIN_COMM, SP_COMM_ABI_VERSION,
 #elif BAD_KIND == 2 /* a comm plugin built against another comm ABI */
       SP_PLUGIN_ENTRY_VERSION, SP_PLUGIN_COMM, SP_COMM_ABI_VERSION + 41,
-#else /* 3: a layer plugin where a comm plugin is expected */
+#elif BAD_KIND == 3 /* a layer plugin where a comm plugin is expected */
       SP_PLUGIN_ENTRY_VERSION, SP_PLUGIN_LAYER, 1u,
+#else /* 4: a layer plugin built against a layer ABI no shardplan has */
+      SP_PLUGIN_ENTRY_VERSION, SP_PLUGIN_LAYER, 999u,
 #endif
       "bad", "0", factory};
   return &info;

@@ -8,5 +8,7 @@ namespace shardplan_cli {
 
 int launch_main(int argc, char** argv);
 int bench_main(int argc, char** argv);
+int plan_main(int argc, char** argv);
+int ckpt_main(int argc, char** argv);
 
 }  // namespace shardplan_cli

@@ -66,10 +66,29 @@ void save_checkpoint(const std::string& dir, torch::nn::Module& model, const Par
                      const CheckpointOptions& options = {});
 
 // Collective. Loads a checkpoint written at any world size and plan into this
-// model (sharded by `report`), verifying checksums; errors name the tensor and
-// the file. Returns the checkpoint's attributes.
+// model (sharded by `report`; a default ParallelReport describes an unsharded
+// model), verifying checksums; errors name the tensor and the file. Reads and
+// checks everything on every rank before any rank changes its model or
+// optimizer, so a failed load leaves them as they were. Returns the
+// checkpoint's attributes.
 std::map<std::string, std::string> load_checkpoint(const std::string& dir, torch::nn::Module& model,
                                                    const ParallelReport& report, World& world,
                                                    const CheckpointOptions& options = {});
+
+// Offline, with no model and no world (`shardplan ckpt convert`): rewrites
+// checkpoint `src` as one for `world_size` ranks at `dst` (atomically, like
+// save_checkpoint; dst may be src). Every tensor keeps its cuts (dims, mesh
+// axes, blocks) with the parts and indices of the mesh of `plan_yaml` (by
+// default the plan saved in the checkpoint) resolved for world_size.
+// Checksums are verified; one whole tensor is in memory at a time.
+void reshard_checkpoint(const std::string& src, const std::string& dst, int world_size,
+                        const std::string& plan_yaml = "");
+
+// The whole tensors of the model saved in a checkpoint (parameters and
+// buffers, not optimizer state), in saved order, checksums verified.
+// `buffers`, when given, receives the names of the buffers; `modules` the
+// paths of every submodule (with or without tensors).
+StateDict read_checkpoint(const std::string& dir, std::vector<std::string>* buffers = nullptr,
+                          std::vector<std::string>* modules = nullptr);
 
 }  // namespace shardplan

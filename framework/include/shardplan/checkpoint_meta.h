@@ -45,6 +45,7 @@ struct TensorEntry {
   std::string dtype;               // "float32", see dtype names in abi/comm.h
   std::vector<int64_t> shape;      // global
   std::string layout;              // as the plan wrote it, "[model, null]"; informational
+  bool buffer = false;             // a module buffer, not a parameter (written only when true)
   std::vector<Piece> pieces;       // together they cover the tensor exactly once
 };
 
@@ -54,6 +55,9 @@ struct Meta {
   std::vector<std::pair<std::string, int>> mesh;  // axis -> size
   int world_size = 1;
   std::map<std::string, std::string> attributes;  // e.g. optimizer: adam, step: 20
+  // Every submodule's path ("blocks.0.attn"), named_modules() order, also
+  // those without tensors: a plain torch::save archive has one per module.
+  std::vector<std::string> modules;
   std::vector<TensorEntry> tensors;
 
   const TensorEntry* find(const std::string& name) const;

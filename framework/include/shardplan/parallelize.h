@@ -53,6 +53,7 @@ struct ParallelReport {
   int64_t local_bytes() const;        // parameter bytes held by this rank (a tied tensor once)
   int64_t global_bytes() const;       // parameter bytes of the unsharded model (a tied tensor once)
   std::string table() const;          // human-readable, one row per parameter
+  std::string json() const;           // the same as one JSON object (docs/PLAN_CHECK.md)
 };
 
 // Shards `model` in place for this rank of `world`. Collective: every rank
@@ -68,5 +69,13 @@ ParallelReport parallelize(torch::nn::Module& model, const Plan& plan, World& wo
 
 // The same checks and report without touching the model or communicating.
 ParallelReport check_plan(torch::nn::Module& model, const Plan& plan, int world_size, int rank = 0);
+// The same, but every problem found (a layout of the wrong rank, a rule
+// matching nothing, a module its plugin rejects, a tie planned two ways) is
+// appended to `errors` as one line, module by module, instead of throwing
+// the first; only a plan whose mesh cannot fit `world_size` still throws.
+// Rows of a rejected module keep their global shapes. The plan checker
+// (shardplan/plan_check.h) is built on it.
+ParallelReport check_plan(torch::nn::Module& model, const Plan& plan, int world_size, int rank,
+                          std::vector<std::string>& errors);
 
 }  // namespace shardplan

@@ -94,9 +94,12 @@ class Plan {
   // parameter and the rule's file:line:col. Divisibility is left to plugins.
   // `module_paths` are paths of modules without parameters of their own
   // (losses): a rule may match one of those instead of a parameter, and
-  // counts as having matched something.
+  // counts as having matched something. With `errors`, those errors are
+  // appended there instead of thrown (a parameter whose layout has the wrong
+  // rank is then left unmatched), so a checker can list them all.
   PlanMatch assign(const std::vector<ParamInfo>& params, int world_size,
-                   const std::vector<std::string>& module_paths = {}) const;
+                   const std::vector<std::string>& module_paths = {},
+                   std::vector<std::string>* errors = nullptr) const;
   // Canonical YAML; parse_plan(to_yaml()) gives an equal plan.
   std::string to_yaml() const;
 };

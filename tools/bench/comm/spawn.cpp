@@ -92,6 +92,8 @@ SpawnResult run_processes(const std::vector<Process>& procs, const std::vector<s
   ::close(fds[1]);
 
   std::string pending, failure;
+  std::vector<std::string> failures;  // ranks that failed on their own, in the order they were reaped
+  bool stopping = false;              // we are killing the rest: their deaths are ours
   bool eof = false;
   auto last_output = Clock::now();
   size_t alive = pids.size();
@@ -103,7 +105,7 @@ SpawnResult run_processes(const std::vector<Process>& procs, const std::vector<s
       running[i] = false;
       --alive;
       const bool good = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      if (!good && failure.empty()) failure = procs[i].label + " " + describe_status(status);
+      if (!good && !stopping) failures.push_back(procs[i].label + " " + describe_status(status));
     }
   };
 
@@ -137,8 +139,23 @@ SpawnResult run_processes(const std::vector<Process>& procs, const std::vector<s
     if (alive == 0 && !eof && Clock::now() - last_output > std::chrono::seconds(2)) eof = true;
     if (Clock::now() - last_output > silence_limit)
       failure = "no progress for " + std::to_string(silence_limit.count() / 1000) + " s";
+    if (!failures.empty() && failure.empty()) {
+      // When one rank dies its peers fail too, on the broken connection,
+      // and which of them is reaped first is chance. Give them a moment to
+      // exit, then name every rank that failed by itself, so the root cause
+      // (the rank that died) is always in the message.
+      const auto grace = Clock::now() + std::chrono::seconds(1);
+      while (alive > 0 && Clock::now() < grace) {
+        ::usleep(20000);
+        reap(false);
+      }
+      for (const auto& f : failures) failure += (failure.empty() ? "" : "; ") + f;
+    }
   }
 
+  if (failure.empty())
+    for (const auto& f : failures) failure += (failure.empty() ? "" : "; ") + f;
+  stopping = true;
   if (alive > 0 && group > 0) {
     // Polite first: mpirun passes SIGTERM on to its ranks.
     ::kill(-group, SIGTERM);

@@ -1,0 +1,16 @@
+# Checkpoints with real processes and the `shardplan ckpt` tool
+# (docs/CHECKPOINTS.md). The unit tests (test_checkpoint*.cpp) run the tool
+# for `convert --full`, so the gtest binary depends on it.
+add_dependencies(shardplan_tests shardplan_ckpt)
+if(TARGET train_model)
+  # A rank SIGKILLed in the middle of a save: the launcher reports it, the
+  # previous checkpoint stays intact and resumes with uninterrupted losses.
+  add_test(NAME ckpt_kill_rank_during_save
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/ckpt_kill.sh $<TARGET_FILE:shardplan_cli> $<TARGET_FILE:train_model>
+      ${PROJECT_SOURCE_DIR}/plans/gpt.yaml)
+  # convert 2 -> 4, 2 -> 1, in place, --full; inspect of good and broken copies.
+  add_test(NAME ckpt_cli
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/ckpt_cli.sh $<TARGET_FILE:shardplan_cli> $<TARGET_FILE:train_model>
+      ${PROJECT_SOURCE_DIR}/plans/gpt.yaml)
+  set_tests_properties(ckpt_kill_rank_during_save ckpt_cli PROPERTIES TIMEOUT 300 LABELS ckpt)
+endif()

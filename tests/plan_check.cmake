@@ -1,0 +1,16 @@
+# The plan checker (`shardplan plan check`, docs/PLAN_CHECK.md): its reports
+# for the example plans against golden files, one broken plan per problem
+# class, and --state-dict on a torch::save file and a sharded checkpoint.
+# Regenerating the goldens after an intended change: docs/PLAN_CHECK.md, "Tests".
+if(TARGET shardplan_plan)
+  add_executable(plan_check_write_state_dicts plan_check/write_state_dicts.cpp)
+  target_link_libraries(plan_check_write_state_dicts PRIVATE shardplan::shardplan shardplan_example_models)
+  add_dependencies(plan_check_write_state_dicts shardplan_plugins)
+  set(_pc_args -DCLI=$<TARGET_FILE:shardplan_cli> -DSOURCE_DIR=${PROJECT_SOURCE_DIR}
+               -DWRITER=$<TARGET_FILE:plan_check_write_state_dicts> -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/plan_check)
+  foreach(part golden broken state_dict)
+    add_test(NAME plan_check_${part} COMMAND ${CMAKE_COMMAND} ${_pc_args} -DPART=${part}
+      -P ${CMAKE_CURRENT_SOURCE_DIR}/plan_check/run.cmake)
+    set_tests_properties(plan_check_${part} PROPERTIES TIMEOUT 300)
+  endforeach()
+endif()

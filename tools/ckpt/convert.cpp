@@ -1,0 +1,92 @@
+// `shardplan ckpt convert`: to another world size, or to one plain file.
+#include <cstdio>
+#include <exception>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "commands.h"
+#include "shardplan/checkpoint.h"
+#include "shardplan/checkpoint_meta.h"
+
+namespace shardplan_ckpt {
+
+namespace {
+
+int usage(const std::string& why) {
+  std::fprintf(stderr, "shardplan ckpt convert: %s\n%s", why.c_str(), kUsage);
+  return 2;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read '" + path + "'");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+int convert_main(int argc, char** argv) {
+  std::string src, out, plan;
+  int world = 0;
+  bool full = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto value = [&](std::string& v) {
+      if (i + 1 >= argc) return false;
+      v = argv[++i];
+      return true;
+    };
+    std::string v;
+    if (k == "-h" || k == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (k == "--to-world") {
+      if (!value(v)) return usage("missing value for --to-world");
+      try {
+        size_t used = 0;
+        world = std::stoi(v, &used);
+        if (used != v.size() || world < 1) throw std::invalid_argument(v);
+      } catch (const std::logic_error&) {
+        return usage("--to-world must be a positive integer, got '" + v + "'");
+      }
+    } else if (k == "--out") {
+      if (!value(out)) return usage("missing value for --out");
+    } else if (k == "--plan") {
+      if (!value(plan)) return usage("missing value for --plan");
+    } else if (k == "--full") {
+      full = true;
+    } else if (!k.empty() && k[0] == '-') {
+      return usage("unknown option '" + k + "'");
+    } else if (src.empty()) {
+      src = k;
+    } else {
+      return usage("more than one source checkpoint ('" + src + "', '" + k + "')");
+    }
+  }
+  if (src.empty()) return usage("no source checkpoint given");
+  if (out.empty()) return usage("--out is required");
+  if (full == (world > 0)) return usage("give exactly one of --to-world M and --full");
+  if (full && !plan.empty()) return usage("--plan applies to --to-world only");
+  try {
+    if (full) {
+      write_full(src, out);
+      std::printf("wrote %s: the whole model of %s (torch::load into the unsharded model)\n", out.c_str(), src.c_str());
+    } else {
+      shardplan::reshard_checkpoint(src, out, world, plan.empty() ? "" : slurp(plan));
+      const auto meta = shardplan::ckpt::parse_meta(slurp(out + "/" + shardplan::ckpt::kMetaFile), out);
+      std::string mesh;
+      for (const auto& a : meta.mesh) mesh += (mesh.empty() ? "" : ", ") + a.first + ": " + std::to_string(a.second);
+      std::printf("wrote %s: world size %d, mesh {%s}, %zu tensors\n", out.c_str(), meta.world_size, mesh.c_str(),
+                  meta.tensors.size());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "shardplan ckpt convert: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace shardplan_ckpt

@@ -1,0 +1,261 @@
+// shardplan-plan: `shardplan plan check PLAN.yaml (--model NAME | --state-dict
+// FILE) --world N`, the plan checker (docs/PLAN_CHECK.md). The report itself
+// comes from the framework (shardplan/plan_check.h, shardplan/dry_run.h); this
+// program only builds the example model or reads the checkpoint, and prints.
+// Exit status: 0 the plan can run, 1 it cannot (or the inputs cannot be
+// read), 2 usage error.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Functions.h>
+#include <torch/nn/module.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/corpus.h"
+#include "models/model.h"
+#include "shardplan/dry_run.h"
+#include "shardplan/error.h"
+#include "shardplan/plan.h"
+#include "shardplan/plan_check.h"
+#include "state_dict.h"
+
+namespace {
+
+namespace ex = shardplan::examples;
+
+const char* kUsage =
+    "usage: shardplan plan check PLAN.yaml (--model NAME | --state-dict PATH) --world N\n"
+    "                            [--format table|json] [--batch B[xT]] [--config KEY=VALUE,...]\n"
+    "                            [--dtype float32|float64] [--no-comm]\n"
+    "\n"
+    "Shows what PLAN.yaml does to a model at N ranks without running it: per parameter the rule,\n"
+    "layout, global and local shapes and plugin; every error; parameter bytes per rank; and the\n"
+    "bytes one training step (forward + backward) communicates, measured by a dry run on N ranks\n"
+    "as threads with a batch of B samples (T tokens each for language models; default 8, and the\n"
+    "model's context). Exit status 0: the plan can run; 1: it cannot; 2: usage error.\n"
+    "\n"
+    "  --model NAME       an example model (--config overrides its settings)\n"
+    "  --state-dict PATH  names and shapes from a sharded checkpoint directory or a torch::save\n"
+    "                     file; no layer plugin is consulted and nothing is run\n"
+    "  --no-comm          skip the dry run\n";
+
+struct Args {
+  std::string plan, model, state_dict, format = "table", config, dtype = "float32";
+  int world = 0;
+  int64_t batch = 8, tokens = 0;
+  bool comm = true;
+};
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr, "shardplan plan: %s\n%s", why.c_str(), kUsage);
+  std::string models;
+  for (const auto& n : ex::model_names()) models += "  " + n + ": " + ex::model_help(n) + "\n";
+  std::fprintf(stderr, "\nmodels:\n%s", models.c_str());
+  std::exit(2);
+}
+
+bool parse_int(const std::string& s, int64_t& out) {
+  try {
+    size_t used = 0;
+    out = std::stoll(s, &used);
+    return used == s.size();
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+Args parse(int argc, char** argv) {
+  if (argc < 2) usage("missing subcommand (check)");
+  const std::string sub = argv[1];
+  if (sub == "--help" || sub == "-h" || sub == "help") {
+    std::printf("%s", kUsage);
+    std::exit(0);
+  }
+  if (sub != "check") usage("unknown subcommand '" + sub + "' (expected check)");
+  Args a;
+  for (int i = 2; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage("missing value for " + k);
+      return argv[++i];
+    };
+    if (k == "--help" || k == "-h") {
+      std::printf("%s", kUsage);
+      std::exit(0);
+    } else if (k == "--model") {
+      a.model = value();
+    } else if (k == "--state-dict") {
+      a.state_dict = value();
+    } else if (k == "--world") {
+      int64_t w = 0;
+      if (!parse_int(value(), w) || w < 1 || w > 4096) usage("--world must be an integer from 1 to 4096");
+      a.world = static_cast<int>(w);
+    } else if (k == "--format") {
+      a.format = value();
+      if (a.format != "table" && a.format != "json") usage("--format must be table or json");
+    } else if (k == "--batch") {
+      const std::string v = value();
+      const size_t x = v.find('x');
+      if (!parse_int(v.substr(0, x), a.batch) || a.batch < 1 ||
+          (x != std::string::npos && (!parse_int(v.substr(x + 1), a.tokens) || a.tokens < 1)))
+        usage("--batch must be B or BxT with positive integers, got '" + v + "'");
+    } else if (k == "--config") {
+      a.config += (a.config.empty() ? "" : ",") + value();
+    } else if (k == "--dtype") {
+      a.dtype = value();
+      if (a.dtype != "float32" && a.dtype != "float64") usage("--dtype must be float32 or float64");
+    } else if (k == "--no-comm") {
+      a.comm = false;
+    } else if (!k.empty() && k[0] == '-') {
+      usage("unknown option '" + k + "'");
+    } else if (a.plan.empty()) {
+      a.plan = k;
+    } else {
+      usage("unexpected argument '" + k + "'");
+    }
+  }
+  if (a.plan.empty()) usage("missing PLAN.yaml");
+  if (a.model.empty() == a.state_dict.empty()) usage("give exactly one of --model and --state-dict");
+  if (a.world == 0) usage("missing --world N");
+  if (!a.state_dict.empty() && !a.config.empty()) usage("--config applies to --model only");
+  if (!a.model.empty()) {
+    bool known = false;
+    for (const auto& n : ex::model_names()) known |= n == a.model;
+    if (!known) usage("unknown model '" + a.model + "'");
+  }
+  return a;
+}
+
+std::string stem(const std::string& path) {
+  std::string base = path.substr(path.find_last_of('/') + 1);
+  return base.substr(0, base.find('.'));
+}
+
+std::string shape_str(const at::Tensor& t) {
+  std::string out = "[";
+  for (int64_t d = 0; d < t.dim(); ++d) out += (d ? ", " : "") + std::to_string(t.size(d));
+  return out + "]";
+}
+
+// A value of the model's config ("vocab=256 context=64 ..."), or 0.
+int64_t config_value(const ex::ModelHandle& m, const std::string& key) {
+  const std::string c = " " + m.model->config_str();
+  const size_t at = c.find(" " + key + "=");
+  return at == std::string::npos ? 0 : std::stoll(c.substr(at + key.size() + 2));
+}
+
+// One batch as training draws it (text windows of examples/data for the
+// language models, remapped into a smaller vocabulary when the config has
+// one; synthetic images for the ConvNet), cut to T tokens when asked.
+ex::Batch make_batch(const ex::ModelHandle& m, const Args& a) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
+  const int64_t vocab = config_value(m, "vocab"), context = config_value(m, "context");
+  std::unique_ptr<ex::Corpus> corpus;
+  std::error_code ec;
+  ex::Batch b;
+  if (m.model->needs_corpus() && !std::filesystem::exists(ex::default_corpus_path(), ec)) {
+    // An installed tool may not have the source tree's text: any tokens do.
+    if (vocab < 1 || context < 1)
+      throw shardplan::Error("model '" + a.model + "' needs the corpus " + ex::default_corpus_path() +
+                             ", which is missing");
+    b = {at::randint(vocab, {a.batch, context}, gen, at::kLong), at::randint(vocab, {a.batch, context}, gen, at::kLong)};
+  } else if (m.model->needs_corpus() && vocab > 0 && vocab < ex::Corpus::kVocab) {
+    // Byte-level models reject a vocabulary below 256 for the corpus, so
+    // sample at 256 and fold the bytes into the model's range.
+    corpus = std::make_unique<ex::Corpus>(ex::default_corpus_path());
+    auto full = ex::make_model(a.model, [&] {
+      auto o = ex::parse_overrides(a.config);
+      o["vocab"] = std::to_string(ex::Corpus::kVocab);
+      return o;
+    }());
+    b = full.model->sample(gen, a.batch, corpus.get());
+    b.input = b.input.remainder(vocab);
+    b.target = b.target.remainder(vocab);
+  } else {
+    if (m.model->needs_corpus()) corpus = std::make_unique<ex::Corpus>(ex::default_corpus_path());
+    b = m.model->sample(gen, a.batch, corpus.get());
+  }
+  if (a.tokens > 0) {
+    b.input = b.input.narrow(1, 0, a.tokens);
+    b.target = b.target.narrow(1, 0, a.tokens);
+  }
+  return b;
+}
+
+int check(const Args& a) {
+  shardplan::Plan plan;
+  shardplan::PlanCheck result;
+  try {
+    plan = shardplan::load_plan(a.plan);
+    if (!a.model.empty()) {
+      const auto overrides = ex::parse_overrides(a.config);
+      const auto dtype = a.dtype == "float64" ? at::kDouble : at::kFloat;
+      auto build = [&] {
+        at::manual_seed(0);
+        auto m = ex::make_model(a.model, overrides);
+        m.module->to(dtype);
+        return m;
+      };
+      ex::ModelHandle m = build();
+      if (a.tokens > 0) {
+        const int64_t context = config_value(m, "context");
+        if (context < 1) usage("--batch BxT: model '" + a.model + "' does not take token sequences");
+        if (a.tokens > context)
+          usage("--batch BxT: T = " + std::to_string(a.tokens) + " exceeds the model's context " +
+                std::to_string(context));
+      }
+      result = shardplan::check_plan_for_model(*m.module, plan, a.world);
+      result.subject = "model " + a.model + " (" + m.model->config_str() + ", " + a.dtype + ")";
+      if (result.ok() && a.comm) {
+        ex::Batch batch = make_batch(m, a);
+        if (batch.input.is_floating_point()) batch.input = batch.input.to(dtype);
+        std::vector<std::shared_ptr<torch::nn::Module>> replicas;
+        for (int r = 0; r < a.world; ++r) replicas.push_back(build().module);
+        // Some problems only show in a forward (a loss layout of the wrong
+        // rank): they are the plan's errors like the others.
+        try {
+          result.step_comm = shardplan::measure_step_comm(plan, replicas, [&](torch::nn::Module& replica) {
+            replica.train();
+            return ex::as_example(replica.shared_from_this()).model->loss(batch);
+          });
+        } catch (const std::exception& e) {
+          result.errors.push_back(std::string("dry run of one training step: ") + e.what());
+        }
+        result.batch = shape_str(batch.input);
+        const int64_t esize = a.dtype == "float64" ? 8 : 4;
+        const int64_t minimum =
+            stem(a.plan) == a.model && a.tokens == 0 ? m.model->min_comm_bytes(a.batch, a.world, esize) : -1;
+        if (minimum >= 0)
+          result.notes.push_back("the model states a theoretical minimum of " + std::to_string(minimum) +
+                                 " bytes per rank and step for plans/" + a.model + ".yaml at this batch");
+      } else if (result.ok()) {
+        result.notes.push_back("communication not measured (--no-comm)");
+      }
+    } else {
+      const auto shapes = shardplan_plan::read_state_dict_shapes(a.state_dict);
+      result = shardplan::check_plan_for_shapes(shapes.params, plan, a.world);
+      result.subject = "state dict " + a.state_dict;
+      for (const auto& n : shapes.notes) result.notes.push_back(n);
+    }
+  } catch (const std::exception& e) {
+    // The plan or the inputs could not be read at all: no report.
+    result.plan_file = a.plan;
+    result.world_size = a.world;
+    result.subject = a.model.empty() ? "state dict " + a.state_dict : "model " + a.model;
+    result.errors.push_back(e.what());
+  }
+  std::cout << (a.format == "json" ? result.json() : result.table()) << std::flush;
+  return result.ok() ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = parse(argc, argv);
+  return check(a);
+}
