@@ -258,8 +258,10 @@ TEST(ModelCheckpointTool, FullFileLoadsIntoThePlainModel) {
     auto plain = build(c, 99);
     torch::load(plain, file);
     ASSERT_EQ(plain->named_parameters().size() + plain->named_buffers().size(), full.size()) << c.name;
+    // Kept: find() points into the dict, which must outlive the loop.
+    const auto params = plain->named_parameters();
     for (const auto& kv : full) {
-      const auto* p = plain->named_parameters().find(kv.first);
+      const auto* p = params.find(kv.first);
       ASSERT_NE(p, nullptr) << c.name << ": " << kv.first;
       EXPECT_TRUE(p->equal(kv.second)) << c.name << ": " << kv.first;
       EXPECT_TRUE(p->requires_grad()) << c.name << ": " << kv.first;
