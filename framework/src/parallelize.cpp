@@ -548,8 +548,6 @@ int64_t ParallelReport::global_bytes() const {
   return total;
 }
 
-namespace {
-
 // JSON string literal: quotes, backslashes and control characters escaped;
 // other bytes (UTF-8 in paths) pass through.
 std::string json_str(const std::string& s) {
@@ -568,8 +566,6 @@ std::string json_str(const std::string& s) {
   }
   return out + "\"";
 }
-
-}  // namespace
 
 std::string ParallelReport::json() const {
   std::ostringstream os;

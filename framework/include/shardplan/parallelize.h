@@ -56,6 +56,10 @@ struct ParallelReport {
   std::string json() const;           // the same as one JSON object (docs/PLAN_CHECK.md)
 };
 
+// `s` as a JSON string literal (quotes, backslashes and control characters
+// escaped), for the reports' json() forms.
+std::string json_str(const std::string& s);
+
 // Shards `model` in place for this rank of `world`. Collective: every rank
 // calls it with the same plan and an identically initialised model. A tensor
 // registered in several modules (tied weights, shardplan/tied.h) is sharded
