@@ -19,3 +19,10 @@ add_test(NAME comm_gloo_two_nodes
   COMMAND ${SHARDPLAN_BASH} ${CMAKE_CURRENT_LIST_DIR}/e2e/two_nodes_gloo.sh $<TARGET_FILE:shardplan_cli>
     $<TARGET_FILE:launcher_probe> 2 -- $<TARGET_FILE:comm_conformance> --backend gloo --quick --timeout-ms 120000)
 set_tests_properties(comm_gloo_two_nodes PROPERTIES TIMEOUT 600 LABELS "comm;gloo")
+
+# bench_comm_gloo checks both sides' sums before it times them; 3 ranks.
+if(SHARDPLAN_BUILD_BENCHMARKS)
+  add_test(NAME bench_comm_gloo_smoke COMMAND $<TARGET_FILE:bench_comm_gloo> --ranks 3 --max-bytes 4096)
+  set_tests_properties(bench_comm_gloo_smoke PROPERTIES
+    TIMEOUT 120 LABELS "comm;gloo;bench" PASS_REGULAR_EXPRESSION "4 KiB +20")
+endif()

@@ -72,3 +72,11 @@ foreach(case env prefix_many_lines partial_line fail_fast forward_sigterm multi_
       $<TARGET_FILE:shardplan_cli> $<TARGET_FILE:launcher_probe> ${case})
   set_tests_properties(launcher.mpi_${case} PROPERTIES TIMEOUT 120 LABELS "comm;mpi;launcher")
 endforeach()
+
+# bench_comm_mpi checks both sides' sums before it times them.
+if(SHARDPLAN_BUILD_BENCHMARKS)
+  add_test(NAME bench_comm_mpi_smoke
+    COMMAND ${_mpirun} -np 2 $<TARGET_FILE:bench_comm_mpi> --min-bytes 4 --max-bytes 4096)
+  set_tests_properties(bench_comm_mpi_smoke PROPERTIES
+    TIMEOUT 120 LABELS "comm;mpi;bench" ENVIRONMENT "${_mpi_env}" PASS_REGULAR_EXPRESSION "4 KiB +20")
+endif()

@@ -16,6 +16,12 @@
 // operations are posted at issue time and only their completion is queued, so
 // an isend/irecv exchange between two ranks does not wait behind itself.
 //
+// Speed against blocking MPI calls (benchmarks/comm_mpi): an all_reduce of at
+// most 64 KiB is our own, over point-to-point messages on a second duplicate
+// communicator (OwnAllReduce), which avoids the schedule Open MPI's
+// nonblocking collectives build per call; larger ones use MPI_Iallreduce with
+// the algorithm prefer_fast_iallreduce() asks for.
+//
 // Giving up: MPI cannot cancel a collective (MPI_Cancel and MPI_Request_free
 // are erroneous on one), so an operation that times out or is aborted leaves
 // its request with MPI. Its buffers may still be read or written should the
@@ -91,6 +97,26 @@ constexpr auto kNapShort = std::chrono::microseconds(50);
 constexpr auto kNapLong = std::chrono::microseconds(500);
 constexpr auto kNapLongAfter = ms(2000);
 
+// all_reduce up to kOwnAllReduceBytes runs OwnAllReduce rather than
+// MPI_Iallreduce; above, bandwidth rules and MPI_Iallreduce keeps up.
+constexpr size_t kOwnAllReduceBytes = 64 * 1024;
+
+// Whether OwnAllReduce should halve (Rabenseifner) rather than double for a
+// buffer of `bytes`. What decides below 16 KiB is how many messages need a
+// rendezvous: Open MPI's shared-memory transport sends up to 4 KiB
+// (header included) eagerly and costs ~3 us more per message above. Doubling
+// sends the whole buffer log2(size) times, halving twice as many messages of
+// half the size and less. Measured on 2 ranks with benchmarks/comm_mpi
+// against MPI_Allreduce: 4 KiB doubling 3.4 us (one rendezvous) against
+// 1.5 us halving (eager halves) and 1.2 us raw; 8 KiB doubling 4.4 us (one
+// rendezvous) against 6.9 us halving (two) and 4.1 us raw.
+bool halve_for(size_t bytes) {
+  if (bytes <= 2048) return false;       // every message eager: fewest steps
+  if (bytes <= 4096) return true;        // halves still eager
+  if (bytes <= 16 * 1024) return false;  // all rendezvous: fewest messages
+  return true;                           // bytes moved dominate
+}
+
 std::string mpi_error(int rc) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
@@ -101,11 +127,13 @@ std::string mpi_error(int rc) {
 // ------------------------------------------------------------ process state
 
 struct Global {
+  // Atomic, not under mu: BusyScope brackets every operation, and two mutex
+  // round trips per call were a measurable part of a small all_reduce.
+  std::atomic<bool> finalized{false};  // by us at exit; no MPI call may start after it
+  std::atomic<int> busy{0};            // threads between BusyScope's entry and exit
   std::mutex mu;  // guards everything below
   bool ready = false;
   bool we_initialised = false;
-  bool finalized = false;  // by us at exit; no MPI call may start after it
-  int busy = 0;            // threads between BusyScope's entry and exit
   int thread_level = MPI_THREAD_SINGLE;
   int world_rank = 0;
   int world_size = 1;
@@ -140,17 +168,17 @@ class MpiLock {
 // finalizing would pull MPI from under a running operation.
 class BusyScope {
  public:
+  // Enter, then look at the door; finalize_at_exit closes the door, then
+  // looks for anyone inside (both sequentially consistent), so at least one
+  // of the two sees the other.
   BusyScope() {
     Global& g = global();
-    std::lock_guard<std::mutex> lock(g.mu);
-    ok_ = !g.finalized;
-    if (ok_) ++g.busy;
+    g.busy.fetch_add(1);
+    ok_ = !g.finalized.load();
+    if (!ok_) g.busy.fetch_sub(1);
   }
   ~BusyScope() {
-    if (!ok_) return;
-    Global& g = global();
-    std::lock_guard<std::mutex> lock(g.mu);
-    --g.busy;
+    if (ok_) global().busy.fetch_sub(1);
   }
   BusyScope(const BusyScope&) = delete;
   BusyScope& operator=(const BusyScope&) = delete;
@@ -177,14 +205,19 @@ void finalize_at_exit() {
     int fin = 0;
     MPI_Finalized(&fin);
     if (fin) return;
+    g.finalized = true;
     // A leaked communicator's worker may still be inside an operation.
-    if (g.busy > 0) return;
+    bool pending = g.busy.load() > 0;
     for (MPI_Request& r : g.abandoned) {
       int done = 0;
-      if (r != MPI_REQUEST_NULL && (MPI_Test(&r, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done)) return;
+      if (!pending && r != MPI_REQUEST_NULL && (MPI_Test(&r, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS || !done))
+        pending = true;
+    }
+    if (pending) {
+      g.finalized = false;
+      return;
     }
     g.abandoned.clear();
-    g.finalized = true;
   }
   MPI_Finalize();
 }
@@ -226,6 +259,24 @@ void make_libmpi_global() {
     dlopen(info.dli_fname, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
 }
 
+// Our all_reduce above kOwnAllReduceBytes is MPI_Iallreduce (a blocking call
+// could not time out or be aborted). Open MPI's blocking MPI_Allreduce picks
+// its algorithm per size (coll/tuned), but its nonblocking one (coll/libnbc)
+// falls back to a binomial reduce + broadcast below 4 ranks and for every
+// in-place call: measured on 2 ranks, 8 MiB in place 3.65 ms against
+// MPI_Allreduce's 1.60 ms. Forcing reduce-scatter + all-gather (Rabenseifner),
+// which libnbc itself downgrades to a ring where it does not apply (count
+// below the power of two under the group size), brings the nonblocking call
+// to the blocking one at 2 and 4 ranks from 64 KiB to 8 MiB
+// (docs/BENCHMARKS.md). Set before MPI_Init, where Open MPI reads its
+// parameters, and never over the user's own setting; a host that initialised
+// MPI itself keeps its choice.
+void prefer_fast_iallreduce() {
+#ifdef OMPI_MAJOR_VERSION
+  setenv("OMPI_MCA_coll_libnbc_iallreduce_algorithm", "3", /*overwrite=*/0);
+#endif
+}
+
 const char* level_name(int level) {
   switch (level) {
     case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
@@ -245,6 +296,7 @@ int ensure_mpi(const std::string& who) {
   if (fin || g.finalized) return fail(SP_ERR_INTERNAL, who + ": MPI has already been finalized in this process");
   if (!inited) {
     make_libmpi_global();
+    prefer_fast_iallreduce();
     int provided = MPI_THREAD_SINGLE;
     if (int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided))
       return fail(SP_ERR_INTERNAL, who + ": MPI_Init_thread failed: " + mpi_error(rc));
@@ -323,10 +375,15 @@ class Comm {
     if (busy.ok() && !fin) {
       MpiLock lock;
       MPI_Comm_free(&mc);
+      if (own_mc != MPI_COMM_NULL) MPI_Comm_free(&own_mc);
     }
   }
 
   MPI_Comm mc;
+  // The same group, for the messages of the algorithms we run ourselves
+  // (OwnAllReduce): apart from the user's send/recv on mc, whatever
+  // their tags.
+  MPI_Comm own_mc = MPI_COMM_NULL;
   const int rank;
   const int size;
   const ms timeout;
@@ -352,8 +409,10 @@ class Comm {
   // with MPI for good.
   int complete(const char* op, MPI_Request* reqs, int n, std::string& err, MPI_Status* status = nullptr,
                std::vector<uint8_t>* keep = nullptr) {
-    const auto start = Clock::now();
-    const auto deadline = start + timeout;
+    // The clock is read from the first unfinished test on: a small
+    // operation often completes at once, and clock reads showed in profiles.
+    Clock::time_point start, deadline;
+    bool timing = false;
     for (;;) {
       int flag = 0, rc;
       {
@@ -369,6 +428,11 @@ class Comm {
       }
       if (flag) return SP_OK;
       const auto now = Clock::now();
+      if (!timing) {
+        timing = true;
+        start = now;
+        deadline = start + timeout;
+      }
       if (aborted) {
         give_up(reqs, n, keep);
         err = "the communicator was aborted while waiting for peers (MPI cannot cancel the operation)";
@@ -501,6 +565,144 @@ int run_one(Comm& c, const char* op, std::string& err, Start&& start, std::vecto
   return c.complete(op, &req, 1, err, nullptr, keep);
 }
 
+// All-reduce in place over point-to-point messages on own_mc, for buffers
+// where Open MPI's MPI_Iallreduce is slow: its nonblocking collectives build
+// a schedule per call (~0.7 us against MPI_Allreduce's 0.3 us for 8 bytes on
+// 2 ranks). Our requests are polled like any other, so these still time out
+// and abort. Two algorithms, as MPI_Allreduce itself picks (and as MPICH
+// writes them): recursive doubling, log2(size) exchanges of the whole buffer,
+// for the smallest buffers; reduce-scatter by recursive halving then
+// all-gather by recursive doubling (Rabenseifner), whose messages halve, up to
+// kOwnAllReduceBytes. A group that is no power of two first folds its extra
+// ranks into partners and hands them the result last. Every rank ends with
+// the same bits: in recursive doubling both partners combine the same two
+// partial results (our ops are commutative); in Rabenseifner each piece is
+// reduced on one rank and copied to the others. MPI_Reduce_local serves our
+// half-precision ops too.
+class OwnAllReduce {
+ public:
+  OwnAllReduce(Comm& c, const char* op, std::string& err, char* data, int count, MPI_Datatype dt, MPI_Op mop,
+               size_t elem)
+      : c_(c), op_(op), err_(err), data_(data), count_(count), dt_(dt), mop_(mop), elem_(elem),
+        incoming_(static_cast<size_t>(count) * elem) {
+    while (pof2_ * 2 <= c.size) pof2_ *= 2;
+    extra_ = c.size - pof2_;
+    const int me = c.rank;
+    // Ranks 0 .. 2*extra-1 pair up; the even one of a pair sits the doubling out.
+    vrank_ = me < 2 * extra_ ? (me % 2 ? me / 2 : -1) : me - extra_;
+  }
+
+  int run(bool halving) {
+    const int me = c_.rank;
+    int st = SP_OK;
+    if (me < 2 * extra_) {
+      if (me % 2 == 0) st = exchange(me + 1, data_, count_, nullptr, 0);
+      else if ((st = exchange(me - 1, nullptr, 0, in(), count_)) == SP_OK) st = reduce(0, count_);
+    }
+    if (st == SP_OK && vrank_ >= 0) st = halving ? halving_doubling() : doubling();
+    if (st != SP_OK || me >= 2 * extra_) return st;
+    return me % 2 ? exchange(me - 1, data_, count_, nullptr, 0) : exchange(me + 1, nullptr, 0, data_, count_);
+  }
+
+ private:
+  int peer_of(int vpeer) const { return vpeer < extra_ ? vpeer * 2 + 1 : vpeer + extra_; }
+
+  // Sends `scount` elements from `sbuf` to `peer` and receives `rcount` into
+  // `rbuf` from it (either may be empty).
+  int exchange(int peer, const char* sbuf, int scount, char* rbuf, int rcount) {
+    MPI_Request q[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    int rc = MPI_SUCCESS;
+    {
+      MpiLock lock;
+      if (rbuf) rc = MPI_Irecv(rbuf, rcount, dt_, peer, 0, c_.own_mc, &q[0]);
+      if (rc == MPI_SUCCESS && sbuf) rc = MPI_Isend(sbuf, scount, dt_, peer, 0, c_.own_mc, &q[1]);
+    }
+    if (rc != MPI_SUCCESS) {
+      // A posted receive must not outlive the buffer behind it.
+      if (q[0] != MPI_REQUEST_NULL) c_.give_up(q, 1, &incoming_);
+      err_ = mpi_error(rc);
+      return SP_ERR_INTERNAL;
+    }
+    return c_.complete(op_, q, 2, err_, nullptr, &incoming_);
+  }
+
+  // data[first, first + n) = incoming[first, ...) op data[first, ...).
+  int reduce(int first, int n) {
+    if (n == 0) return SP_OK;
+    int rc;
+    {
+      MpiLock lock;
+      rc = MPI_Reduce_local(at(in(), first), at(data_, first), n, dt_, mop_);
+    }
+    if (rc == MPI_SUCCESS) return SP_OK;
+    err_ = "MPI_Reduce_local: " + mpi_error(rc);
+    return SP_ERR_INTERNAL;
+  }
+
+  char* in() { return reinterpret_cast<char*>(incoming_.data()); }
+  char* at(char* base, int element) const { return base + static_cast<size_t>(element) * elem_; }
+
+  int doubling() {
+    for (int mask = 1; mask < pof2_; mask <<= 1) {
+      int st = exchange(peer_of(vrank_ ^ mask), data_, count_, in(), count_);
+      if (st == SP_OK) st = reduce(0, count_);
+      if (st != SP_OK) return st;
+    }
+    return SP_OK;
+  }
+
+  // Element offset of piece i of pof2 near-equal pieces.
+  int piece(int i) const {
+    const int base = count_ / pof2_, rest = count_ % pof2_;
+    return i * base + std::min(i, rest);
+  }
+
+  // Pieces [lo, hi) are this rank's part of the buffer; each step of the
+  // reduce-scatter halves it, keeping the half on this rank's side of its
+  // partner, and the all-gather retraces the steps backwards.
+  int halving_doubling() {
+    int lo = 0, hi = pof2_;
+    std::vector<std::pair<int, int>> kept;  // [lo, hi) before each step
+    for (int mask = pof2_ / 2; mask >= 1; mask >>= 1) {
+      const int vpeer = vrank_ ^ mask, mid = lo + (hi - lo) / 2;
+      const bool low = vrank_ < vpeer;
+      const int keep_lo = low ? lo : mid, keep_hi = low ? mid : hi;
+      const int give_lo = low ? mid : lo, give_hi = low ? hi : mid;
+      int st = exchange(peer_of(vpeer), at(data_, piece(give_lo)), piece(give_hi) - piece(give_lo),
+                        at(in(), piece(keep_lo)), piece(keep_hi) - piece(keep_lo));
+      if (st == SP_OK) st = reduce(piece(keep_lo), piece(keep_hi) - piece(keep_lo));
+      if (st != SP_OK) return st;
+      kept.emplace_back(lo, hi);
+      lo = keep_lo;
+      hi = keep_hi;
+    }
+    for (int mask = 1; mask < pof2_; mask <<= 1) {
+      const int vpeer = vrank_ ^ mask;
+      const auto [plo, phi] = kept.back();
+      kept.pop_back();
+      // The partner holds the other half of [plo, phi), now fully reduced.
+      const int other_lo = lo == plo ? hi : plo, other_hi = lo == plo ? phi : lo;
+      int st = exchange(peer_of(vpeer), at(data_, piece(lo)), piece(hi) - piece(lo), at(data_, piece(other_lo)),
+                        piece(other_hi) - piece(other_lo));
+      if (st != SP_OK) return st;
+      lo = plo;
+      hi = phi;
+    }
+    return SP_OK;
+  }
+
+  Comm& c_;
+  const char* op_;
+  std::string& err_;
+  char* const data_;
+  const int count_;
+  const MPI_Datatype dt_;
+  const MPI_Op mop_;
+  const size_t elem_;
+  std::vector<uint8_t> incoming_;
+  int pof2_ = 1, extra_ = 0, vrank_ = 0;
+};
+
 // ---------------------------------------------------------------- create
 
 int api_create(const sp_comm_config* config, sp_comm** out) {
@@ -522,24 +724,27 @@ int api_create(const sp_comm_config* config, sp_comm** out) {
   if (!busy.ok()) return fail(SP_ERR_INTERNAL, who + ": MPI has been finalized");
   // A duplicate keeps our traffic apart from whatever the host does on
   // MPI_COMM_WORLD; the nonblocking dup lets a rank that never comes time out.
-  MPI_Comm dup = MPI_COMM_NULL;
-  MPI_Request req = MPI_REQUEST_NULL;
+  MPI_Comm dup[2] = {MPI_COMM_NULL, MPI_COMM_NULL};
+  MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
   int rc;
   {
     MpiLock lock;
-    rc = MPI_Comm_idup(MPI_COMM_WORLD, &dup, &req);
+    rc = MPI_Comm_idup(MPI_COMM_WORLD, &dup[0], &req[0]);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_idup(MPI_COMM_WORLD, &dup[1], &req[1]);
   }
   if (rc != MPI_SUCCESS) return fail(SP_ERR_INTERNAL, who + ": MPI_Comm_idup failed: " + mpi_error(rc));
   auto comm = std::make_shared<Comm>(MPI_COMM_NULL, rank, size, timeout);
   std::string err;
-  rc = comm->complete("create", &req, 1, err);
+  rc = comm->complete("create", req, 2, err);
   if (rc != SP_OK) return fail(rc, who + ": " + err);
   {
     MpiLock lock;
     // Errors come back as codes we turn into messages, not as a job abort.
-    MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(dup[0], MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(dup[1], MPI_ERRORS_RETURN);
   }
-  comm->mc = dup;
+  comm->mc = dup[0];
+  comm->own_mc = dup[1];
   *out = new sp_comm{comm};
   return SP_OK;
 }
@@ -571,13 +776,27 @@ int api_split(sp_comm* parent, int32_t color, int32_t key, sp_comm** out) {
         }
         if (nc == MPI_COMM_NULL) return SP_OK;
         int r = 0, n = 0;
+        MPI_Comm own = MPI_COMM_NULL;
+        MPI_Request q = MPI_REQUEST_NULL;
         {
           MpiLock lock;
           MPI_Comm_set_errhandler(nc, MPI_ERRORS_RETURN);
           MPI_Comm_rank(nc, &r);
           MPI_Comm_size(nc, &n);
+          mrc = MPI_Comm_idup(nc, &own, &q);
         }
         child = std::make_shared<Comm>(nc, r, n, p->timeout);
+        if (mrc != MPI_SUCCESS) {
+          err = "MPI_Comm_idup: " + mpi_error(mrc);
+          return SP_ERR_INTERNAL;
+        }
+        st = child->complete("split", &q, 1, err);
+        if (st != SP_OK) return st;
+        {
+          MpiLock lock;
+          MPI_Comm_set_errhandler(own, MPI_ERRORS_RETURN);
+        }
+        child->own_mc = own;
         return SP_OK;
       },
       nullptr);
@@ -622,6 +841,12 @@ int api_all_reduce(sp_comm* comm, const sp_buffer* send, const sp_buffer* recv, 
       name,
       [c, s, r, dt, mop, nbytes, name](std::string& err) -> int {
         if (r.count == 0) return SP_OK;
+        if (nbytes <= kOwnAllReduceBytes && c->size > 1) {
+          if (s.data != r.data) std::memmove(r.data, s.data, nbytes);
+          OwnAllReduce ar(*c, name, err, static_cast<char*>(r.data), static_cast<int>(r.count), dt, mop,
+                          dtype_size(r.dtype));
+          return ar.run(halve_for(nbytes));
+        }
         const void* src = s.data;
         // MPI forbids aliased buffers; in place covers any overlap.
         if (s.data == r.data || overlaps(s.data, nbytes, r.data, nbytes)) {

@@ -258,7 +258,43 @@ class Suite {
     record(what, why);
   }
 
+  // Replicas must not drift apart: whatever order a backend sums in, every
+  // rank has to end with the same bits. Inputs with fractions make the order
+  // visible (integers would sum exactly in any order); all_gather then lays
+  // every rank's result side by side.
+  void all_reduce_same_bits_case(int32_t dt, uint64_t c, bool in_place) {
+    const std::string what = name("all_reduce", dt, c, "sum of fractions: same bits on every rank", in_place ? IN : OUT);
+    Buf send(dt, c), recv(dt, c);
+    char* p = send.data();
+    for (uint64_t i = 0; i < c; ++i) {
+      const double v = 1.0 / (3.0 + static_cast<double>(rank_)) + 1e-3 * static_cast<double>(i % 977) / 7.0;
+      if (dt == SP_FLOAT32) reinterpret_cast<float*>(p)[i] = static_cast<float>(v);
+      else reinterpret_cast<double*>(p)[i] = v;
+    }
+    sp_buffer sb = send.desc(), rb = in_place ? sb : recv.desc();
+    int st = api_->all_reduce(comm_, &sb, &rb, SP_SUM, nullptr);
+    if (st != SP_OK) return fail(what, status_error(st));
+    Buf& out = in_place ? send : recv;
+    Buf all(dt, c * static_cast<uint64_t>(n_));
+    sp_buffer ob = out.desc(), ab = all.desc();
+    st = api_->all_gather(comm_, &ob, &ab, nullptr);
+    if (st != SP_OK) return fail(what, "all_gather of the results " + status_error(st));
+    const size_t bytes = c * dtype_size(dt);
+    const char* mine = out.data();
+    const char* everyone = all.data();
+    std::string why;
+    for (int r = 0; r < n_ && why.empty(); ++r)
+      if (std::memcmp(everyone + bytes * r, mine, bytes) != 0)
+        why = "rank " + std::to_string(r) + "'s result differs from this rank's";
+    record(what, why);
+  }
+
   void run_all_reduce() {
+    for (int32_t dt : {SP_FLOAT32, SP_FLOAT64})
+      if (std::count(o_.dtypes.begin(), o_.dtypes.end(), dt))
+        for (uint64_t c : o_.counts)
+          if (c > 0)
+            for (bool in_place : {false, true}) all_reduce_same_bits_case(dt, c, in_place);
     for (int32_t dt : o_.dtypes)
       for (uint64_t c : o_.counts)
         for (Mode m : modes(false))
