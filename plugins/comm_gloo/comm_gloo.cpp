@@ -68,7 +68,6 @@ using ms = std::chrono::milliseconds;
 using shardplan::comm::dtype_size;
 using shardplan::comm::fail;
 using shardplan::comm::overlaps;
-using shardplan::comm::WorkState;
 
 // Slot prefixes of our own algorithms; gloo's collectives use 0x01..0x08.
 constexpr uint8_t kReduceScatterSlotPrefix = 0x21;
@@ -298,8 +297,12 @@ class Comm {
   }
 
   // Runs `run` in issue order. work == nullptr: blocks and returns its status.
-  int submit(const char* op, std::function<void()> run, sp_work** work) {
-    return queue_.submit(std::make_shared<WorkState>("gloo", op, rank, size, timeout), std::move(run), work);
+  template <class F>
+  int submit(const char* op, F&& run, sp_work** work) {
+    const shardplan::comm::OpInfo info{"gloo", op, rank, size, timeout};
+    int status;
+    if (!work && queue_.run_inline(info, [&](std::string& err) { return execute(run, err); }, &status)) return status;
+    return queue_.submit(info, std::function<void()>(std::forward<F>(run)), work);
   }
 
   void abort() {
@@ -312,7 +315,8 @@ class Comm {
   shardplan::comm::Children<Comm> children;
 
  private:
-  int execute(std::function<void()>& run, std::string& err) {
+  template <class F>
+  int execute(F& run, std::string& err) {
     if (aborted) {
       err = "the communicator was aborted";
       return SP_ERR_ABORTED;

@@ -83,7 +83,6 @@ using shardplan::comm::dtype_size;
 using shardplan::comm::dtype_traits;
 using shardplan::comm::fail;
 using shardplan::comm::overlaps;
-using shardplan::comm::WorkState;
 
 // Polling: back to back at first, as MPI's own blocking calls do, so a short
 // operation completes with MPI's latency; then short sleeps, so a rank
@@ -384,6 +383,10 @@ class Comm {
   // (OwnAllReduce): apart from the user's send/recv on mc, whatever
   // their tags.
   MPI_Comm own_mc = MPI_COMM_NULL;
+  // OwnAllReduce's receive buffer, kept between operations (they run one at
+  // a time) rather than allocated per call. Given to MPI for good, like any
+  // temporary, when an operation using it is abandoned.
+  std::vector<uint8_t> scratch;
   const int rank;
   const int size;
   const ms timeout;
@@ -455,9 +458,13 @@ class Comm {
   // Runs `run` in issue order. work == nullptr: blocks and returns its status.
   // `posted`: a request posted at issue time that `run` completes; it is
   // abandoned if `run` never gets to it.
-  int submit(const char* op, Run run, sp_work** work, std::shared_ptr<MPI_Request> posted = nullptr) {
-    return queue_.submit(std::make_shared<WorkState>("mpi", op, rank, size, timeout),
-                         Task{std::move(run), std::move(posted)}, work);
+  template <class F>
+  int submit(const char* op, F&& run, sp_work** work, std::shared_ptr<MPI_Request> posted = nullptr) {
+    const shardplan::comm::OpInfo info{"mpi", op, rank, size, timeout};
+    int status;
+    if (!work && queue_.run_inline(info, [&](std::string& err) { return execute(run, posted, err); }, &status))
+      return status;
+    return queue_.submit(info, Task{Run(std::forward<F>(run)), std::move(posted)}, work);
   }
 
   void abort() {
@@ -479,7 +486,8 @@ class Comm {
     std::shared_ptr<MPI_Request> posted;
   };
 
-  int execute(Task& task, std::string& err) {
+  template <class F>
+  int execute(F& run, const std::shared_ptr<MPI_Request>& posted, std::string& err) {
     int status = SP_OK;
     err = unusable();
     BusyScope busy;
@@ -490,18 +498,19 @@ class Comm {
       err = "MPI has been finalized (the process is exiting)";
     } else {
       try {
-        status = task.run(err);
+        status = run(err);
       } catch (const std::exception& e) {
         status = SP_ERR_INTERNAL;
         err = e.what();
       }
     }
-    if (status != SP_OK && task.posted && *task.posted != MPI_REQUEST_NULL) give_up(task.posted.get(), 1, nullptr);
+    if (status != SP_OK && posted && *posted != MPI_REQUEST_NULL) give_up(posted.get(), 1, nullptr);
     return status;
   }
 
   std::atomic<bool> given_up_{false};
-  shardplan::comm::InOrderQueue<Task> queue_{[this](Task& task, std::string& err) { return execute(task, err); }};
+  shardplan::comm::InOrderQueue<Task> queue_{
+      [this](Task& task, std::string& err) { return execute(task.run, task.posted, err); }};
 };
 
 namespace {
@@ -584,7 +593,8 @@ class OwnAllReduce {
   OwnAllReduce(Comm& c, const char* op, std::string& err, char* data, int count, MPI_Datatype dt, MPI_Op mop,
                size_t elem)
       : c_(c), op_(op), err_(err), data_(data), count_(count), dt_(dt), mop_(mop), elem_(elem),
-        incoming_(static_cast<size_t>(count) * elem) {
+        incoming_(c.scratch) {
+    if (incoming_.size() < static_cast<size_t>(count) * elem) incoming_.resize(static_cast<size_t>(count) * elem);
     while (pof2_ * 2 <= c.size) pof2_ *= 2;
     extra_ = c.size - pof2_;
     const int me = c.rank;
@@ -699,7 +709,7 @@ class OwnAllReduce {
   const MPI_Datatype dt_;
   const MPI_Op mop_;
   const size_t elem_;
-  std::vector<uint8_t> incoming_;
+  std::vector<uint8_t>& incoming_;
   int pof2_ = 1, extra_ = 0, vrank_ = 0;
 };
 

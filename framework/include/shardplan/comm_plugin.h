@@ -174,29 +174,34 @@ class Children {
 
 // ------------------------------------------- operations run on a thread
 
+// What an operation is, for messages; the strings are literals.
+struct OpInfo {
+  const char* backend;
+  const char* op;
+  int rank;
+  int size;
+  std::chrono::milliseconds limit;  // the communicator's timeout
+
+  // "gloo all_reduce on rank 1 of 4"; built only when a message needs it.
+  std::string what() const {
+    return std::string(backend) + " " + op + " on rank " + std::to_string(rank) + " of " + std::to_string(size);
+  }
+};
+
 // One operation of a backend whose operations run to completion, one at a
-// time, on the caller's thread or a communicator's worker (InOrderQueue):
-// what a blocking call, wait() and test() look at.
+// time, on a communicator's worker (InOrderQueue): what wait() and test()
+// look at, and a blocking call that had to queue behind others.
 class WorkState {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // Pointers to string literals; `limit` is the communicator's timeout.
-  WorkState(const char* backend, const char* op, int rank, int size, std::chrono::milliseconds limit)
-      : backend(backend), op(op), rank(rank), size(size), limit(limit) {}
+  explicit WorkState(const OpInfo& info) : info(info) {}
   WorkState(const WorkState&) = delete;
   WorkState& operator=(const WorkState&) = delete;
 
-  const char* const backend;
-  const char* const op;
-  const int rank;
-  const int size;
-  const std::chrono::milliseconds limit;
+  const OpInfo info;
 
-  // "gloo all_reduce on rank 1 of 4", for messages; built only when one is needed.
-  std::string what() const {
-    return std::string(backend) + " " + op + " on rank " + std::to_string(rank) + " of " + std::to_string(size);
-  }
+  std::string what() const { return info.what(); }
 
   void start() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -240,9 +245,9 @@ class WorkState {
       return report();
     }
     while (!cv_.wait_for(lock, milliseconds(200), [&] { return done_; })) {
-      if (started_ && Clock::now() - start_ > limit + milliseconds(30000))
-        return fail(SP_ERR_TIMEOUT, what() + ": no answer from " + engine + " " + std::to_string(limit.count()) +
-                                        " ms after it started");
+      if (started_ && Clock::now() - start_ > info.limit + milliseconds(30000))
+        return fail(SP_ERR_TIMEOUT, what() + ": no answer from " + engine + " " +
+                                        std::to_string(info.limit.count()) + " ms after it started");
     }
     return report();
   }
@@ -322,30 +327,45 @@ class InOrderQueue {
     if (worker_.joinable()) worker_.join();
   }
 
-  // Runs `run` as the operation `state`. work == nullptr: returns its status
+  // The inline path of a blocking call, for any callable: when nothing is
+  // queued or running, runs f(err) on the caller and returns true with its
+  // status in *status (the message in last_error()). No work record, no
+  // std::function, no thread hop: for a small operation those were a
+  // measurable part of the call. False: the call must go through submit().
+  template <class F>
+  bool run_inline(const OpInfo& info, F&& f, int* status) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!queue_.empty() || busy_) return false;
+    busy_ = true;
+    lock.unlock();
+    std::string err;
+    *status = f(err);
+    lock.lock();
+    busy_ = false;
+    lock.unlock();
+    cv_.notify_all();
+    if (*status != SP_OK) last_error() = info.what() + ": " + err;
+    return true;
+  }
+
+  // Runs `run` as the operation `info`. work == nullptr: returns its status
   // once it has run (the message in last_error()). Otherwise queues it and
   // stores its handle in *work.
-  int submit(std::shared_ptr<WorkState> state, Run run, sp_work** work) {
+  int submit(const OpInfo& info, Run run, sp_work** work) {
+    int status;
+    if (!work && run_inline(info, [&](std::string& err) { return execute_and_free(run, err); }, &status))
+      return status;
+    auto state = std::make_shared<WorkState>(info);
     std::unique_lock<std::mutex> lock(mu_);
-    if (!work && queue_.empty() && !busy_) {
-      busy_ = true;
-      lock.unlock();
-      execute(*state, run);
-      lock.lock();
-      busy_ = false;
-      lock.unlock();
-      cv_.notify_all();
-    } else {
-      if (!worker_.joinable()) worker_ = std::thread(&InOrderQueue::worker_loop, this);
-      queue_.push_back(Task{state, std::move(run)});
-      lock.unlock();
-      cv_.notify_all();
-      if (work) {
-        *work = reinterpret_cast<sp_work*>(new WorkHandle{std::move(state)});
-        return SP_OK;
-      }
-      state->wait_done();
+    if (!worker_.joinable()) worker_ = std::thread(&InOrderQueue::worker_loop, this);
+    queue_.push_back(Task{state, std::move(run)});
+    lock.unlock();
+    cv_.notify_all();
+    if (work) {
+      *work = reinterpret_cast<sp_work*>(new WorkHandle{std::move(state)});
+      return SP_OK;
     }
+    state->wait_done();
     return state->report();
   }
 
@@ -355,11 +375,16 @@ class InOrderQueue {
     Run run;
   };
 
+  int execute_and_free(Run& run, std::string& err) {
+    const int status = execute_(run, err);
+    run = Run();  // frees the operation's temporaries before anyone is told it is done
+    return status;
+  }
+
   void execute(WorkState& state, Run& run) {
     state.start();
     std::string err;
-    const int status = execute_(run, err);
-    run = Run();  // frees the operation's temporaries before anyone is told it is done
+    const int status = execute_and_free(run, err);
     state.finish(status, std::move(err));
   }
 
