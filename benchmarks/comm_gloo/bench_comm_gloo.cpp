@@ -3,7 +3,7 @@
 // buffers (float32, sum, in place), with the ranks as fork()ed processes
 // talking TCP over loopback.
 //
-//   bench_comm_gloo [--ranks N] [--scale S] [--max-bytes B] [--plugin PATH] [--control]
+//   bench_comm_gloo [--ranks N] [--scale S] [--min-bytes B] [--max-bytes B] [--plugin PATH] [--control]
 //
 // Blocks of calls through the plugin and through raw gloo alternate
 // (tools/bench/comm/interleaved.h); the table gives the median time per call
@@ -73,18 +73,17 @@ class Raw final : public shardplan_bench::ReduceSide {
 
 // control: the "plugin" side is a second raw gloo context, so the ratio
 // column shows what noise alone does to it on this machine.
-void run_rank(const Ranks& r, const sp_comm_api* api, int scale, size_t max_bytes, bool control) {
+void run_rank(const Ranks& r, const sp_comm_api* api, const shardplan_bench::InterleavedArgs& args) {
+  const bool control = args.control;
   std::unique_ptr<shardplan_bench::ReduceSide> tested;
   if (control) tested = std::make_unique<Raw>(r, "control");
   else
     tested = std::make_unique<shardplan_bench::PluginReduceSide>(
         api, r.rank, r.size, kTimeoutMs, std::vector<std::string>{"file_store=" + r.dir + "/plugin", "local_addr=127.0.0.1"});
   Raw raw(r, "raw");
-  shardplan_bench::InterleavedOptions o;
+  shardplan_bench::InterleavedOptions o = args.options;
   o.rank = r.rank;
   o.size = r.size;
-  o.scale = scale;
-  o.max_bytes = max_bytes;
   o.tested_name = control ? "control" : "plugin";
   o.raw_name = "raw gloo";
   o.title = "all_reduce float32 sum in place, " + std::to_string(r.size) +
@@ -94,38 +93,23 @@ void run_rank(const Ranks& r, const sp_comm_api* api, int scale, size_t max_byte
 }
 
 int usage() {
-  std::fprintf(stderr, "usage: bench_comm_gloo [--ranks N] [--scale S] [--max-bytes B] [--plugin PATH] [--control]\n");
+  std::fprintf(stderr, "usage: bench_comm_gloo [--ranks N] [--scale S] [--min-bytes B] [--max-bytes B] [--plugin PATH] [--control]\n");
   return 2;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int ranks = 2, scale = 1;
-  bool control = false;
-  size_t max_bytes = size_t(64) << 20;
-  std::string plugin_path = SHARDPLAN_GLOO_PLUGIN;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--control") {
-      control = true;
-      continue;
-    }
-    const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (!v) return usage();
-    ++i;
-    if (a == "--ranks") ranks = std::atoi(v);
-    else if (a == "--scale") scale = std::atoi(v);
-    else if (a == "--max-bytes") max_bytes = std::strtoull(v, nullptr, 10);
-    else if (a == "--plugin") plugin_path = v;
-    else return usage();
-  }
-  if (ranks < 1 || scale < 1 || max_bytes < 4096) return usage();
+  shardplan_bench::InterleavedArgs args;
+  args.plugin = SHARDPLAN_GLOO_PLUGIN;
+  args.options.min_bytes = 4096;
+  int ranks = 2;
+  if (!shardplan_bench::parse_interleaved_args(argc, argv, args, &ranks)) return usage();
 
   char tmpl[] = "/tmp/bench_comm_gloo.XXXXXX";
   if (!::mkdtemp(tmpl)) die("mkdtemp failed");
   const std::string dir = tmpl;
-  const sp_comm_api* api = load_plugin(plugin_path);
+  const sp_comm_api* api = load_plugin(args.plugin);
   std::fflush(stdout);
 
   std::vector<pid_t> children;
@@ -134,7 +118,7 @@ int main(int argc, char** argv) {
     if (pid < 0) die("fork failed");
     if (pid == 0) {
       try {
-        run_rank({r, ranks, dir}, api, scale, max_bytes, control);
+        run_rank({r, ranks, dir}, api, args);
       } catch (const std::exception& e) {
         die(std::string("rank ") + std::to_string(r) + ": " + e.what());
       }
@@ -145,7 +129,7 @@ int main(int argc, char** argv) {
   }
   int rc = 0;
   try {
-    run_rank({0, ranks, dir}, api, scale, max_bytes, control);
+    run_rank({0, ranks, dir}, api, args);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_comm_gloo: %s\n", e.what());
     rc = 1;

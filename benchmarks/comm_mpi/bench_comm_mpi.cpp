@@ -17,7 +17,6 @@
 #include <mpi.h>
 #include <unistd.h>
 
-#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -62,27 +61,11 @@ int usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  shardplan_bench::InterleavedOptions o;
-  bool control = false;
-  std::string plugin_path = SHARDPLAN_MPI_PLUGIN;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--control") {
-      control = true;
-      continue;
-    }
-    const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (!v) return usage();
-    ++i;
-    if (a == "--scale") o.scale = std::atoi(v);
-    else if (a == "--min-bytes") o.min_bytes = std::strtoull(v, nullptr, 10);
-    else if (a == "--max-bytes") o.max_bytes = std::strtoull(v, nullptr, 10);
-    else if (a == "--plugin") plugin_path = v;
-    else return usage();
-  }
-  if (o.scale < 1 || o.min_bytes < sizeof(float) || o.max_bytes < o.min_bytes ||
-      o.max_bytes / sizeof(float) > static_cast<size_t>(INT_MAX))
-    return usage();
+  shardplan_bench::InterleavedArgs args;
+  args.plugin = SHARDPLAN_MPI_PLUGIN;
+  if (!shardplan_bench::parse_interleaved_args(argc, argv, args)) return usage();
+  shardplan_bench::InterleavedOptions& o = args.options;
+  const bool control = args.control;
 
   // The plugin checks its rank and size against MPI_COMM_WORLD's.
   o.rank = env_int("OMPI_COMM_WORLD_RANK", "PMI_RANK", -1);
@@ -93,7 +76,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    const sp_comm_api* api = shardplan_bench::open_comm_plugin(plugin_path);
+    const sp_comm_api* api = shardplan_bench::open_comm_plugin(args.plugin);
     // Created first: the plugin initialises MPI the way it does for users.
     shardplan_bench::PluginReduceSide plugin(api, o.rank, o.size, kTimeoutMs, {});
     MPI_Comm world_dup = MPI_COMM_NULL, dup_for_control = MPI_COMM_NULL;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
+#include <cstdlib>
 #include <cstdio>
 #include <stdexcept>
 
@@ -40,6 +42,29 @@ void PluginReduceSide::all_reduce(float* data, size_t n) {
 
 void PluginReduceSide::barrier() {
   if (api_->barrier(comm_, nullptr) != SP_OK) throw std::runtime_error(api_->last_error());
+}
+
+bool parse_interleaved_args(int argc, char** argv, InterleavedArgs& args, int* ranks) {
+  InterleavedOptions& o = args.options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--control") {
+      args.control = true;
+      continue;
+    }
+    const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
+    if (!v) return false;
+    ++i;
+    if (a == "--scale") o.scale = std::atoi(v);
+    else if (a == "--min-bytes") o.min_bytes = std::strtoull(v, nullptr, 10);
+    else if (a == "--max-bytes") o.max_bytes = std::strtoull(v, nullptr, 10);
+    else if (a == "--plugin") args.plugin = v;
+    else if (a == "--ranks" && ranks) *ranks = std::atoi(v);
+    else return false;
+  }
+  // Counts go to MPI and gloo as ints.
+  return o.scale >= 1 && o.min_bytes >= sizeof(float) && o.max_bytes >= o.min_bytes &&
+         o.max_bytes / sizeof(float) <= static_cast<size_t>(INT_MAX) && (!ranks || *ranks >= 1);
 }
 
 namespace {

@@ -52,6 +52,17 @@ struct InterleavedOptions {
   std::string title;                   // first line of the table
 };
 
+// The command line both benchmarks share: --scale S, --min-bytes B,
+// --max-bytes B, --plugin PATH, --control, and --ranks N where the program
+// starts its own ranks (`ranks` non-null). Fills what it is given; false on
+// anything else or an out-of-range value.
+struct InterleavedArgs {
+  InterleavedOptions options;
+  bool control = false;  // time the raw library against itself
+  std::string plugin;
+};
+bool parse_interleaved_args(int argc, char** argv, InterleavedArgs& args, int* ranks = nullptr);
+
 // Checks both sides' sums, then measures every size; rank 0 prints the table
 // (median µs per call of each side, GB/s, and the median over neighbouring
 // block pairs of raw time / tested time). Throws on a wrong sum.
