@@ -511,6 +511,37 @@ tensors:
   EXPECT_THAT(broken("dtype: float32", "dtype: complex"), ::testing::HasSubstr("unknown dtype"));
 }
 
+// Found by the fuzzer: a plan holding a NUL byte was written as a literal
+// block, which ends the document there, and the metadata read back lost
+// everything after the plan. Text a literal block or a plain key cannot hold
+// is written double-quoted. (Any text: YAML is UTF-8, and the plan saved is
+// what yaml-cpp read from the plan file.)
+TEST(CheckpointMeta, AnyPlanTextAndAttributeNameSurviveARoundTrip) {
+  shardplan::ckpt::Meta meta;
+  meta.format_version = 1;
+  meta.world_size = 1;
+  shardplan::ckpt::TensorEntry t;
+  t.name = "w";
+  t.dtype = "float32";
+  t.shape = {2};
+  shardplan::ckpt::Piece p;
+  p.rank = 0;
+  p.file = "a.bin";
+  p.nbytes = 8;
+  p.shape = {2};
+  t.pieces.push_back(p);
+  meta.tensors.push_back(t);
+  for (const std::string plan : {std::string("rules: []\n"), std::string("mesh: {m\0x: 1}\n", 15),
+                                 std::string("  leading spaces\n"), std::string("tab\there\r\n\x7f caf\xc3\xa9")}) {
+    meta.plan = plan;
+    meta.attributes = {{std::string("key\0\n", 5), "v"}, {"optimizer", "adam"}};
+    const auto again = shardplan::ckpt::parse_meta(shardplan::ckpt::to_yaml(meta), "again.yaml");
+    EXPECT_EQ(again.plan, plan);
+    EXPECT_EQ(again.attributes, meta.attributes);
+    ASSERT_EQ(again.tensors.size(), 1u);
+  }
+}
+
 TEST(CheckpointMeta, Crc32cKnownValue) {
   // RFC 3720 B.4: 32 bytes of zeros.
   std::vector<unsigned char> zeros(32, 0);

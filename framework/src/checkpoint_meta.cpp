@@ -137,6 +137,22 @@ void emit_ints(YAML::Emitter& out, const std::vector<int64_t>& v) {
 
 }  // namespace
 
+namespace {
+
+// Whether `text` can be written as YAML's plain or literal form and read
+// back unchanged: printable ASCII (and line breaks where `lines`), not
+// starting with a space (a literal block would read it as indentation).
+// Anything else, a NUL byte or a control character say, is written
+// double-quoted, where YAML escapes it.
+bool plainly_writable(const std::string& text, bool lines) {
+  if (!text.empty() && text[0] == ' ') return false;
+  return std::all_of(text.begin(), text.end(), [lines](unsigned char ch) {
+    return (ch >= 0x20 && ch < 0x7f) || (lines && ch == '\n');
+  });
+}
+
+}  // namespace
+
 std::string to_yaml(const Meta& meta) {
   YAML::Emitter out;
   out << YAML::BeginMap;
@@ -146,9 +162,14 @@ std::string to_yaml(const Meta& meta) {
   for (const auto& a : meta.mesh) out << YAML::Key << a.first << YAML::Value << a.second;
   out << YAML::EndMap;
   out << YAML::Key << "attributes" << YAML::Value << YAML::BeginMap;
-  for (const auto& kv : meta.attributes) out << YAML::Key << kv.first << YAML::Value << YAML::DoubleQuoted << kv.second;
+  for (const auto& kv : meta.attributes) {
+    out << YAML::Key;
+    if (!plainly_writable(kv.first, false)) out << YAML::DoubleQuoted;
+    out << kv.first << YAML::Value << YAML::DoubleQuoted << kv.second;
+  }
   out << YAML::EndMap;
-  out << YAML::Key << "plan" << YAML::Value << YAML::Literal << meta.plan;
+  out << YAML::Key << "plan" << YAML::Value << (plainly_writable(meta.plan, true) ? YAML::Literal : YAML::DoubleQuoted)
+      << meta.plan;
   if (!meta.modules.empty()) {
     out << YAML::Key << "modules" << YAML::Value << YAML::Flow << YAML::BeginSeq;
     for (const auto& m : meta.modules) out << YAML::DoubleQuoted << m;
