@@ -347,7 +347,44 @@ std::string regex_reason(const std::string& pattern, const std::regex_error& e) 
   }
 }
 
+// std::regex copies an atom once per repetition when it compiles {m,n}, so a
+// large count costs memory and time for nothing (parameter names are short),
+// and libstdc++ reads counts into a long without an overflow check. Counts
+// above this are refused before std::regex sees them.
+constexpr unsigned long kMaxRepeat = 1000;
+
+// The first repetition count in `pattern` above kMaxRepeat, written as it
+// stands, or "". Escapes and bracket expressions hold no counts.
+std::string oversized_repeat(const std::string& pattern) {
+  bool in_set = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\') {
+      ++i;
+    } else if (in_set) {
+      if (c == ']') in_set = false;
+    } else if (c == '[') {
+      in_set = true;
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') ++i;  // "[]...]": a literal ']' first
+    } else if (c == '{') {
+      for (size_t j = i + 1; j < pattern.size() && (std::isdigit(static_cast<unsigned char>(pattern[j])) ||
+                                                     pattern[j] == ',');) {
+        const size_t start = j;
+        while (j < pattern.size() && std::isdigit(static_cast<unsigned char>(pattern[j]))) ++j;
+        const std::string digits = pattern.substr(start, j - start);
+        if (digits.size() > 4 || (!digits.empty() && std::stoul(digits) > kMaxRepeat)) return digits;
+        if (j < pattern.size() && pattern[j] == ',') ++j;
+      }
+    }
+  }
+  return {};
+}
+
 std::shared_ptr<const Matcher> compile(const std::string& pattern, const SourceLoc& loc) {
+  const std::string count = oversized_repeat(pattern);
+  if (!count.empty())
+    throw PlanError(loc, "invalid regex '" + pattern + "': repetition count " + count + " is too large (at most " +
+                             std::to_string(kMaxRepeat) + ")");
   try {
     return std::make_shared<const Matcher>(pattern);
   } catch (const std::regex_error& e) {
