@@ -511,6 +511,8 @@ TEST(PlanErrors, InvalidRegex) {
                     "repetition count 9999999999999999999 is too large (at most 1000)");
   EXPECT_PLAN_ERROR("mesh: {model: 2}\nrules:\n  - {match: 'blocks\\.\\d{2,5000}', layout: []}\n", 3, 13,
                     "repetition count 5000 is too large");
+  EXPECT_PLAN_ERROR("mesh: {model: 2}\nrules:\n  - {match: '(a)\\99999999999999999999', layout: []}\n", 3, 13,
+                    "back-reference \\99999999999999999999 is too large");
   // Braces that hold no count are left alone: escaped, or in a set.
   EXPECT_NO_THROW(shardplan::parse_plan("mesh: {model: 2}\nrules:\n  - {match: 'a\\{99999\\}|[{9999999}]|b{1000}', "
                                         "layout: []}\n"));

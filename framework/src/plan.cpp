@@ -349,18 +349,29 @@ std::string regex_reason(const std::string& pattern, const std::regex_error& e) 
 
 // std::regex copies an atom once per repetition when it compiles {m,n}, so a
 // large count costs memory and time for nothing (parameter names are short),
-// and libstdc++ reads counts into a long without an overflow check. Counts
-// above this are refused before std::regex sees them.
+// and libstdc++ reads counts and back-reference numbers into a long without
+// an overflow check. Numbers above these are refused before std::regex sees
+// them.
 constexpr unsigned long kMaxRepeat = 1000;
+constexpr size_t kMaxBackrefDigits = 4;  // no pattern has 10,000 groups
 
-// The first repetition count in `pattern` above kMaxRepeat, written as it
-// stands, or "". Escapes and bracket expressions hold no counts.
-std::string oversized_repeat(const std::string& pattern) {
+size_t digits_at(const std::string& s, size_t i) {
+  size_t j = i;
+  while (j < s.size() && std::isdigit(static_cast<unsigned char>(s[j]))) ++j;
+  return j - i;
+}
+
+// Why `pattern` holds a number std::regex must not read, or "". Bracket
+// expressions hold neither counts nor back-references.
+std::string oversized_number(const std::string& pattern) {
   bool in_set = false;
   for (size_t i = 0; i < pattern.size(); ++i) {
     const char c = pattern[i];
     if (c == '\\') {
-      ++i;
+      const size_t n = digits_at(pattern, i + 1);
+      if (!in_set && n > kMaxBackrefDigits)
+        return "back-reference \\" + pattern.substr(i + 1, n) + " is too large (no such group)";
+      i += std::max<size_t>(n, 1);
     } else if (in_set) {
       if (c == ']') in_set = false;
     } else if (c == '[') {
@@ -369,10 +380,11 @@ std::string oversized_repeat(const std::string& pattern) {
     } else if (c == '{') {
       for (size_t j = i + 1; j < pattern.size() && (std::isdigit(static_cast<unsigned char>(pattern[j])) ||
                                                      pattern[j] == ',');) {
-        const size_t start = j;
-        while (j < pattern.size() && std::isdigit(static_cast<unsigned char>(pattern[j]))) ++j;
-        const std::string digits = pattern.substr(start, j - start);
-        if (digits.size() > 4 || (!digits.empty() && std::stoul(digits) > kMaxRepeat)) return digits;
+        const size_t n = digits_at(pattern, j);
+        const std::string count = pattern.substr(j, n);
+        if (n > 4 || (n > 0 && std::stoul(count) > kMaxRepeat))
+          return "repetition count " + count + " is too large (at most " + std::to_string(kMaxRepeat) + ")";
+        j += n;
         if (j < pattern.size() && pattern[j] == ',') ++j;
       }
     }
@@ -381,10 +393,8 @@ std::string oversized_repeat(const std::string& pattern) {
 }
 
 std::shared_ptr<const Matcher> compile(const std::string& pattern, const SourceLoc& loc) {
-  const std::string count = oversized_repeat(pattern);
-  if (!count.empty())
-    throw PlanError(loc, "invalid regex '" + pattern + "': repetition count " + count + " is too large (at most " +
-                             std::to_string(kMaxRepeat) + ")");
+  const std::string oversized = oversized_number(pattern);
+  if (!oversized.empty()) throw PlanError(loc, "invalid regex '" + pattern + "': " + oversized);
   try {
     return std::make_shared<const Matcher>(pattern);
   } catch (const std::regex_error& e) {
