@@ -236,10 +236,19 @@ class SimplePattern {
   size_t varying_ = 0;  // atoms whose repeat count is not fixed
 };
 
+// libstdc++'s default executor backtracks, exponential in the name for
+// patterns like '(a+)+b' or 'c+++'; its __polynomial extension selects the
+// automaton executor, which needs no back-references (refused anyway).
+#if defined(__GLIBCXX__)
+constexpr auto kRegexFlags = std::regex::ECMAScript | std::regex_constants::__polynomial;
+#else
+constexpr auto kRegexFlags = std::regex::ECMAScript;
+#endif
+
 class Matcher {
  public:
   explicit Matcher(const std::string& pattern)
-      : regex_(pattern, std::regex::ECMAScript), simple_(SimplePattern::compile(pattern)) {
+      : regex_(pattern, kRegexFlags), simple_(SimplePattern::compile(pattern)) {
     analyze(pattern);
   }
 
@@ -347,13 +356,14 @@ std::string regex_reason(const std::string& pattern, const std::regex_error& e) 
   }
 }
 
-// std::regex copies an atom once per repetition when it compiles {m,n}, so a
-// large count costs memory and time for nothing (parameter names are short),
-// and libstdc++ reads counts and back-reference numbers into a long without
-// an overflow check. Numbers above these are refused before std::regex sees
-// them.
+// What std::regex is not given. Back-references: with one, libstdc++ can
+// only match by backtracking, exponential in the name for patterns like
+// '(.*)*\\1x', and parameter paths have no use for them; without, Matcher
+// uses its polynomial executor. Large repetition counts: std::regex copies
+// an atom once per repetition, so they cost memory and time for nothing
+// (parameter names are short), and libstdc++ reads counts into a long
+// without an overflow check.
 constexpr unsigned long kMaxRepeat = 1000;
-constexpr size_t kMaxBackrefDigits = 4;  // no pattern has 10,000 groups
 
 size_t digits_at(const std::string& s, size_t i) {
   size_t j = i;
@@ -361,16 +371,17 @@ size_t digits_at(const std::string& s, size_t i) {
   return j - i;
 }
 
-// Why `pattern` holds a number std::regex must not read, or "". Bracket
+// Why `pattern` is refused before std::regex sees it, or "". Bracket
 // expressions hold neither counts nor back-references.
-std::string oversized_number(const std::string& pattern) {
+std::string refused_syntax(const std::string& pattern) {
   bool in_set = false;
   for (size_t i = 0; i < pattern.size(); ++i) {
     const char c = pattern[i];
     if (c == '\\') {
       const size_t n = digits_at(pattern, i + 1);
-      if (!in_set && n > kMaxBackrefDigits)
-        return "back-reference \\" + pattern.substr(i + 1, n) + " is too large (no such group)";
+      if (!in_set && n > 0 && pattern[i + 1] != '0')
+        return "back-reference \\" + pattern.substr(i + 1, std::min<size_t>(n, 20)) +
+               (n > 20 ? "..." : "") + " (back-references are not supported: they make matching exponential)";
       i += std::max<size_t>(n, 1);
     } else if (in_set) {
       if (c == ']') in_set = false;
@@ -393,8 +404,8 @@ std::string oversized_number(const std::string& pattern) {
 }
 
 std::shared_ptr<const Matcher> compile(const std::string& pattern, const SourceLoc& loc) {
-  const std::string oversized = oversized_number(pattern);
-  if (!oversized.empty()) throw PlanError(loc, "invalid regex '" + pattern + "': " + oversized);
+  const std::string refused = refused_syntax(pattern);
+  if (!refused.empty()) throw PlanError(loc, "invalid regex '" + pattern + "': " + refused);
   try {
     return std::make_shared<const Matcher>(pattern);
   } catch (const std::regex_error& e) {
