@@ -532,7 +532,8 @@ TEST(CheckpointMeta, AnyPlanTextAndAttributeNameSurviveARoundTrip) {
   t.pieces.push_back(p);
   meta.tensors.push_back(t);
   for (const std::string plan : {std::string("rules: []\n"), std::string("mesh: {m\0x: 1}\n", 15),
-                                 std::string("  leading spaces\n"), std::string("tab\there\r\n\x7f caf\xc3\xa9")}) {
+                                 std::string("  leading spaces\n"), std::string("tab\there\r\n\x7f caf\xc3\xa9"), std::string("no final line break"),
+                                 std::string("two\n\n"), std::string("\nleading line break\n"), std::string()}) {
     meta.plan = plan;
     meta.attributes = {{std::string("key\0\n", 5), "v"}, {"optimizer", "adam"}};
     const auto again = shardplan::ckpt::parse_meta(shardplan::ckpt::to_yaml(meta), "again.yaml");

@@ -141,11 +141,15 @@ namespace {
 
 // Whether `text` can be written as YAML's plain or literal form and read
 // back unchanged: printable ASCII (and line breaks where `lines`), not
-// starting with a space (a literal block would read it as indentation).
-// Anything else, a NUL byte or a control character say, is written
-// double-quoted, where YAML escapes it.
+// starting with a space or, for a literal block, a line break (either would
+// be read as indentation), and for a literal block ending in exactly one line
+// break, which is what its default chomping gives back. Anything else (a NUL
+// byte, a control character, no final line break) is written double-quoted,
+// where YAML escapes it.
 bool plainly_writable(const std::string& text, bool lines) {
-  if (!text.empty() && text[0] == ' ') return false;
+  if (text.empty()) return true;
+  if (text[0] == ' ' || (lines && text[0] == '\n')) return false;
+  if (lines && (text.back() != '\n' || (text.size() > 1 && text[text.size() - 2] == '\n'))) return false;
   return std::all_of(text.begin(), text.end(), [lines](unsigned char ch) {
     return (ch >= 0x20 && ch < 0x7f) || (lines && ch == '\n');
   });
