@@ -509,6 +509,12 @@ tensors:
   EXPECT_THAT(broken("axis: model, parts: 2, index: 1", "axis: data, parts: 2, index: 1"),
               ::testing::HasSubstr("which the mesh does not have"));
   EXPECT_THAT(broken("dtype: float32", "dtype: complex"), ::testing::HasSubstr("unknown dtype"));
+  // Found by the fuzzer: yaml-cpp writes bytes that are not UTF-8 as U+FFFD,
+  // so such a name would change when the metadata is written back.
+  EXPECT_THAT(broken("name: w", "name: \"w\xe8\""), ::testing::HasSubstr("m.yaml:5:11: 'name' is not valid UTF-8"));
+  EXPECT_THAT(broken("mesh: {model: 2}", "mesh: {model: 2}\nattributes: {\"k\xc0\xaf\": v}"),
+              ::testing::HasSubstr("an attribute name is not valid UTF-8"));
+  EXPECT_EQ(broken("name: w", "name: \"w\xc3\xa9\""), "parsed");
 }
 
 // Found by the fuzzer: a plan holding a NUL byte was written as a literal

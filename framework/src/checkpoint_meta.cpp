@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <limits>
 #include <set>
+#include <type_traits>
 
 #include "shardplan/error.h"
 
@@ -219,6 +220,35 @@ std::string to_yaml(const Meta& meta) {
 
 namespace {
 
+// YAML text is UTF-8, and yaml-cpp writes any other byte sequence as U+FFFD:
+// a name or key that is not UTF-8 would not survive being written back, so
+// it is refused on reading. Strict: no overlong forms, no surrogates.
+bool valid_utf8(const std::string& s) {
+  static const uint32_t kMinForLength[] = {0, 0, 0x80, 0x800, 0x10000};
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len;
+    uint32_t cp;
+    if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1F;
+    else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0F;
+    else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07;
+    else return false;
+    if (i + len > s.size()) return false;
+    for (size_t k = 1; k < len; ++k) {
+      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    if (cp < kMinForLength[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    i += len;
+  }
+  return true;
+}
+
 class Reader {
  public:
   explicit Reader(std::string source) : source_(std::move(source)) {}
@@ -240,11 +270,19 @@ class Reader {
   template <class T>
   T scalar(const YAML::Node& map, const char* key) const {
     YAML::Node v = need(map, key, YAML::NodeType::Scalar);
+    if constexpr (std::is_same_v<T, std::string>) return text(v, std::string("'") + key + "'");
     try {
       return v.as<T>();
     } catch (const YAML::Exception&) {
       fail(v, std::string("'") + key + "' is not a valid value: '" + v.Scalar() + "'");
     }
+  }
+
+  // A scalar's text, which must be UTF-8; `what` names it in the error.
+  std::string text(const YAML::Node& v, const std::string& what) const {
+    if (!v.IsScalar()) fail(v, what + " must be a scalar");
+    if (!valid_utf8(v.Scalar())) fail(v, what + " is not valid UTF-8");
+    return v.Scalar();
   }
 
   int64_t dim_value(const YAML::Node& v, int64_t lo) const {
@@ -318,7 +356,7 @@ Meta parse_meta(const std::string& text, const std::string& source, bool complet
     for (const auto& kv : mesh) {
       const int size = static_cast<int>(r.dim_value(kv.second, 1));
       if (size > meta.world_size) r.fail(kv.second, "axis larger than the world");
-      meta.mesh.emplace_back(kv.first.as<std::string>(), size);
+      meta.mesh.emplace_back(r.text(kv.first, "a mesh axis name"), size);
       product *= size;
     }
     if (complete && !meta.mesh.empty() && product != meta.world_size)
@@ -329,18 +367,18 @@ Meta parse_meta(const std::string& text, const std::string& source, bool complet
     if (!attrs.IsMap()) r.fail(attrs, "'attributes' must be a mapping");
     for (const auto& kv : attrs) {
       if (!kv.second.IsScalar()) r.fail(kv.second, "attribute values must be scalars");
-      meta.attributes[kv.first.as<std::string>()] = kv.second.Scalar();
+      meta.attributes[r.text(kv.first, "an attribute name")] = r.text(kv.second, "an attribute value");
     }
   }
   if (YAML::Node plan = root["plan"]) {
     if (!plan.IsScalar()) r.fail(plan, "'plan' must be the plan's text");
-    meta.plan = plan.Scalar();
+    meta.plan = r.text(plan, "'plan'");
   }
   if (YAML::Node modules = root["modules"]) {
     if (!modules.IsSequence()) r.fail(modules, "'modules' must list module paths");
     for (const auto& m : modules) {
       if (!m.IsScalar() || m.Scalar().empty()) r.fail(m, "'modules' must list module paths");
-      meta.modules.push_back(m.Scalar());
+      meta.modules.push_back(r.text(m, "a module path"));
     }
   }
   std::set<std::string> names;
@@ -356,7 +394,7 @@ Meta parse_meta(const std::string& text, const std::string& source, bool complet
     t.shape = r.ints(tn, "shape", 0);
     if (t.shape.size() > 16) r.fail(tn["shape"], what + ": more than 16 dims");
     if (!numel(t.shape)) r.fail(tn["shape"], what + ": too many elements");
-    if (YAML::Node l = tn["layout"]) t.layout = l.IsScalar() ? l.Scalar() : "";
+    if (YAML::Node l = tn["layout"]) t.layout = l.IsScalar() ? r.text(l, "'layout'") : "";
     if (YAML::Node b = tn["buffer"]) {
       if (!b.IsScalar()) r.fail(b, what + ": 'buffer' must be true or false");
       try {
