@@ -42,32 +42,12 @@
 #include "shardplan/plan.h"
 #include "shardplan/shard.h"
 #include "shardplan/world.h"
+#include "../common/lockstep.h"
 
 namespace {
 
 using shardplan::World;
 using Step = std::function<void()>;
-
-// Rank 0 runs Google Benchmark's loop and posts each step before taking it;
-// the other ranks take a step only once it is posted, so nobody enters a
-// collective rank 0 will not join. A shared counter, not a barrier per step:
-// a gloo barrier costs more than some of the steps measured here.
-class Lockstep {
- public:
-  void post() { posted_.fetch_add(1, std::memory_order_release); }
-  void finish() { finished_.store(true, std::memory_order_release); }
-  bool wait_for(int64_t n) const {
-    for (;;) {
-      if (posted_.load(std::memory_order_acquire) > n) return true;
-      if (finished_.load(std::memory_order_acquire)) return posted_.load(std::memory_order_acquire) > n;
-      std::this_thread::yield();
-    }
-  }
-
- private:
-  std::atomic<int64_t> posted_{0};
-  std::atomic<bool> finished_{false};
-};
 
 // Holds one layer under the name "layer", so every plan below reads alike.
 template <class L>
