@@ -10,6 +10,11 @@
 // so posting them in order from the queue would deadlock an isend/irecv
 // exchange between two ranks. Messages to oneself (gloo has no pair to self)
 // go through an in-process mailbox.
+//
+// The pieces: comm.h (a communicator and its queue), context.h (aborting a
+// gloo context), self_mailbox.h (messages to oneself), run_gloo.h (gloo's
+// collectives on our buffers), validation.h (argument checks), errors.h
+// (statuses, SIGPIPE), reduce.h (reductions), rendezvous.h (stores).
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
@@ -18,53 +23,33 @@
 #include <gloo/common/error.h>
 #include <gloo/gather.h>
 #include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/prefix_store.h>
 #include <gloo/scatter.h>
-#if SHARDPLAN_GLOO_TCP_HEADERS
-#include <gloo/transport/tcp/context.h>
-#endif
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
-#include <pthread.h>
-#include <signal.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cctype>
-#include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <ctime>
-#include <deque>
-#include <functional>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "comm.h"
+#include "errors.h"
 #include "reduce.h"
 #include "rendezvous.h"
+#include "run_gloo.h"
+#include "self_mailbox.h"
 #include "shardplan/abi/comm.h"
 #include "shardplan/abi/plugin.h"
 #include "shardplan/comm_dtype.h"
 #include "shardplan/comm_plugin.h"
-
-namespace sp_gloo {
-class Comm;
-}  // namespace sp_gloo
-
-struct sp_comm {
-  std::shared_ptr<sp_gloo::Comm> impl;
-};
+#include "validation.h"
 
 namespace sp_gloo {
 namespace {
 
-using ms = std::chrono::milliseconds;
 using shardplan::comm::dtype_size;
 using shardplan::comm::fail;
 using shardplan::comm::overlaps;
@@ -72,446 +57,6 @@ using shardplan::comm::overlaps;
 // Slot prefixes of our own algorithms; gloo's collectives use 0x01..0x08.
 constexpr uint8_t kReduceScatterSlotPrefix = 0x21;
 constexpr uint8_t kPointToPointSlotPrefix = 0x22;
-
-// gloo writes to its sockets with writev(), so a peer that died raises
-// SIGPIPE in whichever thread writes next, and the default action kills the
-// whole process before gloo can report the error. SIGPIPE is thread-directed:
-// blocking it around our calls (and in threads we start; gloo's event loop
-// inherits the mask when the device is created inside such a call) turns it
-// into EPIPE without changing how the host process treats its own pipes.
-class SigpipeBlock {
- public:
-  SigpipeBlock() {
-    sigemptyset(&pipe_);
-    sigaddset(&pipe_, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
-  }
-  ~SigpipeBlock() {
-    // Where SIGPIPE was not blocked before, one pending now was raised by
-    // our writes (an earlier one would have been delivered); consume it
-    // before unblocking. Where it was blocked, the host handles it.
-    if (!sigismember(&old_, SIGPIPE)) {
-      sigset_t pending;
-      sigpending(&pending);
-      if (sigismember(&pending, SIGPIPE) == 1) {
-        timespec zero{};
-        sigtimedwait(&pipe_, nullptr, &zero);
-      }
-    }
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-  }
-  SigpipeBlock(const SigpipeBlock&) = delete;
-  SigpipeBlock& operator=(const SigpipeBlock&) = delete;
-
- private:
-  sigset_t pipe_;
-  sigset_t old_;
-};
-
-// gloo prefixes messages with "[file:line] ", sometimes twice; users want
-// the cause on one line.
-std::string clean(std::string msg) {
-  while (msg.size() > 1 && msg[0] == '[') {
-    auto close = msg.find("] ");
-    if (close == std::string::npos) break;
-    msg.erase(0, close + 2);
-  }
-  std::replace(msg.begin(), msg.end(), '\n', ' ');
-  return msg;
-}
-
-bool mentions_timeout(const std::string& msg) {
-  std::string low(msg);
-  std::transform(low.begin(), low.end(), low.begin(), [](unsigned char c) { return std::tolower(c); });
-  return low.find("timed out") != std::string::npos || low.find("timeout") != std::string::npos;
-}
-
-uint8_t* bytes(const sp_buffer& b, size_t offset = 0) { return static_cast<uint8_t*>(b.data) + offset; }
-
-// gloo's option setters take the element type only for its size.
-template <typename F>
-void by_element_size(size_t es, F&& f) {
-  switch (es) {
-    case 1: f(uint8_t{}); break;
-    case 2: f(uint16_t{}); break;
-    case 4: f(uint32_t{}); break;
-    case 8: f(uint64_t{}); break;
-    default: GLOO_THROW("unsupported element size ", es);
-  }
-}
-
-// tcp::Context::signalException is what gloo itself calls when an operation
-// times out: it fails every pending buffer and closes every pair. Aborting a
-// communicator is exactly that, on demand.
-#if SHARDPLAN_GLOO_TCP_HEADERS
-// It is protected; naming it through a derived class yields a usable pointer.
-struct TcpContextAccess : gloo::transport::tcp::Context {
-  static auto signal() { return &TcpContextAccess::signalException; }
-};
-void fail_pending(gloo::transport::Context* ctx, const std::string& why) {
-  (static_cast<gloo::transport::tcp::Context*>(ctx)->*TcpContextAccess::signal())(why);
-}
-#else
-// Some packages (Debian's libgloo-dev 0.5.0) ship tcp/context.h without the
-// gloo/common/memory.h it includes, so the class cannot be named. The member
-// is exported and non-virtual; on the Itanium C++ ABI a member function takes
-// `this` as its first argument, and transport::Context is tcp::Context's
-// primary base, so the transport context's address is `this`.
-void gloo_tcp_context_signal_exception(void* self, const std::string& why) __asm__(
-    "_ZN4gloo9transport3tcp7Context15signalExceptionERKNSt7__cxx1112basic_stringIcSt11char_traitsIcESaIcEEE");
-void fail_pending(gloo::transport::Context* ctx, const std::string& why) {
-  gloo_tcp_context_signal_exception(ctx, why);
-}
-#endif
-
-}  // namespace
-
-class Context final : public gloo::rendezvous::Context {
- public:
-  using gloo::rendezvous::Context::Context;
-
-  void abort(const std::string& why) {
-    // Every context of this plugin comes from a TCP device.
-    if (transportContext_) fail_pending(transportContext_.get(), why);
-  }
-};
-
-// Messages a rank sends to itself (gloo has no pair to self). Sends are
-// eager so a blocking send followed by the matching recv cannot deadlock.
-class SelfMailbox {
- public:
-  struct Recv {
-    uint32_t tag = 0;
-    void* data = nullptr;
-    size_t nbytes = 0;
-    bool done = false;
-    std::string error;
-  };
-
-  void send(uint32_t tag, const void* data, size_t nbytes) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto& waiting = recvs_[tag];
-    if (!waiting.empty()) {
-      auto r = waiting.front();
-      waiting.pop_front();
-      deliver(*r, data, nbytes);
-    } else {
-      auto p = static_cast<const uint8_t*>(data);
-      sent_[tag].emplace_back(p, p + nbytes);
-    }
-    cv_.notify_all();
-  }
-
-  std::shared_ptr<Recv> post_recv(uint32_t tag, void* data, size_t nbytes) {
-    auto r = std::make_shared<Recv>();
-    r->tag = tag;
-    r->data = data;
-    r->nbytes = nbytes;
-    std::lock_guard<std::mutex> lock(mu_);
-    auto& queued = sent_[tag];
-    if (!queued.empty()) {
-      deliver(*r, queued.front().data(), queued.front().size());
-      queued.pop_front();
-    } else {
-      recvs_[tag].push_back(r);
-    }
-    return r;
-  }
-
-  // Throws like a gloo wait would, so errors map the same way.
-  void wait(Recv& r, ms timeout, const std::atomic<bool>& aborted) {
-    std::unique_lock<std::mutex> lock(mu_);
-    bool finished = cv_.wait_for(lock, timeout, [&] { return r.done || aborted; });
-    if (!r.done) {
-      // The caller may free the buffer once we give up on it.
-      auto& waiting = recvs_[r.tag];
-      waiting.erase(std::remove_if(waiting.begin(), waiting.end(),
-                                   [&](const std::shared_ptr<Recv>& p) { return p.get() == &r; }),
-                    waiting.end());
-      if (!finished)
-        throw gloo::IoException("Timed out waiting " + std::to_string(timeout.count()) +
-                                "ms for a message this rank sent to itself");
-      throw gloo::IoException("aborted while waiting for a message this rank sent to itself");
-    }
-    if (!r.error.empty()) throw gloo::Exception(r.error);
-  }
-
-  void wake() { cv_.notify_all(); }
-
- private:
-  static void deliver(Recv& r, const void* data, size_t nbytes) {
-    if (nbytes != r.nbytes)
-      r.error = "message to self has " + std::to_string(nbytes) + " bytes but the recv buffer " +
-                std::to_string(r.nbytes);
-    else if (nbytes)
-      std::memcpy(r.data, data, nbytes);
-    r.done = true;
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<uint32_t, std::deque<std::vector<uint8_t>>> sent_;
-  std::map<uint32_t, std::deque<std::shared_ptr<Recv>>> recvs_;
-};
-
-class Comm {
- public:
-  Comm(int rank, int size, ms timeout, std::shared_ptr<KeyStore> store, std::string prefix,
-       std::shared_ptr<gloo::transport::Device> device)
-      : rank(rank), size(size), timeout(timeout), store(std::move(store)), prefix(std::move(prefix)),
-        device(std::move(device)) {}
-
-  ~Comm() { queue_.stop(); }
-
-  const int rank;
-  const int size;
-  const ms timeout;
-  const std::shared_ptr<KeyStore> store;  // shared by every split of one root
-  const std::string prefix;               // this communicator's keys in `store`
-  const std::shared_ptr<gloo::transport::Device> device;
-  std::shared_ptr<Context> ctx;
-  std::atomic<bool> aborted{false};
-  uint32_t split_seq = 0;  // advanced by the executing thread only
-  SelfMailbox self;
-
-  // `cancel`: the abort flag of whoever else is waiting for this connect
-  // (the parent of a split).
-  void connect(const std::atomic<bool>* cancel = nullptr) {
-    ctx = std::make_shared<Context>(rank, size);
-    ctx->setTimeout(timeout);
-    auto dev = device;
-    if (cancel) {
-      InterruptibleStore interruptible(*store, *cancel, timeout);
-      gloo::rendezvous::PrefixStore ps(prefix, interruptible);
-      ctx->connectFullMesh(ps, dev);
-    } else {
-      gloo::rendezvous::PrefixStore ps(prefix, *store);
-      ctx->connectFullMesh(ps, dev);
-    }
-  }
-
-  uint32_t next_tag() { return tag_++; }
-
-  std::string what(const char* op) const {
-    return std::string(op) + " on rank " + std::to_string(rank) + " of " + std::to_string(size);
-  }
-
-  // Runs `run` in issue order. work == nullptr: blocks and returns its status.
-  template <class F>
-  int submit(const char* op, F&& run, sp_work** work) {
-    const shardplan::comm::OpInfo info{"gloo", op, rank, size, timeout};
-    int status;
-    if (!work && queue_.run_inline(info, [&](std::string& err) { return execute(run, err); }, &status)) return status;
-    return queue_.submit(info, std::function<void()>(std::forward<F>(run)), work);
-  }
-
-  void abort() {
-    aborted = true;
-    if (ctx) ctx->abort("communicator aborted");
-    self.wake();
-    children.abort_all();
-  }
-
-  shardplan::comm::Children<Comm> children;
-
- private:
-  template <class F>
-  int execute(F& run, std::string& err) {
-    if (aborted) {
-      err = "the communicator was aborted";
-      return SP_ERR_ABORTED;
-    }
-    int status = SP_OK;
-    try {
-      run();
-    } catch (const RendezvousError& e) {
-      status = e.status();
-      err = clean(e.what());
-    } catch (const gloo::IoException& e) {
-      err = clean(e.what());
-      status = mentions_timeout(err) ? SP_ERR_TIMEOUT : SP_ERR_INTERNAL;
-    } catch (const std::exception& e) {
-      status = SP_ERR_INTERNAL;
-      err = clean(e.what());
-    } catch (...) {
-      status = SP_ERR_INTERNAL;
-      err = "unknown error";
-    }
-    if (status != SP_OK && aborted) {
-      status = SP_ERR_ABORTED;
-      err = "the communicator was aborted (" + err + ")";
-    }
-    return status;
-  }
-
-  // SIGPIPE stays blocked for good on the worker, which only ever runs gloo.
-  static void block_sigpipe() {
-    sigset_t pipe;
-    sigemptyset(&pipe);
-    sigaddset(&pipe, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
-  }
-
-  uint32_t tag_ = 0;
-  shardplan::comm::InOrderQueue<std::function<void()>> queue_{
-      [this](std::function<void()>& run, std::string& err) { return execute(run, err); }, &block_sigpipe};
-};
-
-namespace {
-
-// ------------------------------------------------------------ running gloo
-
-// Runs one of gloo's collectives on `c`: `fill` completes its options, which
-// already carry the communicator's timeout and its next tag, drawn by the
-// executing thread in issue order so that all ranks agree on it without
-// talking.
-template <typename Opts, typename Fill>
-void run_gloo(Comm& c, void (*collective)(Opts&), Fill&& fill) {
-  std::remove_const_t<Opts> o(c.ctx);
-  o.setTag(c.next_tag());
-  o.setTimeout(c.timeout);
-  fill(o);
-  collective(o);
-}
-
-// The same over buffers of `es`-byte elements: `fill(o, e)` also gets a value
-// e of an unsigned type of that size, for gloo's typed setters.
-template <typename Opts, typename Fill>
-void run_gloo(Comm& c, size_t es, void (*collective)(Opts&), Fill&& fill) {
-  by_element_size(es, [&](auto e) { run_gloo(c, collective, [&](auto& o) { fill(o, e); }); });
-}
-
-// The same for a collective with a root.
-template <typename Opts, typename Fill>
-void run_gloo(Comm& c, size_t es, int32_t root, void (*collective)(Opts&), Fill&& fill) {
-  run_gloo(c, es, collective, [&](auto& o, auto e) {
-    o.setRoot(root);
-    fill(o, e);
-  });
-}
-
-// What gloo should read for an input of n bytes at p: p itself, or a private
-// copy when this collective's own writes may land there first.
-class StableInput {
- public:
-  StableInput(uint8_t* p, size_t n, bool overwritten) : data_(p) {
-    if (!overwritten) return;
-    copy_.assign(p, p + n);
-    data_ = copy_.data();
-  }
-  StableInput(const StableInput&) = delete;
-  StableInput& operator=(const StableInput&) = delete;
-
-  uint8_t* data() const { return data_; }
-
- private:
-  std::vector<uint8_t> copy_;
-  uint8_t* data_;
-};
-
-// At the root of scatter and gather: whether a rank's own buffer of one block
-// overlaps the root's buffer of one block per rank other than as the root's
-// own block (that in-place layout is safe).
-bool overlaps_other_blocks(const void* own, const sp_buffer& blocks, size_t block_bytes, const Comm& c, int32_t root) {
-  return own != bytes(blocks, block_bytes * root) && overlaps(own, block_bytes, blocks.data, block_bytes * c.size);
-}
-
-// ------------------------------------------------------------ validation
-
-int check_buffer(const char* op, const char* which, const sp_buffer* b) {
-  return shardplan::comm::check_cpu_buffer("gloo", op, which, b);
-}
-
-// How send and recv counts relate; rank-major layouts hold one block of the
-// other buffer's count per rank.
-enum class Counts { kEqual, kRecvPerRank, kSendPerRank, kEqualPerRank };
-
-int check_counts(const char* op, const sp_buffer& send, const sp_buffer& recv, Counts counts, int size) {
-  auto n = [](uint64_t count) { return std::to_string(count); };
-  std::string what;
-  switch (counts) {
-    case Counts::kEqual:
-      if (send.count == recv.count) return SP_OK;
-      what = "send has " + n(send.count) + " elements but recv has " + n(recv.count);
-      break;
-    case Counts::kRecvPerRank:
-      if (recv.count == send.count * size) return SP_OK;
-      what = "recv has " + n(recv.count) + " elements, expected send's " + n(send.count) + " x " + n(size) + " ranks";
-      break;
-    case Counts::kSendPerRank:
-      if (send.count == recv.count * size) return SP_OK;
-      what = "send has " + n(send.count) + " elements, expected recv's " + n(recv.count) + " x " + n(size) + " ranks";
-      break;
-    case Counts::kEqualPerRank:
-      if (send.count == recv.count && send.count % size == 0) return SP_OK;
-      what = "send has " + n(send.count) + " and recv " + n(recv.count) +
-             " elements; both must be equal and divisible by " + n(size);
-      break;
-  }
-  return fail(SP_ERR_INVALID, std::string("gloo ") + op + ": " + what);
-}
-
-int check_pair(const char* op, const sp_buffer* send, const sp_buffer* recv, Counts counts, int size) {
-  if (int rc = shardplan::comm::check_cpu_pair("gloo", op, send, recv)) return rc;
-  return check_counts(op, *send, *recv, counts, size);
-}
-
-// all_reduce and reduce_scatter: the buffers, then the op, whose reduction
-// for the buffers' dtype lands in `fn`.
-int check_reduction(const char* op, const sp_buffer* send, const sp_buffer* recv, Counts counts, int32_t reduce_op,
-                    int size, ReduceFn& fn) {
-  if (int rc = check_pair(op, send, recv, counts, size)) return rc;
-  fn = reduce_fn(recv->dtype, reduce_op);
-  if (!fn) return fail(SP_ERR_INVALID, std::string("gloo ") + op + ": unknown reduce op " + std::to_string(reduce_op));
-  return SP_OK;
-}
-
-int check_comm(const char* op, sp_comm* comm) {
-  if (!comm || !comm->impl) return fail(SP_ERR_INVALID, std::string("gloo ") + op + ": NULL communicator");
-  if (comm->impl->aborted)
-    return fail(SP_ERR_ABORTED, "gloo " + comm->impl->what(op) + ": the communicator was aborted");
-  return SP_OK;
-}
-
-enum class Side { kSend, kRecv };
-
-// Rooted collectives: the root passes both buffers, the other ranks only the
-// one they use (`others_use`).
-int check_rooted(const char* op, const Comm& c, int32_t root, const sp_buffer* send, const sp_buffer* recv,
-                 Counts counts, Side others_use) {
-  if (root < 0 || root >= c.size)
-    return fail(SP_ERR_INVALID, std::string("gloo ") + op + ": root " + std::to_string(root) +
-                                    " is outside the group of " + std::to_string(c.size));
-  if (c.rank == root) return check_pair(op, send, recv, counts, c.size);
-  return others_use == Side::kSend ? check_buffer(op, "send", send) : check_buffer(op, "recv", recv);
-}
-
-template <typename Fn>
-int guarded(const char* op, Fn&& fn) {
-  SigpipeBlock no_sigpipe;
-  try {
-    return fn();
-  } catch (const RendezvousError& e) {
-    return fail(e.status(), std::string("gloo ") + op + ": " + clean(e.what()));
-  } catch (const gloo::IoException& e) {
-    std::string m = clean(e.what());
-    return fail(mentions_timeout(m) ? SP_ERR_TIMEOUT : SP_ERR_INTERNAL, std::string("gloo ") + op + ": " + m);
-  } catch (const std::exception& e) {
-    return fail(SP_ERR_INTERNAL, std::string("gloo ") + op + ": " + clean(e.what()));
-  } catch (...) {
-    return fail(SP_ERR_INTERNAL, std::string("gloo ") + op + ": unknown error");
-  }
-}
-
-// The frame of every operation on a communicator: the communicator is checked
-// first, and any exception becomes a status whose message names `op`.
-template <typename Fn>
-int on_comm(const char* op, sp_comm* comm, Fn&& fn) {
-  return guarded(op, [&]() -> int {
-    if (int rc = check_comm(op, comm)) return rc;
-    return fn(op, comm->impl.get());
-  });
-}
 
 // ---------------------------------------------------------------- create
 
