@@ -1,0 +1,12 @@
+# The PyTorch reference of the GPT example (benchmarks/gpt_peer): a few steps
+# of train_gpt over gloo and of the same model in Python with
+# ProcessGroupGloo, 2 processes each through `shardplan launch`. The driver
+# fails when the two sides' losses differ or when they communicate different
+# bytes or calls; it exits 77 (a skip) where Debian's python3-torch is missing.
+find_program(SHARDPLAN_SYSTEM_PYTHON3 python3 PATHS /usr/bin NO_DEFAULT_PATH)
+if(SHARDPLAN_SYSTEM_PYTHON3)
+  add_test(NAME gpt_peer_smoke
+    COMMAND ${SHARDPLAN_SYSTEM_PYTHON3} ${PROJECT_SOURCE_DIR}/benchmarks/gpt_peer/side_by_side.py
+      --build ${CMAKE_BINARY_DIR} --reps 1 --steps 6 --log-every 2 --batch 8 --skip-status 77)
+  set_tests_properties(gpt_peer_smoke PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77 LABELS "gloo;bench")
+endif()
