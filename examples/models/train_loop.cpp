@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "models/corpus.h"
+#include "models/heap.h"
 #include "models/model.h"
 #include "shardplan/checkpoint.h"
 #include "shardplan/error.h"
@@ -318,6 +319,7 @@ void train(const Args& a, World& world, const Corpus* corpus, int threads) {
 
 int train_main(int argc, char** argv, const std::string& program, const std::string& default_model, bool fixed_model) {
   Args a = parse(argc, argv, program, default_model, fixed_model);
+  keep_freed_heap();
   try {
     if (a.ranks > 0 && WorldOptions::env_has_job())
       usage(program, fixed_model ? default_model : "",
