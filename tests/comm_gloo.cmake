@@ -13,6 +13,20 @@ foreach(np 2 3 4)
   set_tests_properties(comm_gloo_procs_np${np} PROPERTIES TIMEOUT 600 LABELS "comm;gloo")
 endforeach()
 
+# Blocking calls run on each communicator's worker by default; the inline
+# path (option blocking=inline) gets the same suite, and a bad value of the
+# option is refused at create.
+add_test(NAME comm_gloo_threads_ws2_inline
+  COMMAND comm_conformance --backend gloo --threads 2 --option blocking=inline)
+add_test(NAME comm_gloo_procs_np2_inline
+  COMMAND $<TARGET_FILE:shardplan_cli> launch -n 2 --backend gloo --timeout-ms 120000
+    -- $<TARGET_FILE:comm_conformance> --backend gloo --option blocking=inline)
+add_test(NAME comm_gloo_bad_blocking_option
+  COMMAND comm_conformance --backend gloo --threads 1 --option blocking=fast)
+set_tests_properties(comm_gloo_threads_ws2_inline comm_gloo_procs_np2_inline PROPERTIES TIMEOUT 300 LABELS "comm;gloo")
+set_tests_properties(comm_gloo_bad_blocking_option PROPERTIES TIMEOUT 60 LABELS "comm;gloo"
+  PASS_REGULAR_EXPRESSION "bad option blocking=fast \\(expected blocking=worker or blocking=inline\\)")
+
 find_program(SHARDPLAN_BASH bash REQUIRED)
 # tests/e2e/two_nodes_gloo.sh picks a free port with launcher_probe.
 add_test(NAME comm_gloo_two_nodes

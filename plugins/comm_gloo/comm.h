@@ -36,10 +36,14 @@ using ms = std::chrono::milliseconds;
 
 class Comm {
  public:
+  // blocking_inline: whether a blocking call with nothing queued runs on the
+  // caller's thread rather than the communicator's worker (see submit()).
   Comm(int rank, int size, ms timeout, std::shared_ptr<KeyStore> store, std::string prefix,
-       std::shared_ptr<gloo::transport::Device> device)
+       std::shared_ptr<gloo::transport::Device> device, bool blocking_inline)
       : rank(rank), size(size), timeout(timeout), store(std::move(store)), prefix(std::move(prefix)),
-        device(std::move(device)) {}
+        device(std::move(device)) {
+    queue_.set_blocking_inline(blocking_inline);
+  }
 
   ~Comm() { queue_.stop(); }
 
@@ -76,12 +80,27 @@ class Comm {
     return std::string(op) + " on rank " + std::to_string(rank) + " of " + std::to_string(size);
   }
 
+  bool blocking_inline() const { return queue_.blocking_inline(); }
+
   // Runs `run` in issue order. work == nullptr: blocks and returns its status.
+  //
+  // By default a blocking call, too, runs on the worker, as ProcessGroupGloo
+  // runs it on its own threads. Inline on a training thread it was slower
+  // (train_gpt over 2 processes, docs/BENCHMARKS.md): gloo's network thread
+  // only handles a pair's socket when it can take the pair's lock, and
+  // otherwise polls again at once; the training thread, having used up its
+  // share of the core, is preempted while holding that lock whenever the
+  // network thread wakes, and the network thread then spins until the
+  // scheduler gives the core back. A worker that mostly sleeps is not
+  // preempted that way. gloo's per-call scratch also stays out of the
+  // training thread's malloc arena.
   template <class F>
   int submit(const char* op, F&& run, sp_work** work) {
     const shardplan::comm::OpInfo info{"gloo", op, rank, size, timeout};
     int status;
-    if (!work && queue_.run_inline(info, [&](std::string& err) { return execute(run, err); }, &status)) return status;
+    if (!work && queue_.blocking_inline() &&
+        queue_.run_inline(info, [&](std::string& err) { return execute(run, err); }, &status))
+      return status;
     return queue_.submit(info, std::function<void()>(std::forward<F>(run)), work);
   }
 

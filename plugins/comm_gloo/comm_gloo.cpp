@@ -65,6 +65,8 @@ struct Options {
   std::string iface;
   std::string file_store;
   std::string prefix;
+  bool blocking_inline = false;  // blocking=inline|worker
+  std::string bad;               // the first option with a bad value
 };
 
 Options parse_options(const char* const* options) {
@@ -74,6 +76,8 @@ Options parse_options(const char* const* options) {
     else if (k == "iface") o.iface = v;
     else if (k == "file_store") o.file_store = v;
     else if (k == "prefix") o.prefix = v;
+    else if (k == "blocking" && (v == "inline" || v == "worker")) o.blocking_inline = v == "inline";
+    else if (k == "blocking" && o.bad.empty()) o.bad = "blocking=" + v + " (expected blocking=worker or blocking=inline)";
   });
   return o;
 }
@@ -87,6 +91,7 @@ int api_create(const sp_comm_config* config, sp_comm** out) {
   const std::string who = "gloo " + op;
 
   return guarded(op.c_str(), [&]() -> int {
+    if (!opt.bad.empty()) return fail(SP_ERR_INVALID, who + ": bad option " + opt.bad);
     std::shared_ptr<KeyStore> store;
     if (config->store) store = std::make_shared<HostStore>(*config->store, timeout);
     else if (!opt.file_store.empty()) store = std::make_shared<DirStore>(opt.file_store, timeout);
@@ -115,7 +120,7 @@ int api_create(const sp_comm_config* config, sp_comm** out) {
       prefix = "gloo/" + std::to_string(gen);
     }
 
-    auto comm = std::make_shared<Comm>(rank, size, timeout, store, prefix, device);
+    auto comm = std::make_shared<Comm>(rank, size, timeout, store, prefix, device, opt.blocking_inline);
     comm->connect();
     *out = new sp_comm{comm};
     return SP_OK;
@@ -152,7 +157,7 @@ int api_split(sp_comm* parent, int32_t color, int32_t key, sp_comm** out) {
 
         auto c = std::make_shared<Comm>(new_rank, static_cast<int>(members.size()), p->timeout, p->store,
                                         p->prefix + "/split/" + std::to_string(seq) + "/" + std::to_string(color),
-                                        p->device);
+                                        p->device, p->blocking_inline());
         c->connect(&p->aborted);
         child = std::move(c);
       },

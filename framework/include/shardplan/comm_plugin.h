@@ -298,7 +298,9 @@ inline void release_work(sp_work* work) { delete reinterpret_cast<WorkHandle*>(w
 // Runs a communicator's operations one at a time, in issue order: inline on
 // the caller when nothing is queued or running and the caller waits anyway
 // (no thread hop, which is most of a small operation's latency), otherwise on
-// a worker thread started by the first operation that needs one. Running
+// a worker thread started by the first operation that needs one. A backend
+// can send blocking calls to the worker as well (set_blocking_inline(false)):
+// gloo does, see plugins/comm_gloo/comm.h. Running
 // operations one after another, rather than only completing them in order,
 // lets an async operation read a buffer an earlier one writes.
 //
@@ -315,6 +317,11 @@ class InOrderQueue {
   InOrderQueue(const InOrderQueue&) = delete;
   InOrderQueue& operator=(const InOrderQueue&) = delete;
   ~InOrderQueue() { stop(); }
+
+  // false: blocking calls go through the worker like async ones. Set it
+  // before the first operation.
+  void set_blocking_inline(bool on) { blocking_inline_ = on; }
+  bool blocking_inline() const { return blocking_inline_; }
 
   // Lets the worker run what is queued, then ends it. The owner calls this
   // before it tears down anything its operations use.
@@ -353,7 +360,8 @@ class InOrderQueue {
   // stores its handle in *work.
   int submit(const OpInfo& info, Run run, sp_work** work) {
     int status;
-    if (!work && run_inline(info, [&](std::string& err) { return execute_and_free(run, err); }, &status))
+    if (!work && blocking_inline_ &&
+        run_inline(info, [&](std::string& err) { return execute_and_free(run, err); }, &status))
       return status;
     auto state = std::make_shared<WorkState>(info);
     std::unique_lock<std::mutex> lock(mu_);
@@ -415,6 +423,7 @@ class InOrderQueue {
   std::deque<Task> queue_;
   bool busy_ = false;
   bool stopping_ = false;
+  bool blocking_inline_ = true;
   std::thread worker_;
 };
 
