@@ -4,6 +4,7 @@
 // talking TCP over loopback.
 //
 //   bench_comm_gloo [--ranks N] [--scale S] [--min-bytes B] [--max-bytes B] [--plugin PATH] [--control]
+//                   [--blocking worker|inline]
 //
 // Blocks of calls through the plugin and through raw gloo alternate
 // (tools/bench/comm/interleaved.h); the table gives the median time per call
@@ -13,7 +14,9 @@
 // against itself (a second context) instead of the plugin: the spread of its
 // ratio column is the noise floor. `shardplan bench comm` shows raw gloo next
 // to every backend, one series after the other; this program stays for the
-// interleaved ratio.
+// interleaved ratio. --blocking picks the plugin's option of that name:
+// worker (the default, a thread hop per call) or inline (on the caller, as
+// raw gloo runs).
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -73,18 +76,19 @@ class Raw final : public shardplan_bench::ReduceSide {
 
 // control: the "plugin" side is a second raw gloo context, so the ratio
 // column shows what noise alone does to it on this machine.
-void run_rank(const Ranks& r, const sp_comm_api* api, const shardplan_bench::InterleavedArgs& args) {
+void run_rank(const Ranks& r, const sp_comm_api* api, const shardplan_bench::InterleavedArgs& args,
+              const std::string& blocking) {
   const bool control = args.control;
   std::unique_ptr<shardplan_bench::ReduceSide> tested;
   if (control) tested = std::make_unique<Raw>(r, "control");
   else
     tested = std::make_unique<shardplan_bench::PluginReduceSide>(
-        api, r.rank, r.size, kTimeoutMs, std::vector<std::string>{"file_store=" + r.dir + "/plugin", "local_addr=127.0.0.1"});
+        api, r.rank, r.size, kTimeoutMs, std::vector<std::string>{"file_store=" + r.dir + "/plugin", "local_addr=127.0.0.1", "blocking=" + blocking});
   Raw raw(r, "raw");
   shardplan_bench::InterleavedOptions o = args.options;
   o.rank = r.rank;
   o.size = r.size;
-  o.tested_name = control ? "control" : "plugin";
+  o.tested_name = control ? "control" : "plugin (blocking=" + blocking + ")";
   o.raw_name = "raw gloo";
   o.title = "all_reduce float32 sum in place, " + std::to_string(r.size) +
             " ranks (processes), gloo TCP over 127.0.0.1" +
@@ -93,7 +97,8 @@ void run_rank(const Ranks& r, const sp_comm_api* api, const shardplan_bench::Int
 }
 
 int usage() {
-  std::fprintf(stderr, "usage: bench_comm_gloo [--ranks N] [--scale S] [--min-bytes B] [--max-bytes B] [--plugin PATH] [--control]\n");
+  std::fprintf(stderr, "usage: bench_comm_gloo [--ranks N] [--scale S] [--min-bytes B] [--max-bytes B] [--plugin PATH] [--control]\n"
+                       "                       [--blocking worker|inline]\n");
   return 2;
 }
 
@@ -104,7 +109,19 @@ int main(int argc, char** argv) {
   args.plugin = SHARDPLAN_GLOO_PLUGIN;
   args.options.min_bytes = 4096;
   int ranks = 2;
-  if (!shardplan_bench::parse_interleaved_args(argc, argv, args, &ranks)) return usage();
+  // --blocking is ours; the shared parser takes the rest.
+  std::string blocking = "worker";
+  std::vector<char*> rest;
+  for (int i = 0; i < argc; ++i) {
+    if (std::string(argv[i]) == "--blocking" && i + 1 < argc) {
+      blocking = argv[++i];
+      if (blocking != "worker" && blocking != "inline") return usage();
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  if (!shardplan_bench::parse_interleaved_args(static_cast<int>(rest.size()), rest.data(), args, &ranks))
+    return usage();
 
   char tmpl[] = "/tmp/bench_comm_gloo.XXXXXX";
   if (!::mkdtemp(tmpl)) die("mkdtemp failed");
@@ -118,7 +135,7 @@ int main(int argc, char** argv) {
     if (pid < 0) die("fork failed");
     if (pid == 0) {
       try {
-        run_rank({r, ranks, dir}, api, args);
+        run_rank({r, ranks, dir}, api, args, blocking);
       } catch (const std::exception& e) {
         die(std::string("rank ") + std::to_string(r) + ": " + e.what());
       }
@@ -129,7 +146,7 @@ int main(int argc, char** argv) {
   }
   int rc = 0;
   try {
-    run_rank({0, ranks, dir}, api, args);
+    run_rank({0, ranks, dir}, api, args, blocking);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_comm_gloo: %s\n", e.what());
     rc = 1;
