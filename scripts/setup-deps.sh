@@ -16,6 +16,7 @@ PACKAGES=(
   gnuplot-nox             # shardplan bench comm --plot
   clang libclang-rt-14-dev # libFuzzer targets (scripts/fuzz.sh): clang++ and libclang_rt.fuzzer
   llvm                    # llvm-symbolizer: file:line in libFuzzer's crash reports
+  python3-torch           # the PyTorch/ProcessGroupGloo peer of the GPT benchmark (benchmarks/gpt_peer, gpt_peer_smoke)
 )
 
 missing=()

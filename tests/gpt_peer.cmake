@@ -2,7 +2,8 @@
 # of train_gpt over gloo and of the same model in Python with
 # ProcessGroupGloo, 2 processes each through `shardplan launch`. The driver
 # fails when the two sides' losses differ or when they communicate different
-# bytes or calls; it exits 77 (a skip) where Debian's python3-torch is missing.
+# bytes or calls; it exits 77 (a skip) where Debian's python3-torch is missing
+# (scripts/setup-deps.sh installs it, so CI runs it).
 find_program(SHARDPLAN_SYSTEM_PYTHON3 python3 PATHS /usr/bin NO_DEFAULT_PATH)
 if(SHARDPLAN_SYSTEM_PYTHON3)
   add_test(NAME gpt_peer_smoke
