@@ -7,6 +7,8 @@
 #include <set>
 
 #include "plan_internal.h"
+#include "shardplan/plugin_loader.h"
+#include "utf8.h"
 
 namespace shardplan {
 namespace fs = std::filesystem;
@@ -26,15 +28,25 @@ const char* kind_name(const YAML::Node& n) {
   }
 }
 
+// yaml-cpp's tree takes 50 to 150 times the text, and plans are a few KiB:
+// a huge one is refused before it can exhaust memory.
+void check_size(const std::string& source, uintmax_t bytes) {
+  if (bytes > kMaxPlanBytes)
+    throw PlanError(SourceLoc{source, 0, 0}, "the plan is " + std::to_string(bytes) +
+                                                 " bytes; a plan may have at most " + std::to_string(kMaxPlanBytes) +
+                                                 " (1 MiB)");
+}
+
 class Parser {
  public:
   Parser(std::string source, std::string base_dir)
       : source_(std::move(source)), base_dir_(std::move(base_dir)) {}
 
-  Plan parse(const std::string& text) {
+  Plan parse(const std::string& yaml) {
+    check_size(source_, yaml.size());
     YAML::Node root;
     try {
-      root = YAML::Load(text);
+      root = YAML::Load(yaml);
     } catch (const YAML::ParserException& e) {
       throw PlanError(at(e.mark), "invalid YAML: " + e.msg);
     }
@@ -61,6 +73,8 @@ class Parser {
         rules = e;
       else if (!e.value.IsScalar() && !e.value.IsNull())  // name, description
         throw PlanError(at(e.value, e.key_loc), e.key + " must be text, got " + kind_name(e.value));
+      else if (e.value.IsScalar())
+        text(e.value, at(e.value, e.key_loc), e.key);
     }
     const SourceLoc root_loc = at(root, top);
     if (!mesh) throw PlanError(root_loc, "missing 'mesh' (e.g. mesh: {model: auto})");
@@ -81,6 +95,15 @@ class Parser {
                                                            "rules",   "name", "description"};
   inline static const std::vector<std::string> kRuleKeys = {"match", "layout", "output",
                                                             "input", "blocks", "plugin"};
+
+  // A scalar's text. YAML is UTF-8, and yaml-cpp writes anything else back
+  // as U+FFFD, so a name that is not would change in the plan's canonical
+  // form (and in a checkpoint's copy of it, which refuses it): refused here
+  // as the checkpoint metadata refuses it.
+  const std::string& text(const YAML::Node& n, const SourceLoc& loc, const std::string& what) const {
+    if (!detail::valid_utf8(n.Scalar())) throw PlanError(loc, what + " is not valid UTF-8");
+    return n.Scalar();
+  }
 
   SourceLoc at(const YAML::Mark& m) const {
     if (m.is_null()) return SourceLoc{source_, 0, 0};
@@ -103,7 +126,7 @@ class Parser {
       const SourceLoc key_loc = at(it->first.Mark());
       if (!it->first.IsScalar())
         throw PlanError(key_loc, "keys" + where + " must be names, got " + kind_name(it->first));
-      const std::string key = it->first.Scalar();
+      const std::string key = text(it->first, key_loc, "a key" + where);
       if (std::find(known.begin(), known.end(), key) == known.end())
         throw PlanError(key_loc,
                         "unknown key '" + key + "'" + where + " (expected " + join(known, ", ") + ")");
@@ -134,11 +157,13 @@ class Parser {
         "plugins must be a list of directories, e.g. plugins: [../build/lib/shardplan/plugins]";
     if (!e.value.IsSequence()) throw PlanError(at(e.value, e.key_loc), expected);
     for (const auto& dir : e.value) {
-      if (!dir.IsScalar() || dir.Scalar().empty()) throw PlanError(at(dir, e.key_loc), expected);
-      fs::path p(dir.Scalar());
+      const SourceLoc loc = at(dir, e.key_loc);
+      if (!dir.IsScalar() || dir.Scalar().empty()) throw PlanError(loc, expected);
+      fs::path p(text(dir, loc, "a plugin directory"));
       // Relative to the plan file, so a plan and its plugins can move together.
       if (p.is_relative()) p = fs::absolute(fs::path(base_dir_) / p);
       plan.plugin_dirs.push_back(p.lexically_normal().string());
+      plan.plugin_dir_locs.push_back(loc);
     }
   }
 
@@ -155,7 +180,7 @@ class Parser {
       axis.loc = at(it->first.Mark());
       if (!it->first.IsScalar() || it->first.Scalar().empty())
         throw PlanError(axis.loc, "mesh axis names must be non-empty names");
-      axis.name = it->first.Scalar();
+      axis.name = text(it->first, axis.loc, "a mesh axis name");
       for (const auto& other : plan.mesh)
         if (other.name == axis.name) throw PlanError(axis.loc, "duplicate axis '" + axis.name + "' in mesh");
       const SourceLoc size_loc = at(it->second, axis.loc);
@@ -188,6 +213,11 @@ class Parser {
       Rule rule;
       rule.index = plan.rules.size();
       rule.loc = at(node, at(e.value.Mark()));
+      // Each rule holds a compiled pattern (a few KiB); generated plans have
+      // hundreds at most.
+      if (plan.rules.size() == kMaxPlanRules)
+        throw PlanError(rule.loc, "more than " + std::to_string(kMaxPlanRules) +
+                                      " rules; a plan may have at most that many");
       const std::string name = "rule " + std::to_string(rule.index + 1);
       if (!node.IsMap())
         throw PlanError(rule.loc, name + " must be a map with match and layout, got " + kind_name(node));
@@ -207,7 +237,7 @@ class Parser {
       if (!match->value.IsScalar())
         throw PlanError(rule.pattern_loc,
                         "match must be a regex string, got " + std::string(kind_name(match->value)));
-      rule.pattern = match->value.Scalar();
+      rule.pattern = text(match->value, rule.pattern_loc, "match");
       rule.matcher = compile(rule.pattern, rule.pattern_loc);
 
       rule.layout_loc = at(layout->value, layout->key_loc);
@@ -232,7 +262,7 @@ class Parser {
       if (!entry.IsScalar())
         throw PlanError(
             loc, std::string("layout entries must be a mesh axis name or null, got ") + kind_name(entry));
-      const std::string axis = entry.Scalar();
+      const std::string axis = text(entry, loc, "a layout entry");
       if (std::find(axes.begin(), axes.end(), axis) == axes.end())
         throw PlanError(loc, "unknown axis '" + axis + "' in layout; mesh axes are: " + join(axes, ", "));
       for (const auto& prev : layout)
@@ -248,6 +278,7 @@ class Parser {
   // when the plan is loaded rather than when some plugin first reads it.
   void parse_option(const Entry& e, Rule& rule) const {
     const SourceLoc loc = at(e.value, e.key_loc);
+    if (e.value.IsScalar()) text(e.value, loc, e.key);
     const std::string got = e.value.IsScalar() ? "'" + e.value.Scalar() + "'" : kind_name(e.value);
     const std::string value = e.value.IsScalar() ? e.value.Scalar() : "";
     auto require = [&](bool ok, const std::string& expected) {
@@ -260,7 +291,10 @@ class Parser {
     else if (e.key == "blocks")
       require(parse_positive_int(value).has_value(), "an integer >= 1");
     else if (e.key == "plugin")
-      require(e.value.IsScalar() && !value.empty(), "a plugin name, e.g. dense");
+      // A name, never a path: which libraries a plan may load is the user's
+      // choice (PluginLoader), not the plan's.
+      require(e.value.IsScalar() && is_plugin_name(value),
+              "a plugin name (letters, digits, '_', '-', '.'), e.g. dense");
     rule.options[e.key] = RuleOption{value, loc};
   }
 
@@ -278,6 +312,8 @@ Plan load_plan(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw Error("plan file '" + path + "' not found");
   if (fs::is_directory(path, ec)) throw Error("plan file '" + path + "' is a directory");
+  const uintmax_t size = fs::file_size(path, ec);
+  if (!ec) check_size(path, size);  // before reading it (a fifo or device has no size: read, then checked)
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error("cannot read plan file '" + path + "'");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

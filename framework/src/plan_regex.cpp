@@ -352,8 +352,15 @@ std::string regex_reason(const std::string& pattern, const std::regex_error& e) 
 // uses its polynomial executor. Large repetition counts: std::regex copies
 // an atom once per repetition, so they cost memory and time for nothing
 // (parameter names are short), and libstdc++ reads counts into a long
-// without an overflow check.
+// without an overflow check. Deep nesting and long patterns: libstdc++
+// compiles a pattern by recursive descent, a chain of stack frames per
+// nested group (about 300 bytes each at -O2, more in sanitized builds) and
+// per term of a sequence (about 90 bytes), so some 20,000 nested groups, or
+// 100,000 characters, overflow an 8 MiB stack (a crash, not an exception).
+// Rules over parameter paths are far shorter and shallower than the limits.
 constexpr unsigned long kMaxRepeat = 1000;
+constexpr size_t kMaxPatternLength = 4096;
+constexpr int kMaxGroupDepth = 100;
 
 size_t digits_at(const std::string& s, size_t i) {
   size_t j = i;
@@ -364,7 +371,11 @@ size_t digits_at(const std::string& s, size_t i) {
 // Why `pattern` is refused before std::regex sees it, or "". Bracket
 // expressions hold neither counts nor back-references.
 std::string refused_syntax(const std::string& pattern) {
+  if (pattern.size() > kMaxPatternLength)
+    return "the pattern is " + std::to_string(pattern.size()) + " characters long (at most " +
+           std::to_string(kMaxPatternLength) + ")";
   bool in_set = false;
+  int depth = 0;
   for (size_t i = 0; i < pattern.size(); ++i) {
     const char c = pattern[i];
     if (c == '\\') {
@@ -375,6 +386,12 @@ std::string refused_syntax(const std::string& pattern) {
       i += std::max<size_t>(n, 1);
     } else if (in_set) {
       if (c == ']') in_set = false;
+    } else if (c == '(') {
+      if (++depth > kMaxGroupDepth)
+        return "groups nested more than " + std::to_string(kMaxGroupDepth) + " deep (at column " +
+               std::to_string(i + 1) + " of the pattern)";
+    } else if (c == ')') {
+      depth = std::max(depth - 1, 0);
     } else if (c == '[') {
       in_set = true;
       if (i + 1 < pattern.size() && pattern[i + 1] == ']') ++i;  // "[]...]": a literal ']' first
@@ -392,17 +409,25 @@ std::string refused_syntax(const std::string& pattern) {
   }
   return {};
 }
+
+// The pattern as error messages quote it: a refused one may be megabytes.
+std::string shown(const std::string& pattern) {
+  constexpr size_t kShown = 60;
+  if (pattern.size() <= kShown + 20) return "'" + pattern + "'";
+  return "'" + pattern.substr(0, kShown) + "...' (" + std::to_string(pattern.size()) + " characters)";
+}
+
 }  // namespace
 
 namespace plan_detail {
 
 std::shared_ptr<const Matcher> compile(const std::string& pattern, const SourceLoc& loc) {
   const std::string refused = refused_syntax(pattern);
-  if (!refused.empty()) throw PlanError(loc, "invalid regex '" + pattern + "': " + refused);
+  if (!refused.empty()) throw PlanError(loc, "invalid regex " + shown(pattern) + ": " + refused);
   try {
     return std::make_shared<const Matcher>(pattern);
   } catch (const std::regex_error& e) {
-    throw PlanError(loc, "invalid regex '" + pattern + "': " + regex_reason(pattern, e) +
+    throw PlanError(loc, "invalid regex " + shown(pattern) + ": " + regex_reason(pattern, e) +
                              " (ECMAScript syntax, matched against the whole parameter name)");
   }
 }
