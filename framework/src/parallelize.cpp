@@ -169,7 +169,7 @@ std::vector<ShardSplit> resolve_splits(ParamShard& p, const Mesh& mesh, int rank
 // without, the first one throws.
 Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, int rank,
                    std::vector<std::string>* errors = nullptr) {
-  PluginLoader::instance().add_dirs(plan.plugin_dirs);
+  PluginLoader::instance().add_plan_dirs(plan.plugin_dirs, plan.plugin_dir_locs);
 
   // Every parameter with its owning module, in named_parameters() order.
   std::vector<ParamInfo> infos;
