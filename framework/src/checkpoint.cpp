@@ -351,10 +351,22 @@ void save_checkpoint(const std::string& dir, torch::nn::Module& model, const Par
   const std::string what = "saving checkpoint '" + target.string() + "'";
 
   // Every step that can fail on one rank is followed by agree(), so all
-  // ranks stop together instead of leaving the others in a collective.
+  // ranks stop together instead of leaving the others in a collective. When
+  // one fails, every rank has finished writing (agree is collective), so
+  // rank 0 removes the staging directory: a failed save leaves nothing
+  // behind. (A killed save does; the next save to `dir` replaces it.)
   std::map<std::string, std::string> attributes = options.attributes;
   std::vector<Item> items;
   std::string err;
+  auto agree_or_clean_up = [&] {
+    try {
+      agree(comm, err, what);
+    } catch (...) {
+      std::error_code ec;
+      if (world.rank() == 0) fs::remove_all(staging, ec);
+      throw;
+    }
+  };
   try {
     items = inventory(model, report, options.optimizer, &attributes);
     // Rank 0 prepares the staging directory; a stale one from a crashed save
@@ -367,7 +379,7 @@ void save_checkpoint(const std::string& dir, torch::nn::Module& model, const Par
   } catch (const std::exception& e) {
     err = e.what();
   }
-  agree(comm, err, what);
+  agree_or_clean_up();
 
   // Each rank: its pieces into one file, described in a partial metadata.
   ckpt::Meta mine;
@@ -399,7 +411,7 @@ void save_checkpoint(const std::string& dir, torch::nn::Module& model, const Par
     err = e.what();
   }
   test_pause(world.rank(), target.string());
-  agree(comm, err, what);
+  agree_or_clean_up();
 
   // Rank 0 merges the descriptions, writes the metadata, and swaps the
   // staging directory in.
@@ -441,7 +453,7 @@ void save_checkpoint(const std::string& dir, torch::nn::Module& model, const Par
       err = e.what();
     }
   }
-  agree(comm, err, what);
+  agree_or_clean_up();
 }
 
 

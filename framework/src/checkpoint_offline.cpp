@@ -204,41 +204,47 @@ void reshard_checkpoint(const std::string& src, const std::string& dst, int worl
 
   std::error_code ec;
   fs::remove_all(staging, ec);
-  fs::create_directories(staging);
-  std::vector<std::unique_ptr<PieceFile>> files(world_size);
-  for (size_t i = 0; i < old.tensors.size(); ++i) {
-    const auto& e = old.tensors[i];
-    const at::Tensor full = assemble(e, from);
-    ckpt::TensorEntry out;
-    out.name = e.name;
-    out.dtype = e.dtype;
-    out.shape = e.shape;
-    out.layout = e.layout;
-    out.buffer = e.buffer;
-    for (int r = 0; r < world_size; ++r) {
-      if (!writes_piece(mesh, r, cuts[i])) continue;
-      std::vector<ShardSplit> mine = cuts[i];
-      for (auto& s : mine) s.index = mesh.coord(r, s.axis);
-      const at::Tensor t = take_splits(full, mine);
-      ckpt::Piece p;
-      p.rank = r;
-      p.file = rank_file(r);
-      if (!files[r]) files[r] = std::make_unique<PieceFile>((staging / p.file).string());
-      p.nbytes = static_cast<uint64_t>(t.numel()) * t.element_size();
-      p.offset = files[r]->append(t.data_ptr(), p.nbytes);
-      p.shape = t.sizes().vec();
-      for (const auto& s : mine) p.split.push_back(ckpt::DimSplit{s.dim, s.axis, s.parts, s.index, s.blocks});
-      p.crc32c = ckpt::crc32c(t.data_ptr(), p.nbytes);
-      out.pieces.push_back(p);
+  // A failure from here on removes what was staged, as a failed save does.
+  try {
+    fs::create_directories(staging);
+    std::vector<std::unique_ptr<PieceFile>> files(world_size);
+    for (size_t i = 0; i < old.tensors.size(); ++i) {
+      const auto& e = old.tensors[i];
+      const at::Tensor full = assemble(e, from);
+      ckpt::TensorEntry out;
+      out.name = e.name;
+      out.dtype = e.dtype;
+      out.shape = e.shape;
+      out.layout = e.layout;
+      out.buffer = e.buffer;
+      for (int r = 0; r < world_size; ++r) {
+        if (!writes_piece(mesh, r, cuts[i])) continue;
+        std::vector<ShardSplit> mine = cuts[i];
+        for (auto& s : mine) s.index = mesh.coord(r, s.axis);
+        const at::Tensor t = take_splits(full, mine);
+        ckpt::Piece p;
+        p.rank = r;
+        p.file = rank_file(r);
+        if (!files[r]) files[r] = std::make_unique<PieceFile>((staging / p.file).string());
+        p.nbytes = static_cast<uint64_t>(t.numel()) * t.element_size();
+        p.offset = files[r]->append(t.data_ptr(), p.nbytes);
+        p.shape = t.sizes().vec();
+        for (const auto& s : mine) p.split.push_back(ckpt::DimSplit{s.dim, s.axis, s.parts, s.index, s.blocks});
+        p.crc32c = ckpt::crc32c(t.data_ptr(), p.nbytes);
+        out.pieces.push_back(p);
+      }
+      meta.tensors.push_back(out);
     }
-    meta.tensors.push_back(out);
+    for (auto& f : files)
+      if (f) f->close();
+    const std::string yaml = ckpt::to_yaml(meta);
+    ckpt::parse_meta(yaml, "<new metadata>");
+    ckpt::write_file_atomic((staging / ckpt::kMetaFile).string(), yaml.data(), yaml.size());
+    ckpt::replace_directory(staging.string(), target.string());
+  } catch (...) {
+    fs::remove_all(staging, ec);
+    throw;
   }
-  for (auto& f : files)
-    if (f) f->close();
-  const std::string yaml = ckpt::to_yaml(meta);
-  ckpt::parse_meta(yaml, "<new metadata>");
-  ckpt::write_file_atomic((staging / ckpt::kMetaFile).string(), yaml.data(), yaml.size());
-  ckpt::replace_directory(staging.string(), target.string());
 }
 
 StateDict read_checkpoint(const std::string& dir, std::vector<std::string>* buffers,
