@@ -133,12 +133,26 @@ void check_world_size(Store& store, const WorldOptions& o) {
   auto key = [](int gen, int rank) {
     return "shardplan/world/" + std::to_string(gen) + "/size/" + std::to_string(rank);
   };
-  int gen = 0;
-  while (store.check(key(gen, o.rank))) ++gen;
+  // This is where a rank that never arrives is first noticed: worded as a
+  // failed join, like the backend's own rendezvous (docs/ARCHITECTURE.md, Faults).
+  auto joining = [&](auto&& op) {
+    try {
+      return op();
+    } catch (const Error& e) {
+      throw CommError("backend '" + o.backend + "': rank " + std::to_string(o.rank) + " of " +
+                          std::to_string(o.world_size) + " could not join the world: " + e.what(),
+                      SP_ERR_INTERNAL);
+    }
+  };
   const std::string mine = std::to_string(o.world_size);
-  store.set(key(gen, o.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  const int gen = joining([&] {
+    int g = 0;
+    while (store.check(key(g, o.rank))) ++g;
+    store.set(key(g, o.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+    return g;
+  });
   auto compare = [&](int peer) {
-    const std::vector<uint8_t> v = store.get(key(gen, peer), o.timeout);
+    const std::vector<uint8_t> v = joining([&] { return store.get(key(gen, peer), o.timeout); });
     const std::string theirs(v.begin(), v.end());
     if (theirs == mine) return;
     const bool peer_first = peer < o.rank;
