@@ -24,7 +24,7 @@ foreach(variant noentry:0 layerabi:4)
   add_dependencies(fault_probe test_layer_plugin_${name})
 endforeach()
 # The bad comm plugins of tests/plugins.cmake are used too.
-foreach(name noentry abiversion)
+foreach(name noentry abiversion exits)
   add_dependencies(fault_probe test_plugin_${name})
 endforeach()
 
@@ -32,7 +32,8 @@ find_program(SHARDPLAN_BASH bash REQUIRED)
 set(_fault_cases
   collective_timeout collective_timeout_group rank_killed rank_killed_two_nodes
   model_mismatch plan_mismatch rendezvous_timeout rendezvous_timeout_file port_in_use unreachable_master
-  comm_plugin_abi comm_plugin_no_entry layer_plugin_abi layer_plugin_no_entry plugin_search_path)
+  comm_plugin_abi comm_plugin_no_entry layer_plugin_abi layer_plugin_no_entry plugin_search_path
+  plan_plugins_need_opt_in plan_plugins_missing_dir plugin_by_path plugin_exits_on_load world_size_mismatch)
 if(TARGET shardplan_comm_mpi AND SHARDPLAN_MPIRUN)
   list(APPEND _fault_cases collective_timeout_mpi rank_killed_mpi)
 endif()

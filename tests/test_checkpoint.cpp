@@ -229,7 +229,7 @@ class Broken : public ::testing::Test {
   }
   void TearDown() override {
     fs::remove_all(dir);
-    fs::remove_all(dir.string() + ".partial");  // what a failed save leaves
+    fs::remove_all(dir.string() + ".partial");  // what a failed save would leave if it did not clean up
   }
   // The error loading gives, the same on every rank; a failed load must
   // leave every rank's model as it was. `tweak` may change a rank's model
@@ -331,6 +331,7 @@ TEST_F(Broken, FailedSaveLeavesThePreviousCheckpoint) {
   });
   EXPECT_EQ(errors.size(), 2u);
   EXPECT_EQ(snapshot(dir), files) << "a file of the previous checkpoint changed";
+  EXPECT_FALSE(fs::exists(dir.string() + ".partial")) << "the failed save left its staging directory";
   std::ifstream in(dir / "metadata.yaml");
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), before);
   EXPECT_EQ(load_error(), "not every rank failed (or one changed its model)");  // the old checkpoint still loads
@@ -470,7 +471,7 @@ TEST_F(Broken, ReshardOfflineThenLoad) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("rank-00001.bin' is truncated"));
   }
   EXPECT_FALSE(fs::exists(four));
-  fs::remove_all(four.string() + ".partial");
+  EXPECT_FALSE(fs::exists(four.string() + ".partial")) << "the failed reshard left its staging directory";
 }
 
 // ------------------------------------------------------------------ metadata

@@ -175,7 +175,7 @@ rules:
       // Names and values that YAML would read as something else if written plain.
       "mesh: {'null': 1, 'true': 2, '0': 1}\nrules:\n"
       "  - {match: \"tab\\there\", layout: ['null', 'true', '0', null]}\n"
-      "  - {match: 'ünïcode', layout: [~], plugin: 'my plugin'}\n",
+      "  - {match: 'ünïcode', layout: [~], plugin: '1.5'}\n",
   };
   for (const std::string& text : plans) {
     SCOPED_TRACE(text);
@@ -539,8 +539,100 @@ TEST(PlanErrors, RuleOptions) {
   EXPECT_PLAN_ERROR(head + "    blocks: 0\n", 5, 13, "blocks must be an integer >= 1, got '0'");
   EXPECT_PLAN_ERROR(head + "    blocks: three\n", 5, 13, "blocks must be an integer >= 1");
   EXPECT_PLAN_ERROR(head + "    plugin: [dense]\n", 5, 13,
-                    "plugin must be a plugin name, e.g. dense, got a list");
+                    "plugin must be a plugin name (letters, digits, '_', '-', '.'), e.g. dense, got a list");
   EXPECT_PLAN_ERROR(head + "    plugin:\n", 5, 5, "plugin must be a plugin name");
+}
+
+// Which libraries get loaded is the user's choice (PluginLoader), so a plan
+// names a plugin and never points at a file.
+TEST(PlanErrors, PluginOptionIsANameNeverAPath) {
+  const std::string head = "mesh: {model: 2}\nrules:\n  - match: a\n    layout: [model]\n";
+  for (const std::string path :
+       {"./libshardplan_layer_x.so", "/opt/lib/libshardplan_layer_x.so", "../x", "sub/x", ".x"})
+    EXPECT_PLAN_ERROR(head + "    plugin: '" + path + "'\n", 5, 13,
+                      "plugin must be a plugin name (letters, digits, '_', '-', '.'), e.g. dense, got '" + path + "'");
+  EXPECT_EQ(parse_plan(head + "    plugin: cross_entropy-v2.1\n").rules[0].option("plugin")->value,
+            "cross_entropy-v2.1");
+}
+
+// libstdc++ compiles a regex by recursion, one chain of frames per nested
+// group and per term: tens of thousands of either overflowed the stack of
+// every tool that loaded the plan (a crash, not an error). Refused first.
+TEST(PlanErrors, RegexTooDeepOrTooLong) {
+  const std::string head = "mesh: {model: 2}\nrules:\n  - {match: '";
+  const std::string tail = "', layout: []}\n";
+  const std::string deep = std::string(2000, '(') + "a" + std::string(2000, ')');
+  EXPECT_PLAN_ERROR(head + deep + tail, 3, 13,
+                    "invalid regex '" + std::string(60, '(') +
+                        "...' (4001 characters): groups nested more than 100 deep (at column 101 of the pattern)");
+  EXPECT_LT(error_of(head + deep + tail).size(), 300u);  // the pattern is quoted shortened
+  const std::string deeper = std::string(30000, '(') + "a" + std::string(30000, ')');
+  EXPECT_PLAN_ERROR(head + deeper + tail, 3, 13, "the pattern is 60001 characters long (at most 4096)");
+  EXPECT_PLAN_ERROR(head + std::string(100000, 'a') + tail, 3, 13,
+                    "the pattern is 100000 characters long (at most 4096)");
+  // Up to the limits, patterns compile and match; parentheses inside a set
+  // or escaped are no groups.
+  std::string nested = std::string(100, '(') + "fc" + std::string(100, ')') + "\\.[(]*\\(?weight";
+  for (int i = 0; i < 900; ++i) nested += "(x?)";  // 3800 characters
+  const Plan plan = parse_plan(head + nested + tail);
+  EXPECT_EQ(plan.match("fc.weight"), &plan.rules[0]);
+  EXPECT_EQ(plan.match("fc.(weight"), &plan.rules[0]);
+  EXPECT_EQ(plan.match("fd.weight"), nullptr);
+}
+
+// A plan's memory is some 50 to 150 times its text (yaml-cpp's tree, a
+// compiled pattern per rule): hundreds of thousands of rules ended in
+// std::bad_alloc naming nothing. Plans past the limits are refused first.
+TEST(PlanErrors, HugePlansAreRefusedBeforeTheyExhaustMemory) {
+  std::string many = "mesh: {model: auto}\nstrict: false\nrules:\n";
+  for (size_t i = 0; i < kMaxPlanRules; ++i) many += "- {match: a, layout: []}\n";
+  EXPECT_EQ(parse_plan(many).rules.size(), kMaxPlanRules);
+  many += "- {match: b, layout: []}\n";
+  EXPECT_PLAN_ERROR(many, 4 + kMaxPlanRules, 3, "more than 10000 rules; a plan may have at most that many");
+
+  const std::string big = "mesh: {model: auto}\nrules: []\ndescription: '" + std::string(kMaxPlanBytes, 'x') + "'\n";
+  const std::string size = std::to_string(big.size());
+  EXPECT_EQ(error_of(big), "p.yaml: the plan is " + size + " bytes; a plan may have at most 1048576 (1 MiB)");
+  // A file is measured before it is read.
+  const fs::path file = fs::temp_directory_path() / ("shardplan_big_plan_" + std::to_string(::getpid()) + ".yaml");
+  std::ofstream(file) << big;
+  try {
+    load_plan(file.string());
+    FAIL();
+  } catch (const PlanError& e) {
+    EXPECT_EQ(std::string(e.what()), file.string() + ": the plan is " + size + " bytes; a plan may have at most " +
+                                         "1048576 (1 MiB)");
+  }
+  fs::remove(file);
+}
+
+// As in checkpoint metadata: text that is not UTF-8 would come back altered
+// from the canonical form, so it is refused where it is written.
+TEST(PlanErrors, TextThatIsNotUtf8) {
+  const std::string bad = "\xff";
+  EXPECT_PLAN_ERROR("mesh: {model: 2}\nrules:\n  - {match: 'fc" + bad + "', layout: []}\n", 3, 13,
+                    "match is not valid UTF-8");
+  EXPECT_PLAN_ERROR("mesh: {mod" + bad + "el: 2}\nrules: []\n", 1, 8, "a mesh axis name is not valid UTF-8");
+  EXPECT_PLAN_ERROR("mesh: {model: 2}\nrules: []\nna" + bad + "me: x\n", 3, 1, "a key is not valid UTF-8");
+  EXPECT_PLAN_ERROR("mesh: {model: 2}\nrules: []\ndescription: caf\xc3\n", 3, 14,
+                    "description is not valid UTF-8");
+  EXPECT_PLAN_ERROR("mesh: {model: 2}\nplugins: [/opt/" + bad + "]\nrules: []\n", 2, 11,
+                    "a plugin directory is not valid UTF-8");
+  EXPECT_PLAN_ERROR("mesh: {model: 2}\nrules:\n  - {match: a, layout: [m" + bad + "]}\n", 3, 25,
+                    "a layout entry is not valid UTF-8");
+  EXPECT_PLAN_ERROR("mesh: {model: 2}\nrules:\n  - {match: a, layout: [], plugin: d" + bad + "}\n", 3, 36,
+                    "plugin is not valid UTF-8");
+  // Overlong forms and surrogates are not UTF-8 either.
+  EXPECT_PLAN_ERROR("mesh: {model: 2}\nrules:\n  - {match: '\xc0\xae', layout: []}\n", 3, 13,
+                    "match is not valid UTF-8");
+  EXPECT_PLAN_ERROR("mesh: {model: 2}\nrules:\n  - {match: '\xed\xa0\x80', layout: []}\n", 3, 13,
+                    "match is not valid UTF-8");
+  // UTF-8 itself is fine, and survives the canonical form.
+  const Plan plan = parse_plan(
+      "mesh: {mod\xc3\xa8le: 2}\ndescription: caf\xc3\xa9\nrules:\n  - {match: 'blocks\\.\xc3\xa9', "
+      "layout: [mod\xc3\xa8le]}\n");
+  EXPECT_EQ(plan.match("blocks.\xc3\xa9"), &plan.rules[0]);
+  EXPECT_EQ(parse_plan(plan.to_yaml()).to_yaml(), plan.to_yaml());
 }
 
 TEST(PlanErrors, OptionOrRejectsValuesOutsideAllowed) {

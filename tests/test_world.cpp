@@ -3,8 +3,12 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
+#include <thread>
 
 #include "shardplan/error.h"
 #include "shardplan/mesh.h"
@@ -123,6 +127,44 @@ TEST(World, LocalBackendRefusesProcessRanks) {
   } catch (const shardplan::Error& e) {
     EXPECT_NE(std::string(e.what()).find("runs ranks as threads of one process"), std::string::npos) << e.what();
   }
+}
+
+// Ranks started with different world sizes met only in gloo's rendezvous,
+// which failed with its internals ("sizeof(impl_) == bytes.size()"). Both
+// now say which sizes differ, before the backend's rendezvous.
+TEST(World, DifferentWorldSizesAreNamedAtRendezvous) {
+  const std::string dir = std::filesystem::weakly_canonical(::testing::TempDir()).string() + "/ws_mismatch_" +
+                          std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  std::string errors[2];
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      WorldOptions o;
+      o.backend = "gloo";
+      o.rank = r;
+      o.world_size = r == 0 ? 2 : 3;
+      o.store_url = "file://" + dir + "/store";
+      o.timeout = std::chrono::seconds(20);
+      try {
+        shardplan::init_world(o);
+      } catch (const shardplan::Error& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : ranks) t.join();
+  for (const auto& e : errors)
+    EXPECT_EQ(e, "rank 0 was started with world size 2 but rank 1 with world size 3: every rank must be started "
+                 "with the same WORLD_SIZE");
+  std::filesystem::remove_all(dir);
+}
+
+// --backend names a plugin, never a file (relative paths would resolve
+// against the working directory).
+TEST(World, BackendIsANameNotAPath) {
+  WorldOptions o;
+  o.backend = "./libshardplan_comm_local.so";
+  EXPECT_THROW(shardplan::init_world(o), shardplan::PluginError);
 }
 
 // {data: 2, model: 2}: the model groups are {0,1},{2,3}, the data groups

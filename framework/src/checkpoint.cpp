@@ -33,8 +33,15 @@
 #include "shardplan/plan.h"
 #include "shardplan/shard.h"
 #include "shardplan/world.h"
+#include "checkpoint_internal.h"
 
 namespace shardplan {
+
+using ckpt_detail::assemble;
+using ckpt_detail::rank_file;
+using ckpt_detail::read_meta;
+using ckpt_detail::take_splits;
+using ckpt_detail::writes_piece;
 
 namespace fs = std::filesystem;
 
@@ -84,11 +91,6 @@ at::Tensor gather_split(const at::Tensor& local, const ShardSplit& s, int64_t gl
   return joined.reshape(out);
 }
 
-at::Tensor take_splits(const at::Tensor& full, const std::vector<ShardSplit>& splits) {
-  at::Tensor t = full;
-  for (const auto& s : splits) t = take_split(t, s);
-  return t.contiguous();
-}
 
 std::string dtype_name(at::ScalarType t) {
   switch (t) {
@@ -106,13 +108,6 @@ std::string dtype_name(at::ScalarType t) {
   }
 }
 
-at::ScalarType dtype_of(const std::string& name) {
-  static const std::map<std::string, at::ScalarType> types = {
-      {"float32", at::kFloat}, {"float64", at::kDouble}, {"float16", at::kHalf}, {"bfloat16", at::kBFloat16},
-      {"int8", at::kChar},     {"uint8", at::kByte},     {"int16", at::kShort},  {"int32", at::kInt},
-      {"int64", at::kLong},    {"bool", at::kBool}};
-  return types.at(name);
-}
 
 // ------------------------------------------------------------ tensor inventory
 
@@ -223,24 +218,6 @@ std::vector<Item> inventory(torch::nn::Module& model, const ParallelReport& repo
   return items;
 }
 
-// A rank writes a piece only when it is the first holder of that piece: the
-// ranks that differ from it only on axes the tensor is not split over hold
-// copies.
-bool writes_piece(const Mesh& mesh, int rank, const std::vector<ShardSplit>& splits) {
-  if (mesh.ndim() == 0) return rank == 0;
-  for (const auto& axis : mesh.axes()) {
-    bool split = false;
-    for (const auto& s : splits) split |= s.axis == axis.first;
-    if (!split && mesh.coord(rank, axis.first) != 0) return false;
-  }
-  return true;
-}
-
-std::string rank_file(int rank) {
-  std::ostringstream os;
-  os << "rank-" << std::setw(5) << std::setfill('0') << rank << ".bin";
-  return os.str();
-}
 
 // Every rank's text, on every rank.
 std::vector<std::string> all_gather_text(Communicator& comm, const std::string& text) {
@@ -264,13 +241,6 @@ void agree(Communicator& comm, const std::string& my_error, const std::string& w
     if (!errors[r].empty()) throw Error(what + ": rank " + std::to_string(r) + ": " + errors[r]);
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("cannot read '" + path + "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // Test hook (tests/e2e/ckpt_kill.sh): SHARDPLAN_TEST_CKPT_PAUSE_MS=N makes
 // every rank announce itself on stderr and sleep N ms between writing its
@@ -287,6 +257,35 @@ void test_pause(int rank, const std::string& target) {
 }
 
 }  // namespace
+
+namespace ckpt_detail {
+
+at::Tensor take_splits(const at::Tensor& full, const std::vector<ShardSplit>& splits) {
+  at::Tensor t = full;
+  for (const auto& s : splits) t = take_split(t, s);
+  return t.contiguous();
+}
+
+// A rank writes a piece only when it is the first holder of that piece: the
+// ranks that differ from it only on axes the tensor is not split over hold
+// copies.
+bool writes_piece(const Mesh& mesh, int rank, const std::vector<ShardSplit>& splits) {
+  if (mesh.ndim() == 0) return rank == 0;
+  for (const auto& axis : mesh.axes()) {
+    bool split = false;
+    for (const auto& s : splits) split |= s.axis == axis.first;
+    if (!split && mesh.coord(rank, axis.first) != 0) return false;
+  }
+  return true;
+}
+
+std::string rank_file(int rank) {
+  std::ostringstream os;
+  os << "rank-" << std::setw(5) << std::setfill('0') << rank << ".bin";
+  return os.str();
+}
+
+}  // namespace ckpt_detail
 
 // ------------------------------------------------------------------- public
 
@@ -352,10 +351,22 @@ void save_checkpoint(const std::string& dir, torch::nn::Module& model, const Par
   const std::string what = "saving checkpoint '" + target.string() + "'";
 
   // Every step that can fail on one rank is followed by agree(), so all
-  // ranks stop together instead of leaving the others in a collective.
+  // ranks stop together instead of leaving the others in a collective. When
+  // one fails, every rank has finished writing (agree is collective), so
+  // rank 0 removes the staging directory: a failed save leaves nothing
+  // behind. (A killed save does; the next save to `dir` replaces it.)
   std::map<std::string, std::string> attributes = options.attributes;
   std::vector<Item> items;
   std::string err;
+  auto agree_or_clean_up = [&] {
+    try {
+      agree(comm, err, what);
+    } catch (...) {
+      std::error_code ec;
+      if (world.rank() == 0) fs::remove_all(staging, ec);
+      throw;
+    }
+  };
   try {
     items = inventory(model, report, options.optimizer, &attributes);
     // Rank 0 prepares the staging directory; a stale one from a crashed save
@@ -368,7 +379,7 @@ void save_checkpoint(const std::string& dir, torch::nn::Module& model, const Par
   } catch (const std::exception& e) {
     err = e.what();
   }
-  agree(comm, err, what);
+  agree_or_clean_up();
 
   // Each rank: its pieces into one file, described in a partial metadata.
   ckpt::Meta mine;
@@ -400,7 +411,7 @@ void save_checkpoint(const std::string& dir, torch::nn::Module& model, const Par
     err = e.what();
   }
   test_pause(world.rank(), target.string());
-  agree(comm, err, what);
+  agree_or_clean_up();
 
   // Rank 0 merges the descriptions, writes the metadata, and swaps the
   // staging directory in.
@@ -442,67 +453,9 @@ void save_checkpoint(const std::string& dir, torch::nn::Module& model, const Par
       err = e.what();
     }
   }
-  agree(comm, err, what);
+  agree_or_clean_up();
 }
 
-namespace {
-
-// The intervals of `global` along s.dim that piece s.index holds, and where
-// they sit in the piece: one per block.
-struct Interval {
-  int64_t global_start, piece_start, len;
-};
-std::vector<Interval> intervals(const ckpt::DimSplit& s, int64_t global) {
-  const int64_t block = global / s.blocks;
-  const auto range = shard_range(block, s.parts, s.index);
-  const int64_t len = range.second - range.first;
-  std::vector<Interval> out;
-  for (int64_t b = 0; b < s.blocks; ++b) out.push_back({b * block + range.first, b * len, len});
-  return out;
-}
-
-void place(at::Tensor& full, const at::Tensor& piece, const std::vector<ckpt::DimSplit>& split, size_t i,
-           at::Tensor dst, at::Tensor src) {
-  if (i == split.size()) {
-    dst.copy_(src);
-    return;
-  }
-  const auto& s = split[i];
-  for (const auto& iv : intervals(s, full.size(s.dim))) {
-    if (iv.len == 0) continue;
-    place(full, piece, split, i + 1, dst.narrow(s.dim, iv.global_start, iv.len), src.narrow(s.dim, iv.piece_start, iv.len));
-  }
-}
-
-// The whole tensor from its pieces, checksums verified.
-at::Tensor assemble(const ckpt::TensorEntry& e, const fs::path& dir) {
-  const at::ScalarType type = dtype_of(e.dtype);
-  at::Tensor full = at::empty(e.shape, at::TensorOptions().dtype(type));
-  for (const auto& p : e.pieces) {
-    const fs::path path = dir / p.file;
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw Error("checkpoint file '" + path.string() + "' is missing (tensor '" + e.name + "', rank " +
-                         std::to_string(p.rank) + ")");
-    in.seekg(0, std::ios::end);
-    const uint64_t size = static_cast<uint64_t>(in.tellg());
-    if (p.offset + p.nbytes > size)
-      throw Error("checkpoint file '" + path.string() + "' is truncated: tensor '" + e.name + "' needs bytes " +
-                  std::to_string(p.offset) + ".." + std::to_string(p.offset + p.nbytes) + " of " +
-                  std::to_string(size));
-    at::Tensor piece = at::empty(p.shape, at::TensorOptions().dtype(type));
-    in.seekg(static_cast<std::streamoff>(p.offset));
-    in.read(static_cast<char*>(piece.data_ptr()), static_cast<std::streamsize>(p.nbytes));
-    if (!in) throw Error("cannot read '" + path.string() + "'");
-    if (ckpt::crc32c(piece.data_ptr(), p.nbytes) != p.crc32c)
-      throw Error("checkpoint file '" + path.string() + "' is corrupted: checksum of tensor '" + e.name +
-                  "' (bytes " + std::to_string(p.offset) + ".." + std::to_string(p.offset + p.nbytes) +
-                  ") does not match the metadata");
-    place(full, piece, p.split, 0, full, piece);
-  }
-  return full;
-}
-
-}  // namespace
 
 std::map<std::string, std::string> load_checkpoint(const std::string& dir, torch::nn::Module& model,
                                                    const ParallelReport& report, World& world,
@@ -523,12 +476,7 @@ std::map<std::string, std::string> load_checkpoint(const std::string& dir, torch
   std::string err;
   ckpt::Meta meta;
   try {
-    const fs::path meta_path = target / ckpt::kMetaFile;
-    if (!fs::exists(meta_path)) {
-      throw Error(fs::exists(target) ? "'" + meta_path.string() + "' is missing: not a complete checkpoint"
-                                     : "no checkpoint at '" + target.string() + "'");
-    }
-    meta = ckpt::parse_meta(read_file(meta_path.string()), meta_path.string());
+    meta = read_meta(target);
     std::map<std::string, std::string> unused;
     const std::vector<Item> items = inventory(model, report, nullptr, &unused);
     for (const auto& item : items) {
@@ -601,156 +549,6 @@ std::map<std::string, std::string> load_checkpoint(const std::string& dir, torch
     }
   }
   return meta.attributes;
-}
-
-namespace {
-
-ckpt::Meta read_meta(const fs::path& dir) {
-  const fs::path meta_path = dir / ckpt::kMetaFile;
-  if (!fs::exists(meta_path))
-    throw Error(fs::exists(dir) ? "'" + meta_path.string() + "' is missing: not a complete checkpoint"
-                                : "no checkpoint at '" + dir.string() + "'");
-  return ckpt::parse_meta(read_file(meta_path.string()), meta_path.string());
-}
-
-bool is_optimizer_state(const std::string& name) { return name.rfind("optimizer/", 0) == 0; }
-
-// One rank's file of a checkpoint being written piece by piece; synced when
-// closed, since the directory is only published afterwards.
-class PieceFile {
- public:
-  explicit PieceFile(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) fail("create");
-  }
-  ~PieceFile() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  PieceFile(const PieceFile&) = delete;
-  PieceFile& operator=(const PieceFile&) = delete;
-  uint64_t append(const void* data, size_t n) {
-    const uint64_t at = size_;
-    const char* p = static_cast<const char*>(data);
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, p, n);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        fail("write");
-      }
-      p += w;
-      n -= static_cast<size_t>(w);
-      size_ += static_cast<uint64_t>(w);
-    }
-    return at;
-  }
-  void close() {
-    if (::fsync(fd_) != 0) fail("sync");
-    const int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0) fail("close");
-  }
-
- private:
-  [[noreturn]] void fail(const char* what) const {
-    throw Error(std::string("cannot ") + what + " '" + path_ + "': " + std::strerror(errno));
-  }
-  std::string path_;
-  int fd_ = -1;
-  uint64_t size_ = 0;
-};
-
-}  // namespace
-
-void reshard_checkpoint(const std::string& src, const std::string& dst, int world_size, const std::string& plan_yaml) {
-  if (world_size < 1) throw Error("the world size must be at least 1, got " + std::to_string(world_size));
-  const fs::path from = fs::absolute(src).lexically_normal();
-  const fs::path target = fs::absolute(dst).lexically_normal();
-  const fs::path staging = target.string() + ".partial";
-  const ckpt::Meta old = read_meta(from);
-
-  ckpt::Meta meta;
-  meta.world_size = world_size;
-  meta.attributes = old.attributes;
-  meta.modules = old.modules;
-  meta.plan = plan_yaml.empty() ? old.plan : plan_yaml;
-  Mesh mesh;
-  if (!meta.plan.empty()) {
-    mesh = parse_plan(meta.plan, plan_yaml.empty() ? (from / ckpt::kMetaFile).string() + " (plan)" : "--plan")
-               .resolve_mesh(world_size);
-    meta.plan = parse_plan(meta.plan).to_yaml();
-  }
-  meta.mesh = mesh.axes();
-
-  // Cuts of every tensor, checked against the new mesh before writing anything.
-  std::vector<std::vector<ShardSplit>> cuts;
-  for (const auto& e : old.tensors) {
-    std::vector<ShardSplit> c;
-    for (const auto& s : e.pieces.front().split) {
-      if (!mesh.has_axis(s.axis))
-        throw Error("tensor '" + e.name + "' is split over mesh axis '" + s.axis + "', which the mesh " +
-                    (mesh.ndim() ? mesh.str() : std::string("{}")) + " for " + std::to_string(world_size) +
-                    " ranks does not have");
-      ShardSplit x;
-      x.dim = s.dim;
-      x.axis = s.axis;
-      x.blocks = s.blocks;
-      x.parts = mesh.axis_size(s.axis);
-      if (x.parts > 1) c.push_back(x);
-    }
-    cuts.push_back(c);
-  }
-
-  std::error_code ec;
-  fs::remove_all(staging, ec);
-  fs::create_directories(staging);
-  std::vector<std::unique_ptr<PieceFile>> files(world_size);
-  for (size_t i = 0; i < old.tensors.size(); ++i) {
-    const auto& e = old.tensors[i];
-    const at::Tensor full = assemble(e, from);
-    ckpt::TensorEntry out;
-    out.name = e.name;
-    out.dtype = e.dtype;
-    out.shape = e.shape;
-    out.layout = e.layout;
-    out.buffer = e.buffer;
-    for (int r = 0; r < world_size; ++r) {
-      if (!writes_piece(mesh, r, cuts[i])) continue;
-      std::vector<ShardSplit> mine = cuts[i];
-      for (auto& s : mine) s.index = mesh.coord(r, s.axis);
-      const at::Tensor t = take_splits(full, mine);
-      ckpt::Piece p;
-      p.rank = r;
-      p.file = rank_file(r);
-      if (!files[r]) files[r] = std::make_unique<PieceFile>((staging / p.file).string());
-      p.nbytes = static_cast<uint64_t>(t.numel()) * t.element_size();
-      p.offset = files[r]->append(t.data_ptr(), p.nbytes);
-      p.shape = t.sizes().vec();
-      for (const auto& s : mine) p.split.push_back(ckpt::DimSplit{s.dim, s.axis, s.parts, s.index, s.blocks});
-      p.crc32c = ckpt::crc32c(t.data_ptr(), p.nbytes);
-      out.pieces.push_back(p);
-    }
-    meta.tensors.push_back(out);
-  }
-  for (auto& f : files)
-    if (f) f->close();
-  const std::string yaml = ckpt::to_yaml(meta);
-  ckpt::parse_meta(yaml, "<new metadata>");
-  ckpt::write_file_atomic((staging / ckpt::kMetaFile).string(), yaml.data(), yaml.size());
-  ckpt::replace_directory(staging.string(), target.string());
-}
-
-StateDict read_checkpoint(const std::string& dir, std::vector<std::string>* buffers,
-                          std::vector<std::string>* modules) {
-  const fs::path from = fs::absolute(dir).lexically_normal();
-  const ckpt::Meta meta = read_meta(from);
-  if (modules) *modules = meta.modules;
-  StateDict out;
-  for (const auto& e : meta.tensors) {
-    if (is_optimizer_state(e.name)) continue;
-    out.emplace_back(e.name, assemble(e, from));
-    if (buffers && e.buffer) buffers->push_back(e.name);
-  }
-  return out;
 }
 
 }  // namespace shardplan

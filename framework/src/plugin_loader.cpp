@@ -3,7 +3,10 @@
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -41,6 +44,47 @@ std::vector<std::string> split_path_list(const char* value) {
   return out;
 }
 
+// A library's static initialisers run inside dlopen, and its entry and
+// factory are its code too. One that calls exit() there would end the
+// program with the status it chose, and exit(0) reads as a successful run
+// to a launcher or a script. While such code runs, `t_running_plugin` names
+// the library on the loading thread, and a handler registered with atexit
+// (and at_quick_exit) before the first load turns an exit on that thread
+// into status 1 naming it; thread-local, so another thread ending the
+// program meanwhile keeps its status. Handlers run in reverse order of
+// registration: the library's own run first, ours before those of
+// everything loaded earlier (libtorch, the C runtime's). _exit(0) cannot be
+// intercepted in-process; it is documented as beyond this check.
+thread_local const std::string* t_running_plugin = nullptr;
+
+void exit_guard() {
+  if (const std::string* path = t_running_plugin) {
+    std::fprintf(stderr, "shardplan: plugin %s called exit() while being loaded; the process fails with status 1\n",
+                 path->c_str());
+    std::fflush(nullptr);
+    ::_exit(1);
+  }
+}
+
+class RunningPlugin {
+ public:
+  explicit RunningPlugin(const std::string& path) {
+    static std::once_flag registered;
+    std::call_once(registered, [] {
+      std::atexit(exit_guard);
+      std::at_quick_exit(exit_guard);
+    });
+    previous_ = t_running_plugin;
+    t_running_plugin = &path;
+  }
+  ~RunningPlugin() { t_running_plugin = previous_; }
+  RunningPlugin(const RunningPlugin&) = delete;
+  RunningPlugin& operator=(const RunningPlugin&) = delete;
+
+ private:
+  const std::string* previous_;
+};
+
 }  // namespace
 
 struct PluginLoader::Impl {
@@ -77,6 +121,21 @@ void PluginLoader::add_dirs(const std::vector<std::string>& dirs) {
   }
 }
 
+void PluginLoader::add_plan_dirs(const std::vector<std::string>& dirs, const std::vector<SourceLoc>& locs) {
+  auto loc = [&](size_t i) { return i < locs.size() ? locs[i] : SourceLoc{"<plan>", 0, 0}; };
+  const char* opt_in = std::getenv(kPlanPluginsEnv);
+  for (size_t i = 0; i < dirs.size(); ++i) {
+    if (!opt_in || std::string(opt_in) != "1")
+      throw PlanError(loc(i), std::string("the plan names plugin directory '") + dirs[i] +
+                                  "', which is searched only with " + kPlanPluginsEnv +
+                                  "=1 (plugins run code when loaded; or add it to SHARDPLAN_PLUGIN_PATH)");
+    std::error_code ec;
+    if (!fs::is_directory(dirs[i], ec))
+      throw PlanError(loc(i), "plugin directory '" + dirs[i] + "' does not exist or is not a directory");
+  }
+  add_dirs(dirs);
+}
+
 std::vector<std::string> PluginLoader::search_path() const {
   auto& m = const_cast<PluginLoader*>(this)->impl();
   std::vector<std::string> path;
@@ -102,6 +161,7 @@ const LoadedPlugin& PluginLoader::load_file(const std::string& path_in, sp_plugi
   }
   if (!fs::exists(path)) throw PluginError(path + ": plugin file does not exist");
 
+  RunningPlugin running(path);
   auto lib = std::make_unique<boost::dll::shared_library>();
   boost::dll::fs::error_code ec;
   // RTLD_NOW: an unresolved symbol fails here with a message, not later with a crash.
@@ -137,7 +197,10 @@ const LoadedPlugin& PluginLoader::load_file(const std::string& path_in, sp_plugi
 }
 
 const LoadedPlugin& PluginLoader::load(sp_plugin_kind kind, const std::string& name) {
-  if (name.find('/') != std::string::npos) return load_file(name, kind);
+  if (!is_plugin_name(name))
+    throw PluginError(std::string("'") + name + "' is not a " + kind_name(kind) +
+                      " plugin name (letters, digits, '_', '-', '.'): plugins are found by name in the plugin "
+                      "directories, never by path; put the library's folder in SHARDPLAN_PLUGIN_PATH");
   std::string file = std::string("libshardplan_") + kind_name(kind) + "_" + name + ".so";
   auto dirs = search_path();
   for (const auto& d : dirs) {
@@ -147,24 +210,34 @@ const LoadedPlugin& PluginLoader::load(sp_plugin_kind kind, const std::string& n
   std::string searched;
   for (const auto& d : dirs) searched += (searched.empty() ? "" : ", ") + d;
   throw PluginError(std::string("no ") + kind_name(kind) + " plugin '" + name + "': " + file +
-                    " not found in [" + searched + "] (set SHARDPLAN_PLUGIN_PATH or the plan's plugins:)");
+                    " not found in [" + searched + "] (set SHARDPLAN_PLUGIN_PATH, or the plan's plugins: with " +
+                    kPlanPluginsEnv + "=1)");
 }
 
 const sp_comm_api* PluginLoader::comm(const std::string& name) {
   const LoadedPlugin& p = load(SP_PLUGIN_COMM, name);
-  auto api = static_cast<const sp_comm_api*>(p.info->factory());
+  const sp_comm_api* api = nullptr;
+  {
+    RunningPlugin running(p.path);
+    api = static_cast<const sp_comm_api*>(p.info->factory());
+  }
   if (!api || api->abi_version != SP_COMM_ABI_VERSION || api->struct_size < sizeof(sp_comm_api))
     throw PluginError(p.path + ": comm plugin returned an incompatible function table");
   return api;
 }
 
-LayerPlugin* PluginLoader::layer(const std::string& name) {
-  const LoadedPlugin& p = load(SP_PLUGIN_LAYER, name);
+LayerPlugin* PluginLoader::layer(const std::string& name) { return layer_object(load(SP_PLUGIN_LAYER, name)); }
+
+LayerPlugin* PluginLoader::layer_object(const LoadedPlugin& p) {
   auto& m = impl();
   std::lock_guard<std::mutex> lock(m.mu);
   auto it = m.layer_objects.find(p.path);
   if (it != m.layer_objects.end()) return it->second;
-  auto obj = static_cast<LayerPlugin*>(const_cast<void*>(p.info->factory()));
+  LayerPlugin* obj = nullptr;
+  {
+    RunningPlugin running(p.path);
+    obj = static_cast<LayerPlugin*>(const_cast<void*>(p.info->factory()));
+  }
   if (!obj) throw PluginError(p.path + ": layer plugin factory returned null");
   m.layer_objects[p.path] = obj;
   return obj;
@@ -186,8 +259,8 @@ std::vector<std::pair<const LoadedPlugin*, LayerPlugin*>> PluginLoader::all_laye
       std::string name = fn.substr(prefix.size(), fn.size() - prefix.size() - 3);
       if (std::find(names.begin(), names.end(), name) != names.end()) continue;
       names.push_back(name);
-      LayerPlugin* obj = layer(f.string());
-      out.emplace_back(&load_file(f.string(), SP_PLUGIN_LAYER), obj);
+      const LoadedPlugin& p = load_file(f.string(), SP_PLUGIN_LAYER);
+      out.emplace_back(&p, layer_object(p));
     }
   }
   return out;

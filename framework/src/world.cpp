@@ -122,6 +122,49 @@ void World::reset_stats() {
 
 namespace {
 
+// Ranks started with different world sizes would otherwise meet only in the
+// backend's rendezvous and fail there with its internals (gloo: "Enforce
+// failed ... sizeof(impl_) == bytes.size()"). Each rank publishes its size;
+// rank 0 compares every other rank's with its own, the others rank 0's, so
+// each side of a mismatch names both sizes. A store may serve several worlds
+// in a row (tests), so each rank counts its own earlier ones, as the backends
+// do for their keys.
+void check_world_size(Store& store, const WorldOptions& o) {
+  auto key = [](int gen, int rank) {
+    return "shardplan/world/" + std::to_string(gen) + "/size/" + std::to_string(rank);
+  };
+  // This is where a rank that never arrives is first noticed: worded as a
+  // failed join, like the backend's own rendezvous (docs/ARCHITECTURE.md, Faults).
+  auto joining = [&](auto&& op) {
+    try {
+      return op();
+    } catch (const Error& e) {
+      throw CommError("backend '" + o.backend + "': rank " + std::to_string(o.rank) + " of " +
+                          std::to_string(o.world_size) + " could not join the world: " + e.what(),
+                      SP_ERR_INTERNAL);
+    }
+  };
+  const std::string mine = std::to_string(o.world_size);
+  const int gen = joining([&] {
+    int g = 0;
+    while (store.check(key(g, o.rank))) ++g;
+    store.set(key(g, o.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+    return g;
+  });
+  auto compare = [&](int peer) {
+    const std::vector<uint8_t> v = joining([&] { return store.get(key(gen, peer), o.timeout); });
+    const std::string theirs(v.begin(), v.end());
+    if (theirs == mine) return;
+    const bool peer_first = peer < o.rank;
+    throw Error("rank " + std::to_string(peer_first ? peer : o.rank) + " was started with world size " +
+                (peer_first ? theirs : mine) + " but rank " + std::to_string(peer_first ? o.rank : peer) +
+                " with world size " + (peer_first ? mine : theirs) +
+                ": every rank must be started with the same WORLD_SIZE");
+  };
+  if (o.rank != 0) return compare(0);
+  for (int r = 1; r < o.world_size; ++r) compare(r);
+}
+
 std::shared_ptr<World> create_world(const WorldOptions& options, std::shared_ptr<Store> store) {
   auto& loader = PluginLoader::instance();
   loader.add_dirs(options.plugin_dirs);
@@ -137,6 +180,7 @@ std::shared_ptr<World> create_world(const WorldOptions& options, std::shared_ptr
   const bool no_rendezvous = !store && options.world_size > 1 && !threads && options.store_url.empty();
   if (!store && options.world_size > 1 && !threads && !options.store_url.empty())
     store = make_store(options.store_url, options.rank, options.world_size, options.timeout);
+  if (store && !threads && options.world_size > 1) check_world_size(*store, options);
 
   // A device backend picks its GPU by the rank within the node.
   std::vector<std::string> backend_options = options.backend_options;

@@ -88,6 +88,14 @@ node_cmd() {  # node_cmd NODE ARGS... (launch options end at --)
     --local-addr "127.0.0.$((node + 1))" --backend gloo "$@")
 }
 free_port() { PORT=$("$LP" --free-port) || fail "launcher_probe --free-port failed"; }
+# train_with_plan_plugins DIR OPT_IN: the trainer on gpt.yaml behind `plugins: [DIR]`,
+# with SHARDPLAN_PLAN_PLUGINS=OPT_IN (only 1 opts in); expected to fail fast.
+train_with_plan_plugins() {
+  { echo "plugins: [$1]"; cat "$SRC/plans/gpt.yaml"; } >"$WORK/plan.yaml"
+  SHARDPLAN_PLAN_PLUGINS=$2 run launch -n 2 --backend gloo --timeout-ms 5000 -- "${TRAIN[@]}" --plan "$WORK/plan.yaml"
+  expect_rc 1
+  expect_faster_than 30000
+}
 
 case $CASE in
 collective_timeout | collective_timeout_group | collective_timeout_mpi)
@@ -280,10 +288,7 @@ layer_plugin_abi | layer_plugin_no_entry)
     why="not a shardplan plugin \(no 'shardplan_plugin_entry' entry point\)"
   fi
   dir=$BIN/faults/layer_$name
-  { echo "plugins: [$dir]"; cat "$SRC/plans/gpt.yaml"; } >"$WORK/plan.yaml"
-  run launch -n 2 --backend gloo --timeout-ms 5000 -- "${TRAIN[@]}" --plan "$WORK/plan.yaml"
-  expect_rc 1
-  expect_faster_than 30000
+  train_with_plan_plugins "$dir" 1
   expect_line_re err "\[rank [01]\] train_model: error: $dir/libshardplan_layer_$name\.so: $why"
   ;;
 
@@ -295,12 +300,69 @@ plugin_search_path)
   cd "$WORK" || fail "cd"
   LD_LIBRARY_PATH=$WORK run launch -n 2 --backend decoy --timeout-ms 5000 -- "$FP" --init
   expect_rc 1
-  expect_line_re err "\[rank [01]\] fault_probe: error: no comm plugin 'decoy': libshardplan_comm_decoy\.so not found in \[$INSTALL_PLUGINS\] \(set SHARDPLAN_PLUGIN_PATH or the plan's plugins:\)"
+  expect_line_re err "\[rank [01]\] fault_probe: error: no comm plugin 'decoy': libshardplan_comm_decoy\.so not found in \[$INSTALL_PLUGINS\] \(set SHARDPLAN_PLUGIN_PATH, or the plan's plugins: with SHARDPLAN_PLAN_PLUGINS=1\)"
   # On the configured search path it is found, and works.
   SHARDPLAN_PLUGIN_PATH=$WORK run launch -n 2 --backend decoy --timeout-ms 5000 -- "$FP" --init --collective all_reduce
   expect_rc 0
   expect_line out "[rank 0] rank 0: all_reduce done"
   expect_line out "[rank 1] rank 1: all_reduce done"
+  ;;
+
+plan_plugins_need_opt_in)
+  # A plan is data: the folders under its plugins: are not searched (nothing
+  # in them is loaded) unless the user opts in, and the refusal points at the
+  # entry. The folder holds a broken plugin, so being loaded would show.
+  dir=$BIN/faults/layer_layerabi
+  train_with_plan_plugins "$dir" ""
+  expect_line_re err "\[rank [01]\] train_model: error: $WORK/plan\.yaml:1:11: the plan names plugin directory '$dir', which is searched only with SHARDPLAN_PLAN_PLUGINS=1 \(plugins run code when loaded; or add it to SHARDPLAN_PLUGIN_PATH\)"
+  grep -q "layer plugin ABI version" "$WORK/err" && fail "the plan's plugin was loaded"
+  ;;
+
+plan_plugins_missing_dir)
+  # With the opt-in, a folder that does not exist is an error at its entry,
+  # not silently skipped.
+  train_with_plan_plugins "$WORK/nothere" 1
+  expect_line_re err "\[rank [01]\] train_model: error: $WORK/plan\.yaml:1:11: plugin directory '$WORK/nothere' does not exist or is not a directory"
+  ;;
+
+plugin_by_path)
+  # --backend names a plugin; a path (relative to the working directory or
+  # absolute) is refused, even for a working library.
+  cp "$INSTALL_PLUGINS/libshardplan_comm_gloo.so" "$WORK/libshardplan_comm_decoy.so"
+  cd "$WORK" || fail "cd"
+  for backend in ./libshardplan_comm_decoy.so "$WORK/libshardplan_comm_decoy.so"; do
+    run launch -n 2 --backend "$backend" --timeout-ms 5000 -- "$FP" --init
+    expect_rc 1
+    expect_line_re err "\[rank [01]\] fault_probe: error: '${backend//./\\.}' is not a comm plugin name \(letters, digits, '_', '-', '\.'\): plugins are found by name in the plugin directories, never by path; put the library's folder in SHARDPLAN_PLUGIN_PATH"
+    grep -q "joined" "$WORK/out" && fail "a rank joined with backend $backend"
+  done
+  ;;
+
+plugin_exits_on_load)
+  # A backend whose static initialiser calls exit(0): the ranks fail, naming
+  # it, and so does the job.
+  SHARDPLAN_PLUGIN_PATH=$BIN/plugins run launch -n 2 --backend exits --timeout-ms 5000 -- "$FP" --init
+  expect_rc 1
+  expect_faster_than 30000
+  expect_line_re err "\[rank [01]\] shardplan: plugin $BIN/plugins/libshardplan_comm_exits\.so called exit\(\) while being loaded; the process fails with status 1"
+  ;;
+
+world_size_mismatch)
+  # Two ranks started by hand (as torchrun-style environments would) with
+  # different WORLD_SIZE: both say so in one line naming both sizes, instead
+  # of failing inside gloo's rendezvous.
+  common=(SHARDPLAN_BACKEND=gloo "SHARDPLAN_STORE=file://$WORK/store" SHARDPLAN_TIMEOUT_MS=5000)
+  start_bg r0 env "${common[@]}" RANK=0 WORLD_SIZE=2 "$FP" --init
+  r0=$BG
+  start_bg r1 env "${common[@]}" RANK=1 WORLD_SIZE=3 "$FP" --init
+  r1=$BG
+  why="rank 0 was started with world size 2 but rank 1 with world size 3: every rank must be started with the same WORLD_SIZE"
+  for r in 0 1; do
+    pid=r$r
+    wait_bg "${!pid}" 30000
+    ((RC != 0)) || fail "rank $r exited with status 0"
+    grep -Fqx "fault_probe: error: $why" "$WORK/r$r.err" || fail "rank $r: $(cat "$WORK/r$r.err")"
+  done
   ;;
 
 *)

@@ -82,6 +82,7 @@ class Plan {
   SourceLoc mesh_loc;
   std::vector<Rule> rules;
   std::vector<std::string> plugin_dirs;  // absolute; relative ones resolved against the plan's folder
+  std::vector<SourceLoc> plugin_dir_locs;  // where each is written (searched only with SHARDPLAN_PLAN_PLUGINS=1)
   bool strict = true;                    // a rule that matches nothing is an error
 
   // First rule whose pattern fully matches `path`, or nullptr.
@@ -105,7 +106,11 @@ class Plan {
 };
 
 // Throws PlanError("file:line:col: ...") for YAML syntax errors, unknown keys,
-// unknown axes, invalid regexes, malformed layouts and options.
+// unknown axes, invalid regexes, malformed layouts and options, text that is
+// not UTF-8, and plans past the limits below (they bound the memory and stack
+// a plan can make a tool use; real plans are far below them).
+constexpr size_t kMaxPlanBytes = 1 << 20;
+constexpr size_t kMaxPlanRules = 10000;
 Plan load_plan(const std::string& path);
 Plan parse_plan(const std::string& yaml_text, const std::string& source_name = "<string>",
                 const std::string& base_dir = ".");

@@ -1,0 +1,97 @@
+// ParallelReport: bytes per rank, JSON and the printed table.
+#include <algorithm>
+#include <cstdio>
+#include <iomanip>
+#include <sstream>
+
+#include "plan_internal.h"
+#include "shardplan/parallelize.h"
+
+namespace shardplan {
+
+using plan_detail::shape_str;
+
+int64_t ParallelReport::local_bytes() const {
+  int64_t total = 0;
+  for (const auto& r : rows) {
+    int64_t n = 1;
+    if (!r.tied_to.empty()) continue;
+    for (auto d : r.local_shape) n *= d;
+    total += n * r.element_size;
+  }
+  return total;
+}
+
+int64_t ParallelReport::global_bytes() const {
+  int64_t total = 0;
+  for (const auto& r : rows) {
+    int64_t n = 1;
+    if (!r.tied_to.empty()) continue;
+    for (auto d : r.global_shape) n *= d;
+    total += n * r.element_size;
+  }
+  return total;
+}
+
+// JSON string literal: quotes, backslashes and control characters escaped;
+// other bytes (UTF-8 in paths) pass through.
+std::string json_str(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+std::string ParallelReport::json() const {
+  std::ostringstream os;
+  os << "{\n  \"mesh\": {";
+  for (size_t i = 0; i < mesh.axes().size(); ++i)
+    os << (i ? ", " : "") << json_str(mesh.axes()[i].first) << ": " << mesh.axes()[i].second;
+  os << "},\n  \"rank\": " << rank << ",\n  \"world_size\": " << world_size << ",\n  \"rows\": [";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const ReportRow& r = rows[i];
+    os << (i ? "," : "") << "\n    {\"path\": " << json_str(r.path) << ", \"module_type\": " << json_str(r.module_type)
+       << ", \"rule\": " << json_str(r.rule) << ", \"layout\": " << json_str(r.layout)
+       << ", \"plugin\": " << json_str(r.plugin) << ", \"note\": " << json_str(r.note)
+       << ", \"global_shape\": " << shape_str(r.global_shape) << ", \"local_shape\": " << shape_str(r.local_shape)
+       << ", \"element_size\": " << r.element_size << ", \"tied_to\": " << json_str(r.tied_to) << "}";
+  }
+  os << (rows.empty() ? "" : "\n  ") << "],\n  \"warnings\": [";
+  for (size_t i = 0; i < warnings.size(); ++i) os << (i ? ", " : "") << json_str(warnings[i]);
+  os << "],\n  \"local_bytes\": " << local_bytes() << ",\n  \"global_bytes\": " << global_bytes() << "\n}";
+  return os.str();
+}
+
+std::string ParallelReport::table() const {
+  std::ostringstream os;
+  os << "mesh " << mesh.str() << ", rank " << rank << " of " << world_size << "\n";
+  size_t w = 9, pw = 6;
+  for (const auto& r : rows) {
+    w = std::max(w, r.path.size());
+    pw = std::max(pw, r.plugin.size());
+  }
+  os << std::left << std::setw(static_cast<int>(w) + 2) << "parameter" << std::setw(16) << "layout"
+     << std::setw(14) << "global" << std::setw(14) << "local" << std::setw(static_cast<int>(pw) + 2) << "plugin"
+     << "rule / note\n";
+  for (const auto& r : rows) {
+    os << std::setw(static_cast<int>(w) + 2) << r.path << std::setw(16) << r.layout << std::setw(14)
+       << shape_str(r.global_shape) << std::setw(14) << shape_str(r.local_shape) << std::setw(static_cast<int>(pw) + 2)
+       << (r.plugin.empty() ? "-" : r.plugin) << r.rule << (r.rule.empty() || r.note.empty() ? "" : " ") << r.note
+       << "\n";
+  }
+  for (const auto& wmsg : warnings) os << "warning: " << wmsg << "\n";
+  os << "parameter bytes on this rank: " << local_bytes() << " of " << global_bytes() << "\n";
+  return os.str();
+}
+
+}  // namespace shardplan
