@@ -32,6 +32,7 @@ struct Args {
   std::string optimizer = "adam";
   std::string dtype = "float32";
   uint64_t seed = 0;
+  int threads = 0;  // 0: SHARDPLAN_NUM_THREADS, else the cores shared out among this machine's ranks
   bool report = false;
 };
 
@@ -39,7 +40,7 @@ struct Args {
   std::fprintf(stderr,
                "train_mlp: %s\nusage: train_mlp [--plan PLAN.yaml] [--ranks N] [--steps N] [--batch N] [--in N]\n"
                "                 [--hidden N] [--out N] [--lr X] [--optimizer sgd|adam] [--dtype float32|float64]\n"
-               "                 [--seed N] [--report]\n",
+               "                 [--seed N] [--threads N] [--report]\n",
                why.c_str());
   std::exit(2);
 }
@@ -64,6 +65,7 @@ Args parse(int argc, char** argv) {
       else if (k == "--optimizer") a.optimizer = value();
       else if (k == "--dtype") a.dtype = value();
       else if (k == "--seed") a.seed = std::stoull(value());
+      else if (k == "--threads") a.threads = std::stoi(value());
       else if (k == "--report") a.report = true;
       else if (k == "--help" || k == "-h") usage("tensor-parallel MLP example");
       else usage("unknown argument '" + k + "'");
@@ -73,6 +75,7 @@ Args parse(int argc, char** argv) {
   }
   if (a.optimizer != "adam" && a.optimizer != "sgd") usage("--optimizer must be sgd or adam");
   if (a.dtype != "float32" && a.dtype != "float64") usage("--dtype must be float32 or float64");
+  if (a.threads < 0) usage("--threads must not be negative");
   return a;
 }
 
@@ -154,9 +157,10 @@ int main(int argc, char** argv) {
       usage("--ranks runs ranks as threads; do not combine it with a launcher");
     if (shardplan::WorldOptions::env_has_job()) {
       auto world = shardplan::init_world(shardplan::WorldOptions::from_env());
-      train(a, *world);
+      train(a, *world, 1);
     } else {
-      shardplan::run_ranks_in_threads(a.ranks > 0 ? a.ranks : 1, [&](shardplan::World& w) { train(a, w); });
+      const int ranks = a.ranks > 0 ? a.ranks : 1;
+      shardplan::run_ranks_in_threads(ranks, [&](shardplan::World& w) { train(a, w, ranks); });
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_mlp: error: %s\n", e.what());
