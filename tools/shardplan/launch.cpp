@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "thread_env.h"
 
 extern char** environ;
 
@@ -92,7 +93,9 @@ const char* const kUsage =
     "  SHARDPLAN_STORE=file://<temporary dir>/store with one node (the directory is\n"
     "    removed when the launcher exits), tcp://A:P with several\n"
     "  SHARDPLAN_LOCAL_ADDR=ADDR, SHARDPLAN_TIMEOUT_MS=T when those options are given\n"
-    "  OMP_NUM_THREADS=1 with several ranks per node, unless already set\n"
+    "  SHARDPLAN_NUM_THREADS, OMP_NUM_THREADS and OPENBLAS_NUM_THREADS: each rank's\n"
+    "    CPU threads, $SHARDPLAN_NUM_THREADS or else the cores / N (at least 1); a\n"
+    "    variable already set is left as it is (docs/THREADS.md)\n"
     "Standard input of the ranks is /dev/null.\n"
     "\n"
     "exit status: 0 when every rank exits 0; 1 when a rank fails (the others get\n"
@@ -471,9 +474,9 @@ std::vector<std::string> Launcher::environment_for(int local_rank) const {
   // Without the option, a value the user exported is passed through untouched.
   if (opt_.has_local_addr) ours.emplace_back("SHARDPLAN_LOCAL_ADDR", opt_.local_addr);
   if (opt_.has_timeout) ours.emplace_back("SHARDPLAN_TIMEOUT_MS", std::to_string(opt_.timeout_ms));
-  // As torchrun: several ranks per node each running a full-width OpenMP pool
+  // Several ranks per node each running full-width libtorch and BLAS pools
   // oversubscribe the cores many times over. A value the user set wins.
-  if (opt_.nproc > 1 && !getenv("OMP_NUM_THREADS")) ours.emplace_back("OMP_NUM_THREADS", "1");
+  for (auto& kv : thread_environment(opt_.nproc)) ours.push_back(std::move(kv));
 
   std::vector<std::string> env;
   for (char** e = environ; *e; ++e) {
@@ -495,7 +498,7 @@ std::vector<std::string> Launcher::environment_for_mpirun() const {
                                          "SHARDPLAN_STORE"};
   std::vector<std::pair<std::string, std::string>> ours = {{"SHARDPLAN_BACKEND", opt_.backend}};
   if (opt_.has_timeout) ours.emplace_back("SHARDPLAN_TIMEOUT_MS", std::to_string(opt_.timeout_ms));
-  if (opt_.nproc > 1 && !getenv("OMP_NUM_THREADS")) ours.emplace_back("OMP_NUM_THREADS", "1");
+  for (auto& kv : thread_environment(opt_.nproc)) ours.push_back(std::move(kv));
   // Open MPI refuses root unless told twice; as root the user has already
   // chosen to run the job so, and the launcher's other backends do not ask.
   if (geteuid() == 0) {
@@ -524,7 +527,7 @@ std::vector<std::string> Launcher::mpirun_command(const std::vector<std::string>
   // to a remote node once mpirun is given one.
   for (const std::string& e : env) {
     const std::string name = e.substr(0, e.find('='));
-    if (name.compare(0, 10, "SHARDPLAN_") == 0 || name == "OMP_NUM_THREADS") {
+    if (name.compare(0, 10, "SHARDPLAN_") == 0 || name == "OMP_NUM_THREADS" || name == "OPENBLAS_NUM_THREADS") {
       argv.push_back("-x");
       argv.push_back(name);
     }
