@@ -96,7 +96,8 @@ TORCH_MODULE(MLP);
 // a time from the same seed so every rank starts from the same weights.
 std::mutex init_mutex;
 
-void train(const Args& a, shardplan::World& world) {
+void train(const Args& a, shardplan::World& world, int ranks_in_process) {
+  if (a.threads > 0) shardplan::set_num_threads(a.threads, world.options().local_world_size, ranks_in_process);
   const auto dtype = a.dtype == "float64" ? torch::kDouble : torch::kFloat;
   MLP model{nullptr};
   {
@@ -115,15 +116,18 @@ void train(const Args& a, shardplan::World& world) {
   else opt = std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(a.lr).momentum(0.9));
 
   // Synthetic task: a fixed random teacher network; same stream on every rank.
+  // Drawn in float64 whatever the dtype (randn draws other numbers for
+  // float32), so float32 and float64 runs train on the same data.
   auto gen = at::make_generator<at::CPUGeneratorImpl>(a.seed + 1);
-  auto opts = torch::TensorOptions().dtype(dtype);
+  auto opts = torch::TensorOptions().dtype(torch::kDouble);
   auto w1 = at::randn({a.in, 64}, gen, opts) / std::sqrt(double(a.in));
   auto w2 = at::randn({64, a.out}, gen, opts) / 8.0;
 
   world.reset_stats();
   for (int step = 1; step <= a.steps; ++step) {
     auto x = at::randn({a.batch, a.in}, gen, opts);
-    auto y = torch::tanh(x.mm(w1)).mm(w2);
+    auto y = torch::tanh(x.mm(w1)).mm(w2).to(dtype);
+    x = x.to(dtype);
     opt->zero_grad();
     auto loss = torch::mse_loss(model->forward(x), y);
     loss.backward();
