@@ -123,6 +123,9 @@ TEST_F(Threads, BadValuesAreErrors) {
 }
 
 TEST_F(Threads, OversubscriptionIsWarnedAbout) {
+  // Once per process: a child re-executed for this test alone has not warned
+  // yet, where a forked one inherits the flag of earlier tests.
+  ::testing::FLAGS_gtest_death_test_style = "threadsafe";
   const int cores = available_cores();
   EXPECT_EXIT(
       {

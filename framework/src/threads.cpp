@@ -120,7 +120,8 @@ ThreadSettings set_num_threads(int threads, int ranks_on_node, int ranks_in_proc
   if (!blas_from_env) set_blas_num_threads(ranks_in_process > 1 ? 1 : threads);
   ThreadSettings s = current_threads(ranks_on_node);
   s.source = source;
-  if (static_cast<long>(s.ranks) * threads > s.cores) {
+  // More ranks than cores is the user's choice of ranks; fewer threads cannot help it.
+  if (threads > 1 && static_cast<long>(s.ranks) * threads > s.cores) {
     static std::atomic<bool> warned{false};
     if (!warned.exchange(true))
       std::fprintf(stderr,

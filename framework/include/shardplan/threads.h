@@ -36,7 +36,8 @@ int default_num_threads(int ranks_on_node);
 // at one thread: OpenBLAS serialises concurrent multi-threaded level-3 calls
 // on one lock, so ranks sharing a pool would wait for each other, while with a
 // pool of one each rank's products run on its own thread. When ranks x threads
-// exceed the cores, prints one warning to stderr per process. Throws Error for
+// exceed the cores with more than one thread per rank, prints one warning to
+// stderr per process. Throws Error for
 // threads < 0 or an unparsable SHARDPLAN_NUM_THREADS.
 ThreadSettings set_num_threads(int threads = 0, int ranks_on_node = 1, int ranks_in_process = 1);
 
