@@ -32,6 +32,7 @@ struct Args {
   std::string optimizer = "adam";
   std::string dtype = "float32";
   uint64_t seed = 0;
+  int threads = 0;  // 0: SHARDPLAN_NUM_THREADS, else the cores shared out among this machine's ranks
   bool report = false;
 };
 
@@ -39,7 +40,7 @@ struct Args {
   std::fprintf(stderr,
                "train_mlp: %s\nusage: train_mlp [--plan PLAN.yaml] [--ranks N] [--steps N] [--batch N] [--in N]\n"
                "                 [--hidden N] [--out N] [--lr X] [--optimizer sgd|adam] [--dtype float32|float64]\n"
-               "                 [--seed N] [--report]\n",
+               "                 [--seed N] [--threads N] [--report]\n",
                why.c_str());
   std::exit(2);
 }
@@ -64,6 +65,7 @@ Args parse(int argc, char** argv) {
       else if (k == "--optimizer") a.optimizer = value();
       else if (k == "--dtype") a.dtype = value();
       else if (k == "--seed") a.seed = std::stoull(value());
+      else if (k == "--threads") a.threads = std::stoi(value());
       else if (k == "--report") a.report = true;
       else if (k == "--help" || k == "-h") usage("tensor-parallel MLP example");
       else usage("unknown argument '" + k + "'");
@@ -73,6 +75,7 @@ Args parse(int argc, char** argv) {
   }
   if (a.optimizer != "adam" && a.optimizer != "sgd") usage("--optimizer must be sgd or adam");
   if (a.dtype != "float32" && a.dtype != "float64") usage("--dtype must be float32 or float64");
+  if (a.threads < 0) usage("--threads must not be negative");
   return a;
 }
 
@@ -93,7 +96,8 @@ TORCH_MODULE(MLP);
 // a time from the same seed so every rank starts from the same weights.
 std::mutex init_mutex;
 
-void train(const Args& a, shardplan::World& world) {
+void train(const Args& a, shardplan::World& world, int ranks_in_process) {
+  if (a.threads > 0) shardplan::set_num_threads(a.threads, world.options().local_world_size, ranks_in_process);
   const auto dtype = a.dtype == "float64" ? torch::kDouble : torch::kFloat;
   MLP model{nullptr};
   {
@@ -112,15 +116,18 @@ void train(const Args& a, shardplan::World& world) {
   else opt = std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(a.lr).momentum(0.9));
 
   // Synthetic task: a fixed random teacher network; same stream on every rank.
+  // Drawn in float64 whatever the dtype (randn draws other numbers for
+  // float32), so float32 and float64 runs train on the same data.
   auto gen = at::make_generator<at::CPUGeneratorImpl>(a.seed + 1);
-  auto opts = torch::TensorOptions().dtype(dtype);
+  auto opts = torch::TensorOptions().dtype(torch::kDouble);
   auto w1 = at::randn({a.in, 64}, gen, opts) / std::sqrt(double(a.in));
   auto w2 = at::randn({64, a.out}, gen, opts) / 8.0;
 
   world.reset_stats();
   for (int step = 1; step <= a.steps; ++step) {
     auto x = at::randn({a.batch, a.in}, gen, opts);
-    auto y = torch::tanh(x.mm(w1)).mm(w2);
+    auto y = torch::tanh(x.mm(w1)).mm(w2).to(dtype);
+    x = x.to(dtype);
     opt->zero_grad();
     auto loss = torch::mse_loss(model->forward(x), y);
     loss.backward();
@@ -154,9 +161,10 @@ int main(int argc, char** argv) {
       usage("--ranks runs ranks as threads; do not combine it with a launcher");
     if (shardplan::WorldOptions::env_has_job()) {
       auto world = shardplan::init_world(shardplan::WorldOptions::from_env());
-      train(a, *world);
+      train(a, *world, 1);
     } else {
-      shardplan::run_ranks_in_threads(a.ranks > 0 ? a.ranks : 1, [&](shardplan::World& w) { train(a, w); });
+      const int ranks = a.ranks > 0 ? a.ranks : 1;
+      shardplan::run_ranks_in_threads(ranks, [&](shardplan::World& w) { train(a, w, ranks); });
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_mlp: error: %s\n", e.what());

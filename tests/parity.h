@@ -29,6 +29,18 @@ inline double rel_err(const torch::Tensor& a, const torch::Tensor& b) {
 
 inline double tolerance(torch::Dtype dtype) { return dtype == torch::kDouble ? 1e-12 : 1e-5; }
 
+// float32's tolerance cannot be one number: another CPU's BLAS kernels (or
+// thread count) sum in another order, and a few optimizer steps amplify the
+// rounding by an amount that depends on the layer, the optimizer and the
+// machine (the conv3d rows drifted 1.5e-5 under OpenBLAS's SkylakeX kernels).
+// So the unsharded float32 run is repeated in float64, and the sharded run may
+// be off by 16 times the largest deviation float32 rounding alone gave the
+// unsharded run anywhere in it, never less than tolerance(kFloat). A sharding
+// bug (a wrong scale, a missing reduction) is off by orders of magnitude more.
+inline double float32_tolerance(double unsharded_float32_vs_float64) {
+  return std::max(tolerance(torch::kFloat), 16 * unsharded_float32_vs_float64);
+}
+
 struct Setup {
   int world = 2;
   torch::Dtype dtype = torch::kDouble;
@@ -86,6 +98,22 @@ inline Trace train(torch::nn::Module& model, const Setup& s, const torch::Tensor
   return t;
 }
 
+// The largest rel_err between two traces of the same run, over everything
+// compare() checks.
+inline double max_rel_err(const Trace& a, const Trace& b) {
+  double e = 0;
+  auto take = [&](const torch::Tensor& x, const torch::Tensor& y) {
+    if (x.defined() && y.defined()) e = std::max(e, rel_err(x, y.to(x.scalar_type())));
+  };
+  for (size_t k = 0; k < a.outputs.size(); ++k) {
+    take(a.outputs[k], b.outputs[k]);
+    for (size_t i = 0; i < a.input_grads[k].size(); ++i) take(a.input_grads[k][i], b.input_grads[k][i]);
+  }
+  for (const auto& kv : a.grads) take(kv.second, b.grads.at(kv.first));
+  for (const auto& kv : a.params) take(kv.second, b.params.at(kv.first));
+  return e;
+}
+
 // Trains `reference` unsharded, then `world` clones of it (made before any
 // training) sharded by `plan` on ranks as threads, and returns one message
 // per mismatch ("rank 1: grad fc1.weight: relative error ..."). Clones are
@@ -94,46 +122,70 @@ inline Trace train(torch::nn::Module& model, const Setup& s, const torch::Tensor
 template <class ModuleImpl>
 std::vector<std::string> compare(const std::shared_ptr<ModuleImpl>& reference, const shardplan::Plan& plan,
                                  const Setup& s, const std::string& backend = "local") {
-  const double tol = tolerance(s.dtype);
   std::vector<std::shared_ptr<ModuleImpl>> replicas;
   for (int r = 0; r < s.world; ++r) replicas.push_back(std::dynamic_pointer_cast<ModuleImpl>(reference->clone()));
+  auto reference64 = std::dynamic_pointer_cast<ModuleImpl>(reference->clone());
   const torch::Tensor probe = torch::tensor(1.0, torch::kDouble);
   const Trace expected = train(*reference, s, probe);
 
   std::mutex mu;
-  std::vector<std::string> failures;
+  std::vector<Trace> traces(s.world);
   shardplan::run_ranks_in_threads(
       s.world,
       [&](shardplan::World& world) {
         auto& model = *replicas[world.rank()];
         shardplan::parallelize(model, plan, world);
         Trace got = train(model, s, probe);
-        std::vector<std::string> bad;
-        auto expect_close = [&](const std::string& what, const torch::Tensor& a, const torch::Tensor& b) {
-          if (!a.defined() && !b.defined()) return;
-          double e = (a.defined() && b.defined()) ? rel_err(a, b) : 1e300;
-          if (!(e <= tol)) bad.push_back(what + ": relative error " + std::to_string(e));
-        };
-        for (int step = 0; step < s.steps; ++step) {
-          expect_close("output step " + std::to_string(step), got.outputs[step], expected.outputs[step]);
-          for (size_t i = 0; i < got.input_grads[step].size(); ++i)
-            expect_close("input " + std::to_string(i) + " grad step " + std::to_string(step),
-                         got.input_grads[step][i], expected.input_grads[step][i]);
-        }
-        for (const auto& kv : expected.params) {
-          const std::string& name = kv.first;
-          if (!got.params.count(name)) {
-            bad.push_back("parameter " + name + " is missing after parallelize");
-            continue;
-          }
-          expect_close("grad " + name, got.grads.at(name),
-                       s.local(name, expected.grads.at(name), world.rank(), world.size()));
-          expect_close("param " + name, got.params.at(name), s.local(name, kv.second, world.rank(), world.size()));
-        }
         std::lock_guard<std::mutex> lock(mu);
-        for (auto& b : bad) failures.push_back("rank " + std::to_string(world.rank()) + ": " + b);
+        traces[world.rank()] = std::move(got);
       },
       backend);
+
+  // After the sharded runs: a clone shares tensors held in options (a loss's
+  // class weights) with the others, and converting it converts them too.
+  double tol = tolerance(s.dtype);
+  if (s.dtype == torch::kFloat) {
+    reference64->to(torch::kDouble);
+    Setup s64 = s;
+    s64.dtype = torch::kDouble;
+    for (auto& step : s64.inputs)
+      for (auto& x : step)
+        if (x.is_floating_point()) x = x.to(torch::kDouble);
+    // A model with float32 state outside its parameters and buffers cannot
+    // run in float64 (the same class weights): it keeps the fixed tolerance.
+    try {
+      tol = float32_tolerance(max_rel_err(expected, train(*reference64, s64, probe)));
+    } catch (const c10::Error&) {
+    }
+    reference64->to(torch::kFloat);
+  }
+
+  std::vector<std::string> failures;
+  for (int rank = 0; rank < s.world; ++rank) {
+    const Trace& got = traces[rank];
+    std::vector<std::string> bad;
+    auto expect_close = [&](const std::string& what, const torch::Tensor& a, const torch::Tensor& b) {
+      if (!a.defined() && !b.defined()) return;
+      double e = (a.defined() && b.defined()) ? rel_err(a, b) : 1e300;
+      if (!(e <= tol)) bad.push_back(what + ": relative error " + std::to_string(e));
+    };
+    for (int step = 0; step < s.steps; ++step) {
+      expect_close("output step " + std::to_string(step), got.outputs[step], expected.outputs[step]);
+      for (size_t i = 0; i < got.input_grads[step].size(); ++i)
+        expect_close("input " + std::to_string(i) + " grad step " + std::to_string(step), got.input_grads[step][i],
+                     expected.input_grads[step][i]);
+    }
+    for (const auto& kv : expected.params) {
+      const std::string& name = kv.first;
+      if (!got.params.count(name)) {
+        bad.push_back("parameter " + name + " is missing after parallelize");
+        continue;
+      }
+      expect_close("grad " + name, got.grads.at(name), s.local(name, expected.grads.at(name), rank, s.world));
+      expect_close("param " + name, got.params.at(name), s.local(name, kv.second, rank, s.world));
+    }
+    for (auto& b : bad) failures.push_back("rank " + std::to_string(rank) + ": " + b);
+  }
   return failures;
 }
 

@@ -8,7 +8,6 @@
 // of this process, and two ranks each asking for both cores would measure the
 // oversubscription, not the framework.
 #include <benchmark/benchmark.h>
-#include <dlfcn.h>
 #include <torch/torch.h>
 
 #include <atomic>
@@ -19,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "shardplan/threads.h"
 #include "shardplan/communicator.h"
 #include "shardplan/mappings.h"
 #include "shardplan/nn/linear.h"
@@ -308,13 +308,7 @@ PAIR_SIZES->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_LinearPairTP, gloo_2ranks, std::string("gloo"))
 PAIR_SIZES->Unit(benchmark::kMicrosecond)->UseRealTime();
 
-// libtorch's intra-op pool and OpenBLAS's pthread pool are configured apart;
-// OpenBLAS is only reachable by symbol, and absent with other BLAS builds.
-void single_threaded_math() {
-  at::set_num_threads(1);
-  using SetThreads = void (*)(int);
-  if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) set(1);
-}
+void single_threaded_math() { shardplan::set_num_threads(1); }
 
 }  // namespace
 

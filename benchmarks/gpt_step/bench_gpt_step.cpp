@@ -10,7 +10,6 @@
 // An unplanned shardplan model would be no baseline: with no strategy its
 // layers are torch::nn's computation by construction. The baseline here
 // shares no code with shardplan.
-#include <dlfcn.h>
 #include <time.h>
 #include <torch/torch.h>
 
@@ -24,6 +23,7 @@
 #include <vector>
 
 #include "models/gpt.h"
+#include "shardplan/threads.h"
 #include "shardplan/parallelize.h"
 #include "shardplan/plan.h"
 #include "shardplan/world.h"
@@ -103,11 +103,7 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-void math_threads(int n) {
-  at::set_num_threads(n);
-  using SetThreads = void (*)(int);
-  if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) set(n);
-}
+void math_threads(int n) { shardplan::set_num_threads(n); }
 
 struct Shape {
   const char* label;

@@ -17,7 +17,6 @@
 // loss) and runs the backward, with gradients w.r.t. the input too where a
 // layer inside a network would need them.
 #include <benchmark/benchmark.h>
-#include <dlfcn.h>
 #include <torch/torch.h>
 
 #include <atomic>
@@ -32,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "shardplan/threads.h"
 #include "shardplan/nn/conv.h"
 #include "shardplan/nn/cross_entropy.h"
 #include "shardplan/nn/embedding.h"
@@ -232,13 +232,7 @@ std::map<std::string, Case>& cases() {
 
 // ---------------------------------------------------------------- harness
 
-// libtorch's intra-op pool and OpenBLAS's pthread pool are configured apart;
-// OpenBLAS is only reachable by symbol, and absent with other BLAS builds.
-void math_threads(int n) {
-  at::set_num_threads(n);
-  using SetThreads = void (*)(int);
-  if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) set(n);
-}
+void math_threads(int n) { shardplan::set_num_threads(n); }
 
 void BM_TorchNN(benchmark::State& state, const std::string& name, int threads) {
   math_threads(threads);

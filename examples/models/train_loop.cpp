@@ -33,7 +33,7 @@ struct Args {
   std::string optimizer = "adam";
   std::string dtype = "float32";
   uint64_t seed = 0;
-  int threads = 0;  // 0: the cores shared out among this machine's ranks
+  int threads = 0;  // 0: SHARDPLAN_NUM_THREADS, else the cores shared out among this machine's ranks
   bool report = false;
   std::string save, load;  // checkpoint directories
   int save_every = 0;      // 0: save once, after the last step
@@ -64,7 +64,9 @@ const Defaults kDefaults[] = {
                "       [--save DIR [--save-every N]] [--load DIR]\n"
                "--save writes a sharded checkpoint (model, optimizer, step) to DIR after the last step, and\n"
                "every N steps with --save-every; --load resumes from one, saved at any number of ranks,\n"
-               "training on from its step to --steps (docs/CHECKPOINTS.md)\n%s%s\n",
+               "training on from its step to --steps (docs/CHECKPOINTS.md); --threads sets libtorch's and\n"
+               "the BLAS pool's threads per rank (default: SHARDPLAN_NUM_THREADS, else cores / ranks on\n"
+               "this machine; docs/THREADS.md)\n%s%s\n",
                program.c_str(), why.c_str(), program.c_str(), fixed ? "" : "[--model NAME] ",
                fixed ? "model:" : "models:", models.c_str());
   std::exit(2);
@@ -177,9 +179,11 @@ void in_rank_order(World& world, F fn) {
 // a time from the same seed so every rank starts from the same weights.
 std::mutex init_mutex;
 
-void train(const Args& a, World& world, const Corpus* corpus, int threads) {
-  // OpenMP's thread count is a per-thread setting: each rank sets its own.
-  if (threads > 0) at::set_num_threads(threads);
+void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_process) {
+  // The world already chose the default; intra-op threads are a per-thread
+  // setting, so each rank sets its own.
+  const ThreadSettings threads =
+      a.threads > 0 ? set_num_threads(a.threads, world.options().local_world_size, ranks_in_process) : world.threads();
   const auto dtype = a.dtype == "float64" ? torch::kDouble : torch::kFloat;
   const int64_t esize = a.dtype == "float64" ? 8 : 4;
   ModelHandle m;
@@ -193,8 +197,8 @@ void train(const Args& a, World& world, const Corpus* corpus, int threads) {
   int64_t params = 0;
   for (const auto& p : m.module->parameters()) params += p.numel();
   if (lead)
-    std::printf("model %s: %s; %lld parameters\n", a.model.c_str(), m.model->config_str().c_str(),
-                static_cast<long long>(params));
+    std::printf("model %s: %s; %lld parameters; threads %s\n", a.model.c_str(), m.model->config_str().c_str(),
+                static_cast<long long>(params), threads.str().c_str());
 
   ParallelReport report;
   if (!a.plan.empty()) {
@@ -336,13 +340,10 @@ int train_main(int argc, char** argv, const std::string& program, const std::str
     }
     if (WorldOptions::env_has_job()) {
       auto world = init_world(WorldOptions::from_env());
-      train(a, *world, corpus.get(), a.threads);
+      train(a, *world, corpus.get(), 1);
     } else {
       const int ranks = a.ranks > 0 ? a.ranks : 1;
-      int threads = a.threads;
-      if (threads == 0 && ranks > 1)
-        threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / ranks);
-      run_ranks_in_threads(ranks, [&](World& w) { train(a, w, corpus.get(), threads); });
+      run_ranks_in_threads(ranks, [&](World& w) { train(a, w, corpus.get(), ranks); });
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: error: %s\n", program.c_str(), e.what());

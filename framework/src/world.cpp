@@ -76,8 +76,9 @@ WorldOptions WorldOptions::from_env() {
 
 // ---------------------------------------------------------------- World
 
-World::World(const WorldOptions& options, std::shared_ptr<Store> store, std::shared_ptr<Communicator> comm)
-    : options_(options), store_(std::move(store)), comm_(std::move(comm)) {}
+World::World(const WorldOptions& options, std::shared_ptr<Store> store, std::shared_ptr<Communicator> comm,
+             ThreadSettings threads)
+    : options_(options), store_(std::move(store)), comm_(std::move(comm)), threads_(std::move(threads)) {}
 
 World::~World() {
   // Groups first: a backend may tie a sub-communicator to its parent.
@@ -175,6 +176,10 @@ std::shared_ptr<World> create_world(const WorldOptions& options, std::shared_ptr
   if (!threads && !(api->caps & SP_CAP_PROCESS_RANKS))
     throw Error("backend '" + options.backend +
                 "' runs ranks as threads of one process (e.g. train_mlp --ranks N), not under a launcher");
+  // Before anything computes: ranks of one node must not oversubscribe it.
+  ThreadSettings thread_settings;
+  if (options.threads >= 0)
+    thread_settings = set_num_threads(options.threads, options.local_world_size, threads ? options.world_size : 1);
   // The store is optional: a backend that meets its peers by other means
   // (MPI's ranks come from mpirun) gets none, and one that needs it says so.
   const bool no_rendezvous = !store && options.world_size > 1 && !threads && options.store_url.empty();
@@ -212,7 +217,7 @@ std::shared_ptr<World> create_world(const WorldOptions& options, std::shared_ptr
                     SP_ERR_INTERNAL);
   }
   auto c = std::make_shared<Communicator>(api, comm, "world", std::vector<int>{}, options.timeout);
-  return std::make_shared<World>(options, std::move(store), std::move(c));
+  return std::make_shared<World>(options, std::move(store), std::move(c), std::move(thread_settings));
 }
 
 }  // namespace
@@ -228,6 +233,13 @@ void run_ranks_in_threads(int n, const std::function<void(World&)>& fn, const st
   // Threads of one process meet through memory; backends that want a store
   // (gloo) get one shared by all ranks.
   auto store = make_memory_store();
+  // The ranks shrink the process-wide BLAS pool to one thread (threads.h).
+  struct RestoreBlas {
+    int n = blas_num_threads();
+    ~RestoreBlas() {
+      if (n > 0) set_blas_num_threads(n);
+    }
+  } restore_blas;
 
   std::mutex mu;
   std::vector<std::shared_ptr<World>> worlds(n);

@@ -281,6 +281,26 @@ forward_sigterm | forward_sigint)
   expect_dead rank0 rank1
   ;;
 
+thread_env)
+  # Each rank's CPU threads: the cores the launcher may use shared out among
+  # its ranks, for libtorch (OMP) and the BLAS pool alike; set values stay.
+  unset SHARDPLAN_NUM_THREADS OMP_NUM_THREADS OPENBLAS_NUM_THREADS
+  show='echo "$SHARDPLAN_NUM_THREADS $OMP_NUM_THREADS $OPENBLAS_NUM_THREADS"'
+  pinned() { timeout -k 5 60 taskset -c 0,1 "$SP" "$@" >"$WORK/out" 2>"$WORK/err"; RC=$?; }
+  pinned launch -n 2 -- sh -c "$show"
+  expect_rc 0
+  expect_lines "$WORK/out" "$(printf '[rank %s] 1 1 1\n' 0 1)"
+  pinned launch -n 1 -- sh -c "$show"
+  expect_rc 0
+  expect_lines "$WORK/out" "[rank 0] 2 2 2"
+  OMP_NUM_THREADS=3 pinned launch -n 2 -- sh -c "$show"
+  expect_rc 0
+  expect_lines "$WORK/out" "$(printf '[rank %s] 1 3 1\n' 0 1)"
+  SHARDPLAN_NUM_THREADS=2 pinned launch -n 2 -- sh -c "$show"
+  expect_rc 0
+  expect_lines "$WORK/out" "$(printf '[rank %s] 2 2 2\n' 0 1)"
+  ;;
+
 exec_failure)
   # Passes the launcher's check but fails in execve (missing interpreter):
   # every rank reports it on its stderr, and the launcher gives its verdict.

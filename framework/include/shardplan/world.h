@@ -11,6 +11,7 @@
 #include "shardplan/communicator.h"
 #include "shardplan/mesh.h"
 #include "shardplan/store.h"
+#include "shardplan/threads.h"
 
 namespace shardplan {
 
@@ -27,6 +28,11 @@ struct WorldOptions {
   // backend picks its device by it).
   std::vector<std::string> backend_options;
   std::vector<std::string> plugin_dirs;
+  // CPU threads of this rank, libtorch's and the BLAS pool together
+  // (threads.h): > 0 as given, 0 = $SHARDPLAN_NUM_THREADS or the cores shared
+  // out among the local_world_size ranks of this node, -1 = leave both as
+  // they are. Ranks that are threads get a BLAS pool of one.
+  int threads = 0;
 
   // Reads, in order of preference: torchrun variables (RANK, WORLD_SIZE,
   // LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), Open MPI
@@ -34,6 +40,7 @@ struct WorldOptions {
   // SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE), and shardplan's own
   // SHARDPLAN_BACKEND, SHARDPLAN_STORE, SHARDPLAN_TIMEOUT_MS,
   // SHARDPLAN_LOCAL_ADDR (becomes backend option local_addr=...).
+  // SHARDPLAN_NUM_THREADS is read when the world is created (threads = 0).
   static WorldOptions from_env();
   // True when the environment names a multi-process job (any of the above).
   static bool env_has_job();
@@ -41,7 +48,8 @@ struct WorldOptions {
 
 class World {
  public:
-  World(const WorldOptions& options, std::shared_ptr<Store> store, std::shared_ptr<Communicator> comm);
+  World(const WorldOptions& options, std::shared_ptr<Store> store, std::shared_ptr<Communicator> comm,
+        ThreadSettings threads = {});
   ~World();
 
   int rank() const { return comm_->rank(); }
@@ -50,6 +58,9 @@ class World {
   Communicator& comm() { return *comm_; }
   std::shared_ptr<Communicator> comm_ptr() { return comm_; }
   Store* store() { return store_.get(); }
+  // What init_world set the calling thread's CPU threads to (intra_op = 0
+  // when WorldOptions::threads was -1).
+  const ThreadSettings& threads() const { return threads_; }
 
   // The group of this rank along `axis` of `mesh` (whose size must equal the
   // world size). Collective on first use for a given mesh: every rank must
@@ -66,6 +77,7 @@ class World {
   std::shared_ptr<Store> store_;
   std::shared_ptr<Communicator> comm_;
   std::map<std::string, std::shared_ptr<Communicator>> groups_;  // key: mesh.str() + "/" + axis
+  ThreadSettings threads_;
 };
 
 // Loads the backend plugin, meets the other ranks through the store, and
@@ -73,7 +85,9 @@ class World {
 std::shared_ptr<World> init_world(const WorldOptions& options);
 
 // Runs fn(world) on n threads as ranks 0..n-1 of one world on `backend`
-// ("local" by default; "gloo" works too). When a rank throws, the world is
+// ("local" by default; "gloo" works too). Each rank gets the default CPU
+// threads for n ranks (threads.h; $SHARDPLAN_NUM_THREADS overrides), and the
+// BLAS pool is put back as it was afterwards. When a rank throws, the world is
 // aborted so the others fail instead of waiting, and the first error is
 // rethrown here with its rank.
 void run_ranks_in_threads(int n, const std::function<void(World&)>& fn,

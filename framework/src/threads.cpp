@@ -1,0 +1,135 @@
+#include "shardplan/threads.h"
+
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+#include <sched.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "shardplan/error.h"
+
+namespace shardplan {
+namespace {
+
+// Looked up at run time rather than linked: libtorch reaches OpenBLAS through
+// the libblas.so.3 alternative, which may as well be another BLAS (then these
+// are absent and only libtorch's pool is set).
+using GetThreads = int (*)();
+using SetThreads = void (*)(int);
+
+GetThreads blas_getter() {
+  static const auto fn = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  return fn;
+}
+
+SetThreads blas_setter() {
+  static const auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  return fn;
+}
+
+int threads_from_env() {
+  const char* v = std::getenv("SHARDPLAN_NUM_THREADS");
+  if (!v || !*v) return 0;
+  errno = 0;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (errno || *end || n < 1 || n > 4096)
+    throw Error(std::string("SHARDPLAN_NUM_THREADS='") + v + "' is not a number of threads from 1 to 4096");
+  return static_cast<int>(n);
+}
+
+// OpenMP's own variable, as libtorch reads it: the first number of a list
+// ("4,2"); anything else is OpenMP's business and ignored here.
+int threads_from_omp_env() {
+  const char* v = std::getenv("OMP_NUM_THREADS");
+  if (!v || !*v) return 0;
+  const long n = std::strtol(v, nullptr, 10);
+  return n >= 1 && n <= 4096 ? static_cast<int>(n) : 0;
+}
+
+}  // namespace
+
+std::string ThreadSettings::str() const {
+  std::string s = std::to_string(intra_op) + " per rank (intra-op " + std::to_string(intra_op) + ", BLAS " +
+                  (blas > 0 ? std::to_string(blas) : std::string("not OpenBLAS")) + "; " + std::to_string(ranks) +
+                  (ranks == 1 ? " rank" : " ranks") + " on " + std::to_string(cores) +
+                  (cores == 1 ? " core" : " cores");
+  return s + (source.empty() ? "" : ", " + source) + ")";
+}
+
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  const unsigned hw = std::thread::hardware_concurrency();
+  return hw > 0 ? static_cast<int>(hw) : 1;
+}
+
+int default_num_threads(int ranks_on_node) {
+  return std::max(1, available_cores() / std::max(1, ranks_on_node));
+}
+
+int blas_num_threads() {
+  GetThreads get = blas_getter();
+  return get ? get() : 0;
+}
+
+bool set_blas_num_threads(int n) {
+  SetThreads set = blas_setter();
+  if (!set) return false;
+  set(n);
+  return true;
+}
+
+ThreadSettings current_threads(int ranks_on_node) {
+  ThreadSettings s;
+  s.intra_op = at::get_num_threads();
+  s.blas = blas_num_threads();
+  s.cores = available_cores();
+  s.ranks = std::max(1, ranks_on_node);
+  return s;
+}
+
+ThreadSettings set_num_threads(int threads, int ranks_on_node, int ranks_in_process) {
+  if (threads < 0) throw Error("number of threads must be positive (0: the default), got " + std::to_string(threads));
+  std::string source = "argument";
+  // A variable the user exported for the BLAS pool alone is kept unless the
+  // caller names a number explicitly.
+  const bool blas_from_env = threads == 0 && std::getenv("OPENBLAS_NUM_THREADS");
+  if (threads == 0) {
+    threads = threads_from_env();
+    source = "SHARDPLAN_NUM_THREADS";
+  }
+  if (threads == 0) {
+    threads = threads_from_omp_env();
+    source = "OMP_NUM_THREADS";
+  }
+  if (threads == 0) {
+    threads = default_num_threads(ranks_on_node);
+    source = "default";
+  }
+  at::set_num_threads(threads);
+  if (!blas_from_env) set_blas_num_threads(ranks_in_process > 1 ? 1 : threads);
+  ThreadSettings s = current_threads(ranks_on_node);
+  s.source = source;
+  // More ranks than cores is the user's choice of ranks; fewer threads cannot help it.
+  if (threads > 1 && static_cast<long>(s.ranks) * threads > s.cores) {
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true))
+      std::fprintf(stderr,
+                   "shardplan: warning: %d rank(s) x %d thread(s) exceed the %d core(s) this process may use; "
+                   "the ranks will slow each other down (set --threads or SHARDPLAN_NUM_THREADS to at most %d)\n",
+                   s.ranks, threads, s.cores, std::max(1, s.cores / s.ranks));
+  }
+  return s;
+}
+
+}  // namespace shardplan
