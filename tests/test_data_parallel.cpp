@@ -127,16 +127,16 @@ std::unique_ptr<torch::optim::Optimizer> make_opt(bool adam, std::vector<torch::
   return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(5e-2).momentum(0.9));
 }
 
-struct Run {
+struct RefRun {
   std::vector<double> losses;
   std::map<std::string, torch::Tensor> params;  // whole tensors
 };
 
 // One process, the whole batch, no plan.
-Run reference(const Task& task, bool adam) {
+RefRun reference(const Task& task, bool adam) {
   auto model = task.model->clone();
   auto opt = make_opt(adam, model->parameters());
-  Run r;
+  RefRun r;
   for (const auto& [x, y] : task.batches) {
     opt->zero_grad();
     auto loss = task.loss(*model, x, y);
@@ -159,7 +159,7 @@ struct DpCase {
 // batch, in micro-batches, gradients synchronised by DataParallel. Checks
 // every rank's parameters against `ref` cut to its shards, the replicas
 // with check_replicas, and returns rank 0's losses (global means).
-std::vector<double> run_dp(const Task& task, const DpCase& c, const Run& ref) {
+std::vector<double> run_dp(const Task& task, const DpCase& c, const RefRun& ref) {
   const auto plan = shardplan::parse_plan(c.plan, "dp.yaml");
   std::vector<std::shared_ptr<torch::nn::Module>> replicas;
   for (int r = 0; r < c.world; ++r) replicas.push_back(task.model->clone());
@@ -233,7 +233,7 @@ std::string plan_dp(const std::string& extra = "") { return "version: 1\nmesh: {
 TEST(DataParallel, GptMatchesOneProcessOnTheGlobalBatch) {
   const Task task = gpt_task(20, 8);
   for (bool adam : {true, false}) {
-    const Run ref = reference(task, adam);
+    const RefRun ref = reference(task, adam);
     for (const std::string& plan : {plan_2d(kGptRules), plan_dp()}) {
       SCOPED_TRACE(plan.substr(0, 40) + (adam ? " adam" : " sgd"));
       expect_same_losses(run_dp(task, {plan, adam}, ref), ref.losses);
@@ -244,7 +244,7 @@ TEST(DataParallel, GptMatchesOneProcessOnTheGlobalBatch) {
 TEST(DataParallel, MlpMatchesOneProcessOnTheGlobalBatch) {
   const Task task = mlp_task(20, 8);
   for (bool adam : {true, false}) {
-    const Run ref = reference(task, adam);
+    const RefRun ref = reference(task, adam);
     for (const std::string& plan : {plan_2d(kMlpRules), plan_dp()}) {
       SCOPED_TRACE(plan.substr(0, 40) + (adam ? " adam" : " sgd"));
       expect_same_losses(run_dp(task, {plan, adam}, ref), ref.losses);
@@ -256,7 +256,7 @@ TEST(DataParallel, ZeroOneMatchesOneProcess) {
   for (const Task& task : {gpt_task(20, 8), mlp_task(20, 8)})
     for (bool adam : {true, false}) {
       const bool gpt = task.batches[0].first.scalar_type() == torch::kLong;
-      const Run ref = reference(task, adam);
+      const RefRun ref = reference(task, adam);
       // Tiny buckets: several of them, and padding where a bucket does not divide by 4.
       const std::string zero = "data_parallel: {zero: true, bucket_mb: 0.001}\n";
       for (const std::string& plan : {plan_2d(gpt ? kGptRules : kMlpRules, zero), plan_dp(zero)}) {
@@ -269,7 +269,7 @@ TEST(DataParallel, ZeroOneMatchesOneProcess) {
 TEST(DataParallel, GradientAccumulationMatchesOneProcess) {
   for (const Task& task : {gpt_task(20, 8), mlp_task(20, 8)}) {
     const bool gpt = task.batches[0].first.scalar_type() == torch::kLong;
-    const Run ref = reference(task, true);
+    const RefRun ref = reference(task, true);
     expect_same_losses(run_dp(task, {plan_2d(gpt ? kGptRules : kMlpRules), true, 2}, ref), ref.losses);
     expect_same_losses(run_dp(task, {plan_dp("data_parallel: {zero: true}\n"), true, 2}, ref), ref.losses);
     // Without overlap every bucket is reduced in finish(): the same numbers.
@@ -289,8 +289,8 @@ TEST(DataParallel, BucketsInReverseOrderAndTrafficIsTheMinimum) {
     auto& model = *replicas[w.rank()];
     auto report = shardplan::parallelize(model, plan, w);
     DataParallel dp(model, report, plan, w);
-    // 0.0005 MiB = 524 bytes: fc3 (8x3 + 3 doubles) in one, fc2.bias + fc2.weight, ...
-    ASSERT_GE(dp.buckets().size(), 3u);
+    // 0.0005 MiB = 524 bytes: a bucket closes once it holds that much: fc3 and fc2 in one, fc1 in the next.
+    ASSERT_GE(dp.buckets().size(), 2u);
     EXPECT_EQ(dp.buckets().front().params.front(), "fc3.bias");
     EXPECT_EQ(dp.buckets().back().params.back(), "fc1.weight");
     int64_t total = 0;
@@ -340,7 +340,8 @@ TEST(DataParallel, ZeroKeepsOneDthOfTheOptimizerState) {
 // ------------------------------------------------------------ consistency
 
 TEST(DataParallel, ReplicaCheckNamesTheParameterThatDrifted) {
-  const Task task = mlp_task(2, 8);
+  // One step: only the broken parameter differs afterwards.
+  const Task task = mlp_task(1, 8);
   const auto plan = shardplan::parse_plan(plan_2d(kMlpRules));
   for (const std::string& broken : {"fc3.bias", "fc2.bias", "fc1.weight"}) {
     std::vector<std::shared_ptr<torch::nn::Module>> replicas;

@@ -199,7 +199,8 @@ DataParallel::DataParallel(torch::nn::Module& model, const ParallelReport& repor
     d.entries.push_back(std::move(e));
   }
   for (auto& b : d.buckets) {
-    b.info.padded = (b.info.numel + d.size - 1) / d.size * d.size;
+    // Only a reduce-scatter needs D equal slices.
+    b.info.padded = d.zero ? (b.info.numel + d.size - 1) / d.size * d.size : b.info.numel;
     const at::Tensor& first = d.entries[b.entries.front()].param;
     b.flat = at::zeros({b.info.padded}, first.options().requires_grad(false));
     if (d.zero) b.shard = at::zeros({b.info.padded / d.size}, b.flat.options());
