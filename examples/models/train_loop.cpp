@@ -13,10 +13,12 @@
 #include "models/heap.h"
 #include "models/model.h"
 #include "shardplan/checkpoint.h"
+#include "shardplan/data_parallel.h"
 #include "shardplan/error.h"
 #include "shardplan/parallelize.h"
 #include "shardplan/plan.h"
 #include "shardplan/world.h"
+#include "shardplan/zero_optimizer.h"
 
 namespace shardplan {
 namespace examples {
@@ -37,6 +39,8 @@ struct Args {
   bool report = false;
   std::string save, load;  // checkpoint directories
   int save_every = 0;      // 0: save once, after the last step
+  int micro_batches = 1;   // gradient accumulation: micro-batches per step
+  int check_replicas = 0;  // every N steps (0: never)
 };
 
 // Defaults that make each model learn visibly in a minute or two on 2 cores.
@@ -61,12 +65,22 @@ const Defaults kDefaults[] = {
                "%s: %s\nusage: %s %s[--config KEY=VALUE,...] [--plan PLAN.yaml] [--ranks N] [--steps N]\n"
                "       [--batch N] [--lr X] [--optimizer adam|sgd] [--dtype float32|float64] [--seed N]\n"
                "       [--threads N] [--log-every N] [--data TEXT_FILE] [--report]\n"
-               "       [--save DIR [--save-every N]] [--load DIR]\n"
+               "       [--save DIR [--save-every N]] [--load DIR] [--micro-batches N] [--check-replicas N]\n"
                "--save writes a sharded checkpoint (model, optimizer, step) to DIR after the last step, and\n"
                "every N steps with --save-every; --load resumes from one, saved at any number of ranks,\n"
-               "training on from its step to --steps (docs/CHECKPOINTS.md); --threads sets libtorch's and\n"
-               "the BLAS pool's threads per rank (default: SHARDPLAN_NUM_THREADS, else cores / ranks on\n"
-               "this machine; docs/THREADS.md)\n%s%s\n",
+               "training on from its step to --steps (docs/CHECKPOINTS.md); --threads sets libtorch's and
+"
+               "the BLAS pool's threads per rank (default: SHARDPLAN_NUM_THREADS, else cores / ranks on
+"
+               "this machine; docs/THREADS.md)
+"
+               "--batch is the global batch: a plan with a batch axis (mesh {data: 2, model: 2}) gives each
+"
+               "data rank its slice; --micro-batches accumulates gradients over N slices of it per step;
+"
+               "--check-replicas N compares every replicated parameter across its groups every N steps
+%s%s
+",
                program.c_str(), why.c_str(), program.c_str(), fixed ? "" : "[--model NAME] ",
                fixed ? "model:" : "models:", models.c_str());
   std::exit(2);
@@ -117,6 +131,10 @@ Args parse(int argc, char** argv, const std::string& program, const std::string&
         a.save_every = std::stoi(value());
       else if (k == "--load")
         a.load = value();
+      else if (k == "--micro-batches")
+        a.micro_batches = std::stoi(value());
+      else if (k == "--check-replicas")
+        a.check_replicas = std::stoi(value());
       else if (k == "--help" || k == "-h")
         usage(program, only, "tensor-parallel training of an example model");
       else
@@ -137,6 +155,8 @@ Args parse(int argc, char** argv, const std::string& program, const std::string&
   if (a.lr < 0) a.lr = d->lr;
   if (a.save_every < 0 || (a.save_every > 0 && a.save.empty()))
     usage(program, only, "--save-every needs --save DIR and a positive step count");
+  if (a.micro_batches < 1 || a.check_replicas < 0)
+    usage(program, only, "--micro-batches must be at least 1, --check-replicas not negative");
   if (a.steps < 1 || a.batch < 1 || a.log_every < 1 || a.ranks < 0 || a.threads < 0)
     usage(program, only, "--steps, --batch and --log-every must be at least 1, --ranks and --threads not negative");
   return a;
@@ -201,13 +221,27 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
                 static_cast<long long>(params), threads.str().c_str());
 
   ParallelReport report;
+  Plan plan;
   if (!a.plan.empty()) {
-    report = parallelize(*m.module, load_plan(a.plan), world);
+    plan = load_plan(a.plan);
+    report = parallelize(*m.module, plan, world);
     if (lead) std::printf("plan %s: mesh %s over %d ranks\n", a.plan.c_str(), report.mesh.str().c_str(), world.size());
     if (a.report && lead) std::cout << report.table() << std::flush;
   } else if (world.size() > 1) {
     throw Error("several ranks but no --plan: every rank would train the whole model alone");
   }
+  // Gradients averaged over the plan's batch axis, if it has one.
+  DataParallel dp(*m.module, report, plan, world);
+  if (a.batch % (dp.size() * a.micro_batches) != 0)
+    throw Error("--batch " + std::to_string(a.batch) + " (the global batch) does not divide into " +
+                std::to_string(dp.size()) + " data rank(s) x " + std::to_string(a.micro_batches) +
+                " micro-batch(es)");
+  if (lead) {
+    for (const auto& w : dp.warnings()) std::printf("warning: %s\n", w.c_str());
+    if (dp.size() > 1) std::printf("%s", dp.describe().c_str());
+  }
+  if (dp.zero() && (!a.save.empty() || !a.load.empty()))
+    throw Error("--save/--load with data_parallel.zero: checkpoints of ZeRO-1 optimizer slices are not supported yet");
 
   // Parameter bytes: held vs. what the plan promises (replicated tensors
   // whole, split ones divided by the ranks). Dividing by the world size
@@ -230,11 +264,17 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
                 world.size(), static_cast<long long>(replicated + sharded));
   });
 
+  auto make_optimizer = [&](std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
+    if (a.optimizer == "adam")
+      return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(a.lr));
+    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(a.lr).momentum(0.9));
+  };
   std::unique_ptr<torch::optim::Optimizer> opt;
-  if (a.optimizer == "adam")
-    opt = std::make_unique<torch::optim::Adam>(m.module->parameters(), torch::optim::AdamOptions(a.lr));
+  std::unique_ptr<ZeroOptimizer> zero;
+  if (dp.zero())
+    zero = std::make_unique<ZeroOptimizer>(dp, make_optimizer);
   else
-    opt = std::make_unique<torch::optim::SGD>(m.module->parameters(), torch::optim::SGDOptions(a.lr).momentum(0.9));
+    opt = make_optimizer(m.module->parameters());
 
   // The same data stream on every rank.
   auto gen = at::make_generator<at::CPUGeneratorImpl>(a.seed + 1);
@@ -271,12 +311,31 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
   int since_step = start - 1;
   double loss_sum = 0;
   for (int step = start; step <= a.steps; ++step) {
+    // Every rank draws the global batch and trains on its data rank's slice,
+    // in micro-batches; the printed loss is the global batch's mean.
     Batch batch = m.model->sample(gen, a.batch, corpus);
     if (batch.input.is_floating_point()) batch.input = batch.input.to(dtype);
-    opt->zero_grad();
-    at::Tensor loss = m.model->loss(batch);
-    loss.backward();
-    opt->step();
+    const at::Tensor input = dp.local_batch(batch.input), target = dp.local_batch(batch.target);
+    const int64_t micro = input.size(0) / a.micro_batches;
+    zero ? zero->zero_grad() : opt->zero_grad();
+    double local_loss = 0;
+    for (int k = 0; k < a.micro_batches; ++k) {
+      Batch mb{input.narrow(0, k * micro, micro), target.narrow(0, k * micro, micro)};
+      at::Tensor loss = m.model->loss(mb);
+      if (a.micro_batches > 1) loss = loss / a.micro_batches;
+      local_loss += loss.item<double>();
+      if (k + 1 < a.micro_batches) {
+        DataParallel::NoSync no_sync(dp);
+        loss.backward();
+      } else {
+        loss.backward();
+      }
+    }
+    dp.finish();
+    if (zero)
+      zero->step();
+    else
+      opt->step();
     if (step == start) {
       first = world.total_stats();
       if (lead && world.size() > 1) {
@@ -292,7 +351,8 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
                       a.model.c_str());
       }
     }
-    const double value = loss.item<double>();
+    const double value = dp.average(local_loss);
+    if (a.check_replicas > 0 && step % a.check_replicas == 0) dp.check_replicas();
     loss_sum += value;
     if (lead && (step % a.log_every == 0 || step == start || step == a.steps)) {
       const auto now = std::chrono::steady_clock::now();
@@ -316,6 +376,10 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
                 static_cast<unsigned long long>(total.bytes / steps));
     if (minimum >= 0) std::printf("; theoretical minimum %lld", static_cast<long long>(minimum));
     std::printf(")\n");
+    if (dp.size() > 1)
+      std::printf("rank %d: optimizer state %lld bytes%s\n", world.rank(),
+                  static_cast<long long>(zero ? zero->state_bytes() : optimizer_state_bytes(*opt)),
+                  zero ? " (ZeRO-1 slices)" : "");
   });
 }
 

@@ -194,6 +194,38 @@ at::Tensor Communicator::reduce_scatter(const at::Tensor& t, int64_t dim, Reduce
   return out.view(out_shape);
 }
 
+std::unique_ptr<Work> Communicator::reduce_scatter_async(const at::Tensor& in, at::Tensor& out, ReduceOp op) {
+  if (!in.is_contiguous() || !out.is_contiguous() || in.numel() != out.numel() * size_)
+    throw Error("reduce_scatter_async on group '" + name_ + "' needs contiguous tensors of " +
+                std::to_string(size_) + " x n and n elements");
+  count(in);
+  if (size_ == 1) {
+    out.copy_(in);
+    return nullptr;
+  }
+  sp_buffer sb = buffer_of(in), rb = buffer_of(out);
+  sp_work* w = nullptr;
+  check(api_->reduce_scatter(comm_, &sb, &rb, static_cast<int32_t>(op), &w), "reduce_scatter");
+  return std::make_unique<Work>(api_, w, std::string(api_->name) + " reduce_scatter on group '" + name_ + "'",
+                                std::vector<at::Tensor>{in, out}, timeout_);
+}
+
+std::unique_ptr<Work> Communicator::all_gather_async(const at::Tensor& in, at::Tensor& out) {
+  if (!in.is_contiguous() || !out.is_contiguous() || out.numel() != in.numel() * size_)
+    throw Error("all_gather_async on group '" + name_ + "' needs contiguous tensors of n and " +
+                std::to_string(size_) + " x n elements");
+  count(in);
+  if (size_ == 1) {
+    out.copy_(in);
+    return nullptr;
+  }
+  sp_buffer sb = buffer_of(in), rb = buffer_of(out);
+  sp_work* w = nullptr;
+  check(api_->all_gather(comm_, &sb, &rb, &w), "all_gather");
+  return std::make_unique<Work>(api_, w, std::string(api_->name) + " all_gather on group '" + name_ + "'",
+                                std::vector<at::Tensor>{in, out}, timeout_);
+}
+
 void Communicator::broadcast(at::Tensor& t, int root) {
   count(t);
   if (size_ == 1) return;

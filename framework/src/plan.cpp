@@ -1,5 +1,7 @@
 #include "shardplan/plan.h"
 
+#include "plan_data_parallel.h"
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -211,6 +213,7 @@ std::string Plan::to_yaml() const {
     y << "plugins: [" << join(dirs, ", ") << "]\n";
   }
   y << "strict: " << (strict ? "true" : "false") << "\n";
+  y << detail::data_parallel_yaml(*this);
   if (rules.empty()) {
     y << "rules: []\n";
     return y.str();

@@ -6,6 +6,7 @@
 #include <iterator>
 #include <set>
 
+#include "plan_data_parallel.h"
 #include "plan_internal.h"
 #include "shardplan/plugin_loader.h"
 #include "utf8.h"
@@ -71,6 +72,10 @@ class Parser {
         parse_strict(e, plan);
       else if (e.key == "rules")
         rules = e;
+      else if (e.key == "batch_axis")
+        detail::parse_batch_axis(e.value, at(e.value, e.key_loc), plan);
+      else if (e.key == "data_parallel")
+        detail::parse_data_parallel(e.value, at(e.value, e.key_loc), plan);
       else if (!e.value.IsScalar() && !e.value.IsNull())  // name, description
         throw PlanError(at(e.value, e.key_loc), e.key + " must be text, got " + kind_name(e.value));
       else if (e.value.IsScalar())
@@ -80,6 +85,7 @@ class Parser {
     if (!mesh) throw PlanError(root_loc, "missing 'mesh' (e.g. mesh: {model: auto})");
     if (!rules) throw PlanError(root_loc, "missing 'rules' (a list of {match: <regex>, layout: [...]})");
     parse_mesh(*mesh, plan);
+    detail::check_batch_axis(plan);
     parse_rules(*rules, plan);
     return plan;
   }
@@ -91,8 +97,8 @@ class Parser {
     YAML::Node value;
   };
 
-  inline static const std::vector<std::string> kTopKeys = {"version", "mesh", "plugins",    "strict",
-                                                           "rules",   "name", "description"};
+  inline static const std::vector<std::string> kTopKeys = {
+      "version", "mesh", "plugins", "strict", "batch_axis", "data_parallel", "rules", "name", "description"};
   inline static const std::vector<std::string> kRuleKeys = {"match", "layout", "output",
                                                             "input", "blocks", "plugin"};
 

@@ -219,10 +219,20 @@ int check(const Args& a) {
         // Some problems only show in a forward (a loss layout of the wrong
         // rank): they are the plan's errors like the others.
         try {
-          result.step_comm = shardplan::measure_step_comm(plan, replicas, [&](torch::nn::Module& replica) {
-            replica.train();
-            return ex::as_example(replica.shared_from_this()).model->loss(batch);
-          });
+          std::string dp;
+          result.step_comm = shardplan::measure_step_comm(
+              plan, replicas,
+              [&](torch::nn::Module& replica) {
+                replica.train();
+                return ex::as_example(replica.shared_from_this()).model->loss(batch);
+              },
+              &dp);
+          // The batch axis' bucket plan and traffic, one note per line.
+          for (size_t at = 0; at < dp.size();) {
+            const size_t end = dp.find('\n', at);
+            result.notes.push_back(dp.substr(at, end - at));
+            at = end == std::string::npos ? dp.size() : end + 1;
+          }
         } catch (const std::exception& e) {
           result.errors.push_back(std::string("dry run of one training step: ") + e.what());
         }

@@ -76,6 +76,12 @@ class Communicator {
   at::Tensor all_gather(const at::Tensor& t, int64_t dim = 0);
   // This rank's chunk (size(dim) / size()) of the elementwise reduction.
   at::Tensor reduce_scatter(const at::Tensor& t, int64_t dim = 0, ReduceOp op = ReduceOp::Sum);
+  // Flat forms for data-parallel buckets, asynchronous: `in` and `out`
+  // contiguous, in.numel() == size() * out.numel(); rank r's block of the
+  // reduction (reduce_scatter) or every rank's `in` concatenated in rank
+  // order (all_gather) lands in `out`. nullptr for a group of one (done).
+  std::unique_ptr<Work> reduce_scatter_async(const at::Tensor& in, at::Tensor& out, ReduceOp op = ReduceOp::Sum);
+  std::unique_ptr<Work> all_gather_async(const at::Tensor& in, at::Tensor& out);
   void broadcast(at::Tensor& t, int root);
   // Root's `t` split along dim 0 into size() chunks; returns this rank's.
   at::Tensor scatter(const at::Tensor& t, int root, const std::vector<int64_t>& chunk_shape);

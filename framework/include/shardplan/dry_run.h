@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "shardplan/communicator.h"
@@ -27,10 +28,15 @@ namespace shardplan {
 // built. Each is sharded by `plan` on its rank; then loss(replica) is
 // computed and backpropagated once. Returns, per rank, the calls and bytes
 // handed to collectives during that forward + backward (not while applying
-// the plan). The replicas are left sharded. Throws what parallelize or the
-// step throws, naming the rank.
+// the plan). A plan with a batch axis also averages the gradients over it
+// (DataParallel::finish, counted), and `data_parallel`, when given, receives
+// rank 0's bucket plan with that traffic next to its theoretical minimum
+// (DataParallel::describe). Every rank runs `loss` on the batch it is
+// given: the model-axis bytes are those of that batch. The replicas are
+// left sharded. Throws what parallelize or the step throws, naming the rank.
 std::vector<CommStats> measure_step_comm(const Plan& plan,
                                          const std::vector<std::shared_ptr<torch::nn::Module>>& replicas,
-                                         const std::function<at::Tensor(torch::nn::Module&)>& loss);
+                                         const std::function<at::Tensor(torch::nn::Module&)>& loss,
+                                         std::string* data_parallel = nullptr);
 
 }  // namespace shardplan

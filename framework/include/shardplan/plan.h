@@ -74,6 +74,21 @@ struct PlanMatch {
   std::vector<std::string> warnings;  // e.g. rules that matched nothing with strict: false
 };
 
+// Data parallelism over the batch axis (docs/PLAN_FORMAT.md, "Data
+// parallelism"): the top-level `batch_axis` and `data_parallel` keys.
+struct DataParallelSpec {
+  std::string batch_axis;      // as written; "" when absent (see Plan::batch_axis)
+  SourceLoc batch_axis_loc;
+  // Parameters whose gradients are not averaged: full-match regexes over
+  // parameter paths (Rule::pattern and pattern_loc; no layout).
+  std::vector<Rule> ignore;
+  int64_t bucket_bytes = 25 * 1024 * 1024;  // `bucket_mb`, MiB as written
+  std::string bucket_mb = "25";             // as written, for to_yaml
+  bool overlap = true;         // start each bucket's reduction during backward
+  bool zero = false;           // ZeRO-1: optimizer state sharded over the batch axis
+  SourceLoc loc;               // the data_parallel map
+};
+
 class Plan {
  public:
   std::string source;                    // file path, or "<string>"
@@ -84,6 +99,12 @@ class Plan {
   std::vector<std::string> plugin_dirs;  // absolute; relative ones resolved against the plan's folder
   std::vector<SourceLoc> plugin_dir_locs;  // where each is written (searched only with SHARDPLAN_PLAN_PLUGINS=1)
   bool strict = true;                    // a rule that matches nothing is an error
+  DataParallelSpec data_parallel;
+
+  // The mesh axis that splits the batch: `batch_axis` when given, else an
+  // axis called `data`, else one called `batch`, else "" (no data
+  // parallelism).
+  std::string batch_axis() const;
 
   // First rule whose pattern fully matches `path`, or nullptr.
   const Rule* match(const std::string& path) const;

@@ -1,0 +1,136 @@
+#pragma once
+// Data parallelism over a plan's batch axis, the way DDP and Megatron do it:
+// each rank of a batch-axis group trains on its slice of the global batch,
+// and after backward every gradient of a parameter replicated across that
+// axis is averaged over it, so every rank steps with the gradient of the
+// mean loss over the global batch. Gradients are packed into buckets in
+// reverse registration order (roughly the order backward produces them);
+// a hook on each parameter counts the gradients of its bucket, and the
+// moment the last one arrives the bucket's all-reduce starts asynchronously
+// on the batch axis' group, overlapping the rest of backward. finish() waits
+// for them before the optimizer step. Model-axis collectives stay on their
+// own groups; only this object talks to the batch axis' group.
+//
+// ZeRO-1 (`data_parallel: {zero: true}` in the plan, then a ZeroOptimizer,
+// shardplan/zero_optimizer.h): buckets are reduce-scattered instead.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardplan/communicator.h"
+#include "shardplan/parallelize.h"
+#include "shardplan/plan.h"
+
+namespace torch {
+namespace nn {
+class Module;
+}
+namespace optim {
+class Optimizer;
+}
+}  // namespace torch
+
+namespace shardplan {
+
+class World;
+
+struct GradBucket {
+  std::vector<std::string> params;  // in packing order (reverse registration)
+  int64_t numel = 0;                // gradient elements
+  int64_t padded = 0;               // numel rounded up to a multiple of the batch-axis size
+  at::ScalarType dtype = at::kFloat;
+  int64_t element_size = 4;
+  int64_t bytes() const { return numel * element_size; }
+};
+
+class DataParallel {
+ public:
+  // Not collective: the batch axis' group is the one parallelize created for
+  // report.mesh. A plan without a batch axis gives a DataParallel of size 1
+  // whose finish() does nothing, so a training loop can always build one.
+  // Registers a gradient hook on every averaged parameter (removed by the
+  // destructor); the model must outlive this object. Throws PlanError when
+  // the batch axis is not in report.mesh. An `ignore` regex that matches no
+  // parameter is a warning (warnings()).
+  DataParallel(torch::nn::Module& model, const ParallelReport& report, const Plan& plan, World& world);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  const std::string& axis() const;  // "" without a batch axis
+  int size() const;                 // ranks along the batch axis (1 without)
+  int rank() const;                 // this rank's coordinate on it
+  bool zero() const;                // ZeRO-1: gradients reduce-scattered
+  Communicator* group() const;      // nullptr without a batch axis
+
+  // The rows of `global` (dim 0: the global batch) this rank trains on:
+  // rows [rank * B/D, (rank + 1) * B/D), the same for every rank of one
+  // model group. Throws naming the sizes when B is not a multiple of D.
+  at::Tensor local_batch(const at::Tensor& global) const;
+  // The mean of `local` over the batch axis (e.g. local mean losses give the
+  // global batch's). Collective over the batch axis.
+  double average(double local) const;
+
+  // After the last backward of a step, before the optimizer step: starts
+  // any bucket not yet started, waits for all, and leaves in every averaged
+  // parameter's .grad the mean over the batch axis (ZeRO: the mean of this
+  // rank's slice, for its ZeroOptimizer). Collective over the batch axis.
+  void finish();
+
+  // Gradient accumulation over micro-batches: backwards inside the scope
+  // only accumulate into .grad locally; the next backward outside it starts
+  // the reductions (of everything accumulated). Like DDP's no_sync().
+  class NoSync {
+   public:
+    explicit NoSync(DataParallel& dp);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DataParallel& dp_;
+  };
+
+  // Opt-in consistency check, collective over every mesh axis: compares a
+  // checksum of the bytes of each parameter that should be identical across
+  // an axis' group (not split over it; for the batch axis, not ignored) and
+  // throws shardplan::Error naming the first parameter that differs, the
+  // axis and the ranks.
+  void check_replicas() const;
+
+  // The bucket plan and what is averaged.
+  const std::vector<GradBucket>& buckets() const;
+  const std::vector<std::string>& averaged() const;  // unique parameters, registration order
+  const std::vector<std::string>& ignored() const;   // matched by data_parallel.ignore
+  const std::vector<std::string>& split() const;     // split over the batch axis: no replicas to average
+  const std::vector<std::string>& warnings() const;
+  int64_t grad_bytes() const;         // bytes of the averaged gradients
+  // Bytes this rank hands to collectives on the batch axis per step (the
+  // Communicator's count: an all-reduce counts its buffer, a
+  // reduce-scatter its input, an all-gather its input), and the bytes a
+  // ring moves per rank on the wire, 2 (D-1)/D x the padded buckets' bytes,
+  // which is the theoretical minimum of an all-reduce of grad_bytes().
+  int64_t step_bytes() const;
+  int64_t wire_bytes() const;
+  int64_t min_wire_bytes() const;     // 2 (D-1)/D x grad_bytes()
+  // Seconds the last finish() spent waiting for reductions (what backward
+  // did not hide), for benchmarks.
+  double last_wait_seconds() const;
+  std::string describe() const;       // the bucket plan and the traffic, several lines
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+  friend class ZeroOptimizer;
+};
+
+// Bytes of per-parameter state held by a torch optimizer (SGD momentum,
+// Adam/AdamW moments, RMSprop, Adagrad), for reports.
+int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer);
+
+}  // namespace shardplan

@@ -1,0 +1,46 @@
+#pragma once
+// ZeRO-1, the distributed optimizer, over a DataParallel's batch axis:
+// gradients are reduce-scattered (DataParallel::finish), each rank keeps the
+// optimizer state of its 1/D slice of every bucket only, updates that slice,
+// and the parameters are all-gathered back.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "shardplan/data_parallel.h"
+
+namespace shardplan {
+
+// ZeRO-1 over the batch axis of a DataParallel built from a plan with
+// `data_parallel: {zero: true}`. `make` builds the real optimizer over the
+// tensors it is given (this rank's slices, one per bucket), e.g.
+//   [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::Adam>(p, AdamOptions(1e-3)); }
+// Its update must be element-wise: Adam, AdamW, SGD, RMSprop and Adagrad
+// are; anything else (LBFGS) is refused before anything changes. Each rank
+// keeps that optimizer's state for its slices only: 1/D of the unsharded
+// state, plus at most D-1 padding elements per bucket.
+class ZeroOptimizer {
+ public:
+  using Factory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
+  ZeroOptimizer(DataParallel& dp, const Factory& make);
+  ~ZeroOptimizer();
+  // After dp.finish(): updates this rank's slices, then all-gathers every
+  // bucket's parameters over the batch axis into the model. Collective.
+  void step();
+  // Clears the model's gradients and the slices'.
+  void zero_grad();
+  torch::optim::Optimizer& inner();
+  // Bytes of optimizer state this rank holds (0 before the first step for
+  // optimizers whose state is created lazily).
+  int64_t state_bytes() const;
+
+ private:
+  DataParallel& dp_;
+  std::unique_ptr<torch::optim::Optimizer> inner_;
+  std::vector<at::Tensor> shards_;  // per bucket: this rank's slice of the parameters
+};
+
+}  // namespace shardplan

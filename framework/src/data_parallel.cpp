@@ -1,0 +1,435 @@
+#include "shardplan/data_parallel.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "data_parallel_impl.h"
+#include "shardplan/error.h"
+#include "shardplan/world.h"
+
+namespace shardplan {
+namespace {
+
+bool has_axis(const ReportRow& row, const std::string& axis) {
+  for (const auto& s : row.splits)
+    if (s.axis == axis) return true;
+  return false;
+}
+
+// FNV-1a over the tensor's bytes: replicas must be bit-identical, so any
+// difference at all must change it.
+int64_t checksum(const at::Tensor& t) {
+  at::Tensor c = t.detach().contiguous().cpu();
+  const auto* p = static_cast<const unsigned char*>(c.data_ptr());
+  const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  int64_t out;
+  std::memcpy(&out, &h, sizeof out);
+  return out;
+}
+
+std::string mib(int64_t bytes) {
+  std::ostringstream s;
+  s.precision(3);
+  s << bytes / (1024.0 * 1024.0) << " MiB";
+  return s.str();
+}
+
+}  // namespace
+
+// ------------------------------------------------------------ hooks
+
+void DataParallel::Impl::on_grad(size_t index, const at::Tensor& grad) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (no_sync > 0 || !overlap) return;
+  Entry& e = entries[index];
+  if (e.ready)
+    throw Error("data parallel: the gradient of '" + e.path +
+                "' arrived twice before finish(); call finish() after each step's backward, or accumulate "
+                "micro-batches inside DataParallel::NoSync");
+  Bucket& b = buckets[e.bucket];
+  at::Tensor slot = b.flat.narrow(0, e.offset, e.param.numel());
+  // The hook runs before autograd adds `grad` to .grad: the bucket needs the
+  // sum, which includes micro-batches accumulated under NoSync.
+  const at::Tensor& acc = e.param.grad();
+  if (acc.defined())
+    at::add_out(slot, acc.reshape(-1), grad.reshape(-1));
+  else
+    slot.copy_(grad.reshape(-1));
+  e.ready = true;
+  if (--b.pending == 0) launch_ready();
+}
+
+// Buckets start in index order only, so every rank issues the same
+// collectives in the same order whatever order its gradients arrive in.
+void DataParallel::Impl::launch_ready() {
+  while (next_launch < buckets.size() && buckets[next_launch].pending == 0) launch(buckets[next_launch++]);
+}
+
+void DataParallel::Impl::launch(Bucket& b) {
+  b.launched = true;
+  if (!group || (size == 1 && !zero)) return;
+  if (zero)
+    b.work = group->reduce_scatter_async(b.flat, b.shard);
+  else
+    b.work = group->all_reduce_async(b.flat);
+}
+
+// Parameters whose hook did not fire (overlap off, or no gradient this
+// step) contribute their .grad, or zeros.
+void DataParallel::Impl::fill_and_launch_rest() {
+  for (Bucket& b : buckets) {
+    if (b.launched) continue;
+    for (size_t i : b.entries) {
+      Entry& e = entries[i];
+      if (e.ready) continue;
+      at::Tensor slot = b.flat.narrow(0, e.offset, e.param.numel());
+      const at::Tensor& g = e.param.grad();
+      if (g.defined())
+        slot.copy_(g.reshape(-1));
+      else
+        slot.zero_();
+      e.ready = true;
+    }
+    b.pending = 0;
+  }
+  launch_ready();
+}
+
+// ------------------------------------------------------------ construction
+
+DataParallel::DataParallel(torch::nn::Module& model, const ParallelReport& report, const Plan& plan, World& world)
+    : impl_(std::make_shared<Impl>()) {
+  Impl& d = *impl_;
+  d.axis = plan.batch_axis();
+  const auto& spec = plan.data_parallel;
+  if (!d.axis.empty() && !report.mesh.has_axis(d.axis)) {
+    if (!spec.batch_axis.empty())
+      throw PlanError(spec.batch_axis_loc,
+                      "batch_axis '" + d.axis + "' is not an axis of the mesh " + report.mesh.str());
+    d.axis.clear();  // a default name the applied mesh lacks
+  }
+  if (d.axis.empty() && !spec.batch_axis.empty())
+    throw PlanError(spec.batch_axis_loc, "batch_axis '" + spec.batch_axis + "' is not an axis of the mesh");
+  if (!d.axis.empty() && report.mesh.size() != world.size())
+    throw Error("data parallel: the report's mesh " + report.mesh.str() + " has " +
+                std::to_string(report.mesh.size()) + " ranks but the world has " + std::to_string(world.size()) +
+                "; pass the report parallelize() returned");
+  if (spec.zero && d.axis.empty())
+    throw PlanError(spec.loc, "data_parallel.zero shards the optimizer over the batch axis, but the mesh " +
+                                  report.mesh.str() + " has none (name one with batch_axis)");
+  d.zero = spec.zero;
+  d.overlap = spec.overlap;
+  for (const auto& [name, n] : report.mesh.axes()) {
+    d.axis_names.push_back(name);
+    d.axis_groups.push_back(n > 1 && report.mesh.size() == world.size() ? world.group(report.mesh, name) : nullptr);
+    d.axis_split.emplace_back();
+  }
+  if (!d.axis.empty()) {
+    d.group = world.group(report.mesh, d.axis);
+    d.size = d.group->size();
+    d.rank = d.group->rank();
+  }
+
+  std::map<std::string, const ReportRow*> rows;
+  for (const auto& r : report.rows) rows[r.path] = &r;
+  std::set<const void*> seen;
+  std::vector<size_t> ignore_hits(spec.ignore.size(), 0);
+  std::vector<std::pair<std::string, at::Tensor>> to_average;
+  for (const auto& item : model.named_parameters()) {
+    const at::Tensor& p = item.value();
+    if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // a tied tensor: reduced once
+    d.unique.emplace_back(item.key(), p);
+    const auto it = rows.find(item.key());
+    for (size_t a = 0; a < d.axis_names.size(); ++a)
+      if (it != rows.end() && has_axis(*it->second, d.axis_names[a])) d.axis_split[a].push_back(item.key());
+    if (d.axis.empty()) continue;
+    if (it != rows.end() && has_axis(*it->second, d.axis)) {
+      d.split.push_back(item.key());
+      continue;
+    }
+    bool ignored = false;
+    for (size_t i = 0; i < spec.ignore.size(); ++i)
+      if (spec.ignore[i].matches(item.key())) {
+        ++ignore_hits[i];
+        ignored = true;
+        break;
+      }
+    if (ignored) {
+      d.ignored.push_back(item.key());
+      continue;
+    }
+    if (!p.requires_grad()) continue;
+    d.averaged.push_back(item.key());
+    to_average.emplace_back(item.key(), p);
+  }
+  for (size_t i = 0; i < spec.ignore.size(); ++i)
+    if (ignore_hits[i] == 0 && !d.axis.empty())
+      d.warnings.push_back(spec.ignore[i].pattern_loc.str() + ": data_parallel.ignore '" +
+                           spec.ignore[i].pattern + "' matches no parameter");
+
+  // Reverse registration order: backward produces the last layers' gradients
+  // first. One bucket per dtype and device at a time.
+  std::map<std::pair<int, std::string>, size_t> open;  // (dtype, device) -> bucket index
+  for (auto it = to_average.rbegin(); it != to_average.rend(); ++it) {
+    const at::Tensor& p = it->second;
+    const auto key = std::make_pair(static_cast<int>(p.scalar_type()), p.device().str());
+    auto o = open.find(key);
+    if (o == open.end() || d.buckets[o->second].info.bytes() >= spec.bucket_bytes) {
+      d.buckets.emplace_back();
+      d.buckets.back().info.dtype = p.scalar_type();
+      d.buckets.back().info.element_size = p.element_size();
+      o = open.insert_or_assign(key, d.buckets.size() - 1).first;
+    }
+    Impl::Bucket& b = d.buckets[o->second];
+    Impl::Entry e;
+    e.path = it->first;
+    e.param = p;
+    e.bucket = o->second;
+    e.offset = b.info.numel;
+    b.info.numel += p.numel();
+    b.info.params.push_back(e.path);
+    b.entries.push_back(d.entries.size());
+    d.entries.push_back(std::move(e));
+  }
+  for (auto& b : d.buckets) {
+    // Only a reduce-scatter needs D equal slices.
+    b.info.padded = d.zero ? (b.info.numel + d.size - 1) / d.size * d.size : b.info.numel;
+    const at::Tensor& first = d.entries[b.entries.front()].param;
+    b.flat = at::zeros({b.info.padded}, first.options().requires_grad(false));
+    if (d.zero) b.shard = at::zeros({b.info.padded / d.size}, b.flat.options());
+    b.pending = b.entries.size();
+    d.bucket_infos.push_back(b.info);
+  }
+  if (d.size > 1) {
+    std::weak_ptr<Impl> weak = impl_;
+    for (size_t i = 0; i < d.entries.size(); ++i) {
+      at::Tensor p = d.entries[i].param;
+      d.entries[i].hook = p.register_hook([weak, i](const at::Tensor& grad) {
+        if (auto impl = weak.lock()) impl->on_grad(i, grad);
+      });
+    }
+  }
+}
+
+DataParallel::~DataParallel() {
+  for (auto& e : impl_->entries)
+    if (impl_->size > 1) {
+      try {
+        e.param.remove_hook(e.hook);
+      } catch (...) {
+      }
+    }
+  // Waiting is the only safe end for a reduction still running into our buffers.
+  for (auto& b : impl_->buckets)
+    if (b.work) try {
+        b.work->wait();
+      } catch (...) {
+      }
+}
+
+// ------------------------------------------------------------ accessors
+
+const std::string& DataParallel::axis() const { return impl_->axis; }
+int DataParallel::size() const { return impl_->size; }
+int DataParallel::rank() const { return impl_->rank; }
+bool DataParallel::zero() const { return impl_->zero; }
+Communicator* DataParallel::group() const { return impl_->group.get(); }
+const std::vector<GradBucket>& DataParallel::buckets() const { return impl_->bucket_infos; }
+const std::vector<std::string>& DataParallel::averaged() const { return impl_->averaged; }
+const std::vector<std::string>& DataParallel::ignored() const { return impl_->ignored; }
+const std::vector<std::string>& DataParallel::split() const { return impl_->split; }
+const std::vector<std::string>& DataParallel::warnings() const { return impl_->warnings; }
+double DataParallel::last_wait_seconds() const { return impl_->wait_seconds; }
+
+int64_t DataParallel::grad_bytes() const {
+  int64_t n = 0;
+  for (const auto& b : impl_->bucket_infos) n += b.bytes();
+  return n;
+}
+
+int64_t DataParallel::step_bytes() const {
+  if (impl_->size == 1) return 0;
+  int64_t n = 0;
+  for (const auto& b : impl_->bucket_infos) {
+    const int64_t padded = b.padded * b.element_size;
+    n += impl_->zero ? padded + padded / impl_->size : b.bytes();
+  }
+  return n;
+}
+
+int64_t DataParallel::wire_bytes() const {
+  int64_t n = 0;
+  for (const auto& b : impl_->bucket_infos)
+    n += 2 * (impl_->size - 1) * (impl_->zero ? b.padded : b.numel) * b.element_size / impl_->size;
+  return n;
+}
+
+int64_t DataParallel::min_wire_bytes() const { return 2 * (impl_->size - 1) * grad_bytes() / impl_->size; }
+
+std::string DataParallel::describe() const {
+  const Impl& d = *impl_;
+  std::ostringstream s;
+  if (d.axis.empty()) return "data parallel: none (the plan has no batch axis)\n";
+  s << "data parallel over axis '" << d.axis << "' (" << d.size << " ranks): " << d.averaged.size()
+    << " parameters averaged, " << grad_bytes() << " gradient bytes in " << d.bucket_infos.size()
+    << " bucket(s), overlap " << (d.overlap ? "on" : "off") << ", ZeRO-1 " << (d.zero ? "on" : "off") << "\n";
+  for (size_t i = 0; i < d.bucket_infos.size(); ++i) {
+    const auto& b = d.bucket_infos[i];
+    s << "  bucket " << i << ": " << c10::toString(b.dtype) << ", " << b.params.size() << " parameters, "
+      << b.numel << " elements (" << mib(b.bytes()) << "), from " << b.params.front() << " to "
+      << b.params.back() << "\n";
+  }
+  if (!d.ignored.empty()) {
+    s << "  not averaged (data_parallel.ignore):";
+    for (const auto& p : d.ignored) s << " " << p;
+    s << "\n";
+  }
+  if (!d.split.empty()) {
+    s << "  not averaged (split over '" << d.axis << "'):";
+    for (const auto& p : d.split) s << " " << p;
+    s << "\n";
+  }
+  s << "  per step on '" << d.axis << "': " << (d.zero ? "reduce-scatter + all-gather" : "all-reduce") << ", "
+    << step_bytes() << " bytes handed to collectives, " << wire_bytes()
+    << " bytes on the wire per rank (ring); theoretical minimum 2(D-1)/D x gradient bytes = " << min_wire_bytes()
+    << "\n";
+  return s.str();
+}
+
+// ------------------------------------------------------------ data
+
+at::Tensor DataParallel::local_batch(const at::Tensor& global) const {
+  if (impl_->size == 1) return global;
+  if (global.dim() == 0 || global.size(0) % impl_->size != 0)
+    throw Error("data parallel: the global batch of " + std::to_string(global.dim() ? global.size(0) : 0) +
+                " samples does not divide over the " + std::to_string(impl_->size) + " ranks of batch axis '" +
+                impl_->axis + "'; use a batch that is a multiple of " + std::to_string(impl_->size));
+  const int64_t n = global.size(0) / impl_->size;
+  return global.narrow(0, impl_->rank * n, n);
+}
+
+double DataParallel::average(double local) const {
+  if (impl_->size == 1) return local;
+  at::Tensor t = at::full({1}, local, at::kDouble);
+  impl_->group->all_reduce(t);
+  return t.item<double>() / impl_->size;
+}
+
+// ------------------------------------------------------------ step
+
+void DataParallel::finish() {
+  Impl& d = *impl_;
+  if (d.no_sync > 0) throw Error("data parallel: finish() inside NoSync; leave the scope for the last micro-batch");
+  if (d.size == 1 && !d.zero) return;
+  if (d.zero && !d.zero_attached)
+    throw Error("data parallel: the plan sets data_parallel.zero: true, so step with a shardplan::ZeroOptimizer "
+                "built on this DataParallel (the averaged gradients exist only as its slices)");
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    d.fill_and_launch_rest();
+  }
+  for (auto& b : d.buckets)
+    if (b.work) {
+      b.work->wait();
+      b.work.reset();
+    }
+  d.wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double scale = 1.0 / d.size;
+  for (auto& b : d.buckets) {
+    if (d.zero) {
+      b.shard.mul_(scale);
+    } else {
+      b.flat.mul_(scale);
+      for (size_t i : b.entries) {
+        Impl::Entry& e = d.entries[i];
+        at::Tensor avg = b.flat.narrow(0, e.offset, e.param.numel()).view(e.param.sizes());
+        at::Tensor& g = e.param.mutable_grad();
+        if (g.defined())
+          g.copy_(avg);
+        else
+          g = avg.clone();
+      }
+    }
+    for (size_t i : b.entries) d.entries[i].ready = false;
+    b.pending = b.entries.size();
+    b.launched = false;
+  }
+  d.next_launch = 0;
+}
+
+DataParallel::NoSync::NoSync(DataParallel& dp) : dp_(dp) {
+  std::lock_guard<std::mutex> lock(dp_.impl_->mu);
+  ++dp_.impl_->no_sync;
+}
+
+DataParallel::NoSync::~NoSync() {
+  std::lock_guard<std::mutex> lock(dp_.impl_->mu);
+  --dp_.impl_->no_sync;
+}
+
+// ------------------------------------------------------------ consistency
+
+void DataParallel::check_replicas() const {
+  const Impl& d = *impl_;
+  std::set<std::string> ignored(d.ignored.begin(), d.ignored.end());
+  // Every axis' exchange happens before any rank throws, so a rank that
+  // finds a difference never leaves another waiting in a collective.
+  std::string first;
+  for (size_t a = 0; a < d.axis_names.size(); ++a) {
+    const auto& group = d.axis_groups[a];
+    if (!group || group->size() == 1) continue;
+    const std::set<std::string> split(d.axis_split[a].begin(), d.axis_split[a].end());
+    std::vector<const std::pair<std::string, at::Tensor>*> params;
+    for (const auto& p : d.unique)
+      if (!split.count(p.first) && !(d.axis_names[a] == d.axis && ignored.count(p.first))) params.push_back(&p);
+    at::Tensor sums = at::zeros({static_cast<int64_t>(params.size()) + 1}, at::kLong);
+    for (size_t i = 0; i < params.size(); ++i) sums[i] = checksum(params[i]->second);
+    at::Tensor all = group->all_gather(sums, 0).view({group->size(), sums.numel()});
+    for (size_t i = 0; i < params.size() && first.empty(); ++i)
+      for (int r = 1; r < group->size() && first.empty(); ++r)
+        if (all[r][i].item<int64_t>() != all[0][i].item<int64_t>())
+          first = "replica check: parameter '" + params[i]->first + "' differs across the ranks of mesh axis '" +
+                  d.axis_names[a] + "' (world rank " + std::to_string(group->ranks()[r]) +
+                  " holds other values than world rank " + std::to_string(group->ranks()[0]) +
+                  "): the replicas have drifted";
+  }
+  if (!first.empty()) throw Error(first);
+}
+
+int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer) {
+  int64_t n = 0;
+  auto add = [&](const at::Tensor& t) {
+    if (t.defined()) n += t.numel() * t.element_size();
+  };
+  for (const auto& kv : optimizer.state()) {
+    auto* s = kv.second.get();
+    if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(s)) {
+      add(a->exp_avg());
+      add(a->exp_avg_sq());
+      add(a->max_exp_avg_sq());
+    } else if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(s)) {
+      add(w->exp_avg());
+      add(w->exp_avg_sq());
+      add(w->max_exp_avg_sq());
+    } else if (auto* g = dynamic_cast<torch::optim::SGDParamState*>(s)) {
+      add(g->momentum_buffer());
+    } else if (auto* r = dynamic_cast<torch::optim::RMSpropParamState*>(s)) {
+      add(r->square_avg());
+      add(r->momentum_buffer());
+      add(r->grad_avg());
+    } else if (auto* ad = dynamic_cast<torch::optim::AdagradParamState*>(s)) {
+      add(ad->sum());
+    }
+  }
+  return n;
+}
+
+}  // namespace shardplan

@@ -1,0 +1,58 @@
+#pragma once
+// Internal: DataParallel's state, shared with ZeroOptimizer.
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "shardplan/data_parallel.h"
+
+namespace shardplan {
+
+struct DataParallel::Impl {
+  struct Entry {
+    std::string path;
+    at::Tensor param;
+    size_t bucket = 0;
+    int64_t offset = 0;  // in the bucket's flat buffer
+    bool ready = false;  // its gradient of this step is in the bucket
+    unsigned hook = 0;
+  };
+  struct Bucket {
+    GradBucket info;
+    std::vector<size_t> entries;
+    at::Tensor flat;   // [padded] gradients, then their sum
+    at::Tensor shard;  // ZeRO: [padded / D] this rank's slice of the sum
+    size_t pending = 0;
+    bool launched = false;
+    std::unique_ptr<Work> work;
+  };
+
+  std::string axis;
+  int size = 1, rank = 0;
+  bool zero = false, overlap = true;
+  std::shared_ptr<Communicator> group;
+  std::vector<std::shared_ptr<Communicator>> axis_groups;  // every mesh axis, for check_replicas
+  std::vector<std::string> axis_names;
+  std::vector<std::vector<std::string>> axis_split;  // per axis: paths split over it
+  std::vector<Entry> entries;
+  std::vector<Bucket> buckets;
+  std::vector<GradBucket> bucket_infos;
+  std::vector<std::string> averaged, ignored, split, warnings;
+  std::vector<std::pair<std::string, at::Tensor>> unique;  // every unique parameter, registration order
+  int no_sync = 0;
+  size_t next_launch = 0;
+  double wait_seconds = 0;
+  bool zero_attached = false;
+  std::mutex mu;  // hooks may run on autograd's device threads
+
+  void on_grad(size_t index, const at::Tensor& grad);
+  void launch_ready();
+  void launch(Bucket& b);
+  void fill_and_launch_rest();
+};
+
+}  // namespace shardplan

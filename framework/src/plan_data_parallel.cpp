@@ -1,0 +1,132 @@
+#include "plan_data_parallel.h"
+
+#include "plan_internal.h"
+#include "utf8.h"
+
+#include <cmath>
+#include <set>
+#include <sstream>
+
+namespace shardplan {
+namespace detail {
+namespace {
+
+SourceLoc loc_of(const YAML::Node& n, const SourceLoc& fallback) {
+  if (n.IsNull() || n.Mark().is_null()) return fallback;
+  return SourceLoc{fallback.file, n.Mark().line + 1, n.Mark().column + 1};
+}
+
+bool as_bool(const YAML::Node& n, bool& out) { return n.IsScalar() && YAML::convert<bool>::decode(n, out); }
+
+}  // namespace
+
+void parse_batch_axis(const YAML::Node& value, const SourceLoc& value_loc, Plan& plan) {
+  if (!value.IsScalar() || value.Scalar().empty())
+    throw PlanError(value_loc, "batch_axis must be the name of a mesh axis, e.g. batch_axis: data");
+  if (!valid_utf8(value.Scalar())) throw PlanError(value_loc, "batch_axis is not valid UTF-8");
+  plan.data_parallel.batch_axis = value.Scalar();
+  plan.data_parallel.batch_axis_loc = value_loc;
+}
+
+void parse_data_parallel(const YAML::Node& value, const SourceLoc& value_loc, Plan& plan) {
+  DataParallelSpec& dp = plan.data_parallel;
+  dp.loc = value_loc;
+  static const char* kKeys = "ignore, bucket_mb, overlap, zero";
+  if (!value.IsMap())
+    throw PlanError(value_loc, std::string("data_parallel must be a map (keys: ") + kKeys +
+                                   "), e.g. data_parallel: {ignore: ['.*\\.bias'], zero: true}");
+  std::set<std::string> seen;
+  for (auto it = value.begin(); it != value.end(); ++it) {
+    const SourceLoc key_loc = loc_of(it->first, value_loc);
+    const std::string key = it->first.IsScalar() ? it->first.Scalar() : "";
+    const YAML::Node& v = it->second;
+    const SourceLoc vloc = loc_of(v, key_loc);
+    if (!seen.insert(key).second) throw PlanError(key_loc, "duplicate key '" + key + "' in data_parallel");
+    if (key == "ignore") {
+      if (!v.IsSequence())
+        throw PlanError(vloc, "data_parallel.ignore must be a list of regexes over parameter paths");
+      for (const auto& item : v) {
+        const SourceLoc iloc = loc_of(item, vloc);
+        if (!item.IsScalar() || item.Scalar().empty())
+          throw PlanError(iloc, "data_parallel.ignore entries must be regexes over parameter paths");
+        if (!valid_utf8(item.Scalar())) throw PlanError(iloc, "data_parallel.ignore entry is not valid UTF-8");
+        Rule r;
+        r.index = dp.ignore.size();
+        r.pattern = item.Scalar();
+        r.loc = r.pattern_loc = r.layout_loc = iloc;
+        // The rules' checks (length, nesting, syntax): a refused regex fails here, at its line.
+        r.matcher = plan_detail::compile(r.pattern, iloc);
+        dp.ignore.push_back(std::move(r));
+      }
+    } else if (key == "bucket_mb") {
+      double mb = 0;
+      size_t used = 0;
+      const std::string s = v.IsScalar() ? v.Scalar() : "";
+      try {
+        mb = std::stod(s, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != s.size() || !std::isfinite(mb) || mb <= 0 || mb > 1024 * 1024)
+        throw PlanError(vloc, "data_parallel.bucket_mb must be a positive number of MiB, got '" + s + "'");
+      dp.bucket_mb = s;
+      dp.bucket_bytes = std::max<int64_t>(1, static_cast<int64_t>(mb * 1024 * 1024));
+    } else if (key == "overlap") {
+      if (!as_bool(v, dp.overlap)) throw PlanError(vloc, "data_parallel.overlap must be true or false");
+    } else if (key == "zero") {
+      if (!as_bool(v, dp.zero)) throw PlanError(vloc, "data_parallel.zero must be true or false");
+    } else {
+      throw PlanError(key_loc, "unknown key '" + key + "' in data_parallel (expected " + kKeys + ")");
+    }
+  }
+}
+
+void check_batch_axis(const Plan& plan) {
+  const auto& dp = plan.data_parallel;
+  if (dp.batch_axis.empty()) return;
+  std::string axes;
+  for (const auto& a : plan.mesh) {
+    if (a.name == dp.batch_axis) return;
+    axes += (axes.empty() ? "" : ", ") + a.name;
+  }
+  throw PlanError(dp.batch_axis_loc, "batch_axis '" + dp.batch_axis + "' is not a mesh axis; mesh axes are: " + axes);
+}
+
+std::string data_parallel_yaml(const Plan& plan) {
+  const auto& dp = plan.data_parallel;
+  std::ostringstream y;
+  if (!dp.batch_axis.empty()) {
+    YAML::Emitter e;
+    e << dp.batch_axis;
+    y << "batch_axis: " << e.c_str() << "\n";
+  }
+  const DataParallelSpec defaults;
+  if (dp.ignore.empty() && dp.bucket_bytes == defaults.bucket_bytes && dp.overlap == defaults.overlap &&
+      dp.zero == defaults.zero)
+    return y.str();
+  YAML::Emitter e;
+  e << YAML::Flow << YAML::BeginMap;
+  if (!dp.ignore.empty()) {
+    e << YAML::Key << "ignore" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    for (const auto& r : dp.ignore) e << YAML::SingleQuoted << r.pattern;
+    e << YAML::EndSeq;
+  }
+  if (dp.bucket_bytes != defaults.bucket_bytes) e << YAML::Key << "bucket_mb" << YAML::Value << dp.bucket_mb;
+  if (dp.overlap != defaults.overlap) e << YAML::Key << "overlap" << YAML::Value << (dp.overlap ? "true" : "false");
+  if (dp.zero != defaults.zero) e << YAML::Key << "zero" << YAML::Value << (dp.zero ? "true" : "false");
+  e << YAML::EndMap;
+  y << "data_parallel: " << e.c_str() << "\n";
+  return y.str();
+}
+
+}  // namespace detail
+
+std::string Plan::batch_axis() const {
+  if (!data_parallel.batch_axis.empty()) return data_parallel.batch_axis;
+  for (const char* name : {"data", "batch"})
+    for (const auto& a : mesh)
+      if (a.name == name) return name;
+  return "";
+}
+
+}  // namespace shardplan

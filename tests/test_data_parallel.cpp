@@ -1,0 +1,538 @@
+// Data parallelism over a plan's batch axis (shardplan/data_parallel.h,
+// shardplan/zero_optimizer.h): the example GPT and an MLP trained 20 steps in
+// float64 on 4 thread ranks, {data: 2, model: 2} and {data: 4}, must print the
+// losses and end with the parameters of one process training on the global
+// batch (1e-10), with Adam and SGD, with and without ZeRO-1, with gradient
+// accumulation; replicas stay bit-identical; and the plan keys, the
+// consistency check, the ignore list and bad input behave as documented.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "models/gpt.h"
+#include "models/model.h"
+#include "shardplan/checkpoint.h"
+#include "shardplan/data_parallel.h"
+#include "shardplan/error.h"
+#include "shardplan/nn/linear.h"
+#include "shardplan/parallelize.h"
+#include "shardplan/plan.h"
+#include "shardplan/world.h"
+#include "shardplan/zero_optimizer.h"
+
+namespace {
+
+namespace ex = shardplan::examples;
+using shardplan::DataParallel;
+
+// ------------------------------------------------------------ models
+
+struct MlpImpl : torch::nn::Cloneable<MlpImpl> {
+  MlpImpl() { reset(); }
+  void reset() override {
+    fc1 = register_module("fc1", shardplan::nn::Linear(6, 16));
+    fc2 = register_module("fc2", shardplan::nn::Linear(16, 8));
+    fc3 = register_module("fc3", shardplan::nn::Linear(8, 3));
+  }
+  torch::Tensor loss(const torch::Tensor& x, const torch::Tensor& y) {
+    auto h = fc3->forward(torch::relu(fc2->forward(torch::relu(fc1->forward(x)))));
+    return torch::mse_loss(h, y);
+  }
+  shardplan::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+const char* kMlpRules = R"(
+rules:
+  - match: 'fc1\.weight'
+    layout: [model, null]
+    output: sharded
+  - match: 'fc1\.bias'
+    layout: [model]
+  - match: 'fc2\.weight'
+    layout: [null, model]
+    input: sharded
+)";
+
+const char* kGptRules = R"(
+rules:
+  - match: 'tok_emb\.weight'
+    layout: [model, null]
+  - match: 'blocks\.\d+\.attn\.in_proj_weight'
+    layout: [model, null]
+  - match: 'blocks\.\d+\.attn\.in_proj_bias'
+    layout: [model]
+  - match: 'blocks\.\d+\.attn\.out_proj\.weight'
+    layout: [null, model]
+    input: sharded
+  - match: 'blocks\.\d+\.fc1\.weight'
+    layout: [model, null]
+    output: sharded
+  - match: 'blocks\.\d+\.fc1\.bias'
+    layout: [model]
+  - match: 'blocks\.\d+\.fc2\.weight'
+    layout: [null, model]
+    input: sharded
+  - match: 'head\.weight'
+    layout: [model, null]
+    output: sharded
+  - match: 'loss'
+    layout: [null, model]
+)";
+
+const ex::Overrides kGpt = {{"vocab", "32"}, {"context", "6"}, {"embed", "16"},
+                            {"heads", "4"},  {"layers", "2"},  {"mlp", "24"}};
+
+// A model, its loss on a batch (input, target), and batches for every step.
+struct Task {
+  std::shared_ptr<torch::nn::Module> model;
+  std::function<torch::Tensor(torch::nn::Module&, const torch::Tensor&, const torch::Tensor&)> loss;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+};
+
+Task gpt_task(int steps, int64_t batch) {
+  torch::manual_seed(3);
+  Task t;
+  t.model = ex::make_model("gpt", kGpt).module;
+  t.model->to(torch::kDouble);
+  t.loss = [](torch::nn::Module& m, const torch::Tensor& x, const torch::Tensor& y) {
+    return dynamic_cast<ex::GPTImpl&>(m).loss(ex::Batch{x, y});
+  };
+  torch::manual_seed(11);
+  for (int i = 0; i < steps; ++i)
+    t.batches.emplace_back(torch::randint(32, {batch, 6}, torch::kLong), torch::randint(32, {batch, 6}, torch::kLong));
+  return t;
+}
+
+Task mlp_task(int steps, int64_t batch) {
+  torch::manual_seed(4);
+  Task t;
+  t.model = Mlp().ptr();
+  t.model->to(torch::kDouble);
+  t.loss = [](torch::nn::Module& m, const torch::Tensor& x, const torch::Tensor& y) {
+    return dynamic_cast<MlpImpl&>(m).loss(x, y);
+  };
+  torch::manual_seed(12);
+  for (int i = 0; i < steps; ++i)
+    t.batches.emplace_back(torch::randn({batch, 6}, torch::kDouble), torch::randn({batch, 3}, torch::kDouble));
+  return t;
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_opt(bool adam, std::vector<torch::Tensor> params) {
+  if (adam) return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2));
+  return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(5e-2).momentum(0.9));
+}
+
+struct RefRun {
+  std::vector<double> losses;
+  std::map<std::string, torch::Tensor> params;  // whole tensors
+};
+
+// One process, the whole batch, no plan.
+RefRun reference(const Task& task, bool adam) {
+  auto model = task.model->clone();
+  auto opt = make_opt(adam, model->parameters());
+  RefRun r;
+  for (const auto& [x, y] : task.batches) {
+    opt->zero_grad();
+    auto loss = task.loss(*model, x, y);
+    loss.backward();
+    opt->step();
+    r.losses.push_back(loss.item<double>());
+  }
+  for (const auto& p : model->named_parameters()) r.params[p.key()] = p.value().detach().clone();
+  return r;
+}
+
+struct DpCase {
+  std::string plan;  // YAML
+  bool adam = true;
+  int micro = 1;     // micro-batches per step (gradient accumulation)
+  int world = 4;
+};
+
+// The same training on thread ranks: each rank its slice of each global
+// batch, in micro-batches, gradients synchronised by DataParallel. Checks
+// every rank's parameters against `ref` cut to its shards, the replicas
+// with check_replicas, and returns rank 0's losses (global means).
+std::vector<double> run_dp(const Task& task, const DpCase& c, const RefRun& ref) {
+  const auto plan = shardplan::parse_plan(c.plan, "dp.yaml");
+  std::vector<std::shared_ptr<torch::nn::Module>> replicas;
+  for (int r = 0; r < c.world; ++r) replicas.push_back(task.model->clone());
+  std::vector<double> losses;
+  std::mutex mu;
+  std::map<int, double> worst;
+  shardplan::StateDict full;
+  for (const auto& kv : ref.params) full.emplace_back(kv.first, kv.second);
+  shardplan::run_ranks_in_threads(c.world, [&](shardplan::World& w) {
+    auto& model = *replicas[w.rank()];
+    auto report = shardplan::parallelize(model, plan, w);
+    DataParallel dp(model, report, plan, w);
+    std::unique_ptr<torch::optim::Optimizer> opt;
+    std::unique_ptr<shardplan::ZeroOptimizer> zero;
+    if (dp.zero())
+      zero = std::make_unique<shardplan::ZeroOptimizer>(dp, [&](std::vector<torch::Tensor> p) { return make_opt(c.adam, p); });
+    else
+      opt = make_opt(c.adam, model.parameters());
+    std::vector<double> mine;
+    for (const auto& [gx, gy] : task.batches) {
+      zero ? zero->zero_grad() : opt->zero_grad();
+      auto x = dp.local_batch(gx), y = dp.local_batch(gy);
+      const int64_t n = x.size(0) / c.micro;
+      double local = 0;
+      for (int k = 0; k < c.micro; ++k) {
+        auto loss = task.loss(model, x.narrow(0, k * n, n), y.narrow(0, k * n, n)) / c.micro;
+        local += loss.item<double>();
+        if (k + 1 < c.micro) {
+          DataParallel::NoSync no_sync(dp);
+          loss.backward();
+        } else {
+          loss.backward();
+        }
+      }
+      dp.finish();
+      if (zero)
+        zero->step();
+      else
+        opt->step();
+      mine.push_back(dp.average(local));
+    }
+    dp.check_replicas();
+    auto expected = shardplan::relocate_state_dict(full, report);
+    double err = 0;
+    auto params = model.named_parameters();
+    for (const auto& [name, t] : expected) {
+      if (!params.contains(name)) continue;
+      const auto& got = params[name];
+      err = std::max(err, (got - t).abs().max().item<double>() / std::max(1.0, t.abs().max().item<double>()));
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    worst[w.rank()] = err;
+    if (w.rank() == 0) losses = mine;
+  });
+  for (const auto& [rank, err] : worst) EXPECT_LT(err, 1e-10) << "rank " << rank << " final parameters";
+  return losses;
+}
+
+void expect_same_losses(const std::vector<double>& got, const std::vector<double>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-10 * std::max(1.0, std::abs(want[i]))) << "step " << i + 1;
+}
+
+std::string plan_2d(const char* rules, const std::string& extra = "") {
+  return std::string("version: 1\nmesh: {data: 2, model: 2}\n") + extra + rules;
+}
+std::string plan_dp(const std::string& extra = "") { return "version: 1\nmesh: {data: 4}\n" + extra + "rules: []\n"; }
+
+// ------------------------------------------------------------ parity
+
+TEST(DataParallel, GptMatchesOneProcessOnTheGlobalBatch) {
+  const Task task = gpt_task(20, 8);
+  for (bool adam : {true, false}) {
+    const RefRun ref = reference(task, adam);
+    for (const std::string& plan : {plan_2d(kGptRules), plan_dp()}) {
+      SCOPED_TRACE(plan.substr(0, 40) + (adam ? " adam" : " sgd"));
+      expect_same_losses(run_dp(task, {plan, adam}, ref), ref.losses);
+    }
+  }
+}
+
+TEST(DataParallel, MlpMatchesOneProcessOnTheGlobalBatch) {
+  const Task task = mlp_task(20, 8);
+  for (bool adam : {true, false}) {
+    const RefRun ref = reference(task, adam);
+    for (const std::string& plan : {plan_2d(kMlpRules), plan_dp()}) {
+      SCOPED_TRACE(plan.substr(0, 40) + (adam ? " adam" : " sgd"));
+      expect_same_losses(run_dp(task, {plan, adam}, ref), ref.losses);
+    }
+  }
+}
+
+TEST(DataParallel, ZeroOneMatchesOneProcess) {
+  for (const Task& task : {gpt_task(20, 8), mlp_task(20, 8)})
+    for (bool adam : {true, false}) {
+      const bool gpt = task.batches[0].first.scalar_type() == torch::kLong;
+      const RefRun ref = reference(task, adam);
+      // Tiny buckets: several of them, and padding where a bucket does not divide by 4.
+      const std::string zero = "data_parallel: {zero: true, bucket_mb: 0.001}\n";
+      for (const std::string& plan : {plan_2d(gpt ? kGptRules : kMlpRules, zero), plan_dp(zero)}) {
+        SCOPED_TRACE(plan.substr(0, 60) + (adam ? " adam" : " sgd"));
+        expect_same_losses(run_dp(task, {plan, adam}, ref), ref.losses);
+      }
+    }
+}
+
+TEST(DataParallel, GradientAccumulationMatchesOneProcess) {
+  for (const Task& task : {gpt_task(20, 8), mlp_task(20, 8)}) {
+    const bool gpt = task.batches[0].first.scalar_type() == torch::kLong;
+    const RefRun ref = reference(task, true);
+    expect_same_losses(run_dp(task, {plan_2d(gpt ? kGptRules : kMlpRules), true, 2}, ref), ref.losses);
+    expect_same_losses(run_dp(task, {plan_dp("data_parallel: {zero: true}\n"), true, 2}, ref), ref.losses);
+    // Without overlap every bucket is reduced in finish(): the same numbers.
+    expect_same_losses(run_dp(task, {plan_dp("data_parallel: {overlap: false, bucket_mb: 0.001}\n"), true, 2}, ref),
+                       ref.losses);
+  }
+}
+
+// ------------------------------------------------------------ buckets and traffic
+
+TEST(DataParallel, BucketsInReverseOrderAndTrafficIsTheMinimum) {
+  const Task task = mlp_task(1, 8);
+  const auto plan = shardplan::parse_plan(plan_dp("data_parallel: {bucket_mb: 0.0005}\n"));
+  std::vector<std::shared_ptr<torch::nn::Module>> replicas;
+  for (int r = 0; r < 4; ++r) replicas.push_back(task.model->clone());
+  shardplan::run_ranks_in_threads(4, [&](shardplan::World& w) {
+    auto& model = *replicas[w.rank()];
+    auto report = shardplan::parallelize(model, plan, w);
+    DataParallel dp(model, report, plan, w);
+    // 0.0005 MiB = 524 bytes: a bucket closes once it holds that much: fc3 and fc2 in one, fc1 in the next.
+    ASSERT_GE(dp.buckets().size(), 2u);
+    EXPECT_EQ(dp.buckets().front().params.front(), "fc3.bias");
+    EXPECT_EQ(dp.buckets().back().params.back(), "fc1.weight");
+    int64_t total = 0;
+    for (const auto& b : dp.buckets()) {
+      EXPECT_EQ(b.dtype, torch::kDouble);
+      total += b.bytes();
+    }
+    EXPECT_EQ(total, (6 * 16 + 16 + 16 * 8 + 8 + 8 * 3 + 3) * 8);
+    EXPECT_EQ(dp.grad_bytes(), total);
+    dp.group()->reset_stats();
+    task.loss(model, dp.local_batch(task.batches[0].first), dp.local_batch(task.batches[0].second)).backward();
+    dp.finish();
+    // All-reduce: each bucket handed over once, and a ring moves 2(D-1)/D of it.
+    EXPECT_EQ(dp.group()->stats().bytes, static_cast<uint64_t>(dp.step_bytes()));
+    EXPECT_EQ(dp.step_bytes(), total);
+    EXPECT_EQ(dp.wire_bytes(), dp.min_wire_bytes());
+    EXPECT_EQ(dp.min_wire_bytes(), 2 * 3 * total / 4);
+    EXPECT_EQ(dp.group()->stats().calls, dp.buckets().size());
+    EXPECT_NE(dp.describe().find("theoretical minimum"), std::string::npos);
+    // Gradients keep their dtype.
+    for (const auto& p : model.parameters()) EXPECT_EQ(p.grad().scalar_type(), torch::kDouble);
+  });
+}
+
+TEST(DataParallel, ZeroKeepsOneDthOfTheOptimizerState) {
+  const Task task = gpt_task(1, 8);
+  const auto plan = shardplan::parse_plan(plan_dp("data_parallel: {zero: true}\n"));
+  std::vector<std::shared_ptr<torch::nn::Module>> replicas;
+  for (int r = 0; r < 4; ++r) replicas.push_back(task.model->clone());
+  int64_t params = 0;
+  for (const auto& p : task.model->parameters()) params += p.numel() * 8;
+  shardplan::run_ranks_in_threads(4, [&](shardplan::World& w) {
+    auto& model = *replicas[w.rank()];
+    auto report = shardplan::parallelize(model, plan, w);
+    DataParallel dp(model, report, plan, w);
+    shardplan::ZeroOptimizer zero(dp, [](std::vector<torch::Tensor> p) { return make_opt(true, p); });
+    task.loss(model, dp.local_batch(task.batches[0].first), dp.local_batch(task.batches[0].second)).backward();
+    dp.finish();
+    zero.step();
+    // Adam: two moments. One bucket: its padding is under 4 elements.
+    ASSERT_EQ(dp.buckets().size(), 1u);
+    EXPECT_GE(zero.state_bytes(), 2 * params / 4);
+    EXPECT_LT(zero.state_bytes(), 2 * params / 4 + 2 * 4 * 8);
+  });
+}
+
+// ------------------------------------------------------------ consistency
+
+TEST(DataParallel, ReplicaCheckNamesTheParameterThatDrifted) {
+  // One step: only the broken parameter differs afterwards.
+  const Task task = mlp_task(1, 8);
+  const auto plan = shardplan::parse_plan(plan_2d(kMlpRules));
+  for (const std::string& broken : {"fc3.bias", "fc2.bias", "fc1.weight"}) {
+    std::vector<std::shared_ptr<torch::nn::Module>> replicas;
+    for (int r = 0; r < 4; ++r) replicas.push_back(task.model->clone());
+    std::mutex mu;
+    std::vector<std::string> errors;
+    shardplan::run_ranks_in_threads(4, [&](shardplan::World& w) {
+      auto& model = *replicas[w.rank()];
+      auto report = shardplan::parallelize(model, plan, w);
+      DataParallel dp(model, report, plan, w);
+      auto opt = make_opt(false, model.parameters());
+      for (const auto& [x, y] : task.batches) {
+        opt->zero_grad();
+        task.loss(model, dp.local_batch(x), dp.local_batch(y)).backward();
+        // A broken sync: rank 3 skips averaging one parameter's gradient.
+        auto g = model.named_parameters()[broken].grad().clone();
+        dp.finish();
+        if (w.rank() == 3) model.named_parameters()[broken].mutable_grad().copy_(g);
+        opt->step();
+      }
+      try {
+        dp.check_replicas();
+      } catch (const shardplan::Error& e) {
+        std::lock_guard<std::mutex> lock(mu);
+        errors.push_back(e.what());
+      }
+    });
+    // Every rank of the groups involved sees it, naming the parameter.
+    ASSERT_FALSE(errors.empty()) << broken;
+    for (const auto& e : errors) {
+      EXPECT_NE(e.find("parameter '" + broken + "' differs across the ranks of mesh axis"), std::string::npos) << e;
+    }
+  }
+}
+
+// ------------------------------------------------------------ what is not averaged
+
+TEST(DataParallel, IgnoredAndBatchSplitParametersKeepTheirLocalGradients) {
+  const Task task = mlp_task(1, 8);
+  // fc1 is split over `data` itself (a layer a user shards over the batch
+  // axis owns its slices per data rank); fc3.bias is ignored.
+  const auto plan = shardplan::parse_plan(R"(version: 1
+mesh: {data: 2}
+data_parallel: {ignore: ['fc3\.bias', 'nothing\.here']}
+rules:
+  - match: 'fc1\.weight'
+    layout: [data, null]
+)");
+  std::vector<std::shared_ptr<torch::nn::Module>> replicas;
+  for (int r = 0; r < 2; ++r) replicas.push_back(task.model->clone());
+  shardplan::run_ranks_in_threads(2, [&](shardplan::World& w) {
+    auto& model = *replicas[w.rank()];
+    auto report = shardplan::parallelize(model, plan, w);
+    DataParallel dp(model, report, plan, w);
+    EXPECT_EQ(dp.ignored(), std::vector<std::string>{"fc3.bias"});
+    EXPECT_EQ(dp.split(), (std::vector<std::string>{"fc1.weight", "fc1.bias"}));
+    ASSERT_EQ(dp.warnings().size(), 1u);
+    EXPECT_NE(dp.warnings()[0].find("data_parallel.ignore 'nothing\\.here' matches no parameter"), std::string::npos)
+        << dp.warnings()[0];
+    task.loss(model, dp.local_batch(task.batches[0].first), dp.local_batch(task.batches[0].second)).backward();
+    auto params = model.named_parameters();
+    std::map<std::string, torch::Tensor> before;
+    for (const auto& p : params) before[p.key()] = p.value().grad().clone();
+    dp.finish();
+    for (const std::string& name : {"fc3.bias", "fc1.weight", "fc1.bias"})
+      EXPECT_TRUE(torch::equal(params[name].grad(), before[name])) << name << " was changed";
+    // The rest is averaged: different local batches, so the local gradient changed.
+    EXPECT_FALSE(torch::equal(params["fc3.weight"].grad(), before["fc3.weight"]));
+    auto sum = params["fc3.weight"].grad().clone();
+    // Averaged gradients agree on both ranks; the ignored one does not.
+    EXPECT_TRUE(torch::equal(dp.group()->all_gather(sum.unsqueeze(0), 0)[0],
+                             dp.group()->all_gather(sum.unsqueeze(0), 0)[1]));
+  });
+}
+
+// ------------------------------------------------------------ plan keys and bad input
+
+TEST(DataParallel, PlanKeysParseAndRoundTrip) {
+  auto p = shardplan::parse_plan(
+      "mesh: {replica: 2, model: auto}\nbatch_axis: replica\n"
+      "data_parallel: {ignore: ['a\\.b', 'c'], bucket_mb: 4, overlap: false, zero: true}\nrules: []\n");
+  EXPECT_EQ(p.batch_axis(), "replica");
+  EXPECT_EQ(p.data_parallel.ignore.size(), 2u);
+  EXPECT_EQ(p.data_parallel.bucket_bytes, 4 * 1024 * 1024);
+  EXPECT_FALSE(p.data_parallel.overlap);
+  EXPECT_TRUE(p.data_parallel.zero);
+  auto q = shardplan::parse_plan(p.to_yaml());
+  EXPECT_EQ(q.to_yaml(), p.to_yaml());
+  EXPECT_EQ(q.data_parallel.ignore[1].pattern, "c");
+  // Defaults: an axis called data, else batch, else none; a plain plan's
+  // canonical form does not change.
+  EXPECT_EQ(shardplan::parse_plan("mesh: {data: 2, model: 2}\nrules: []").batch_axis(), "data");
+  EXPECT_EQ(shardplan::parse_plan("mesh: {batch: 2, model: 2}\nrules: []").batch_axis(), "batch");
+  EXPECT_EQ(shardplan::parse_plan("mesh: {model: 2}\nrules: []").batch_axis(), "");
+  EXPECT_EQ(shardplan::parse_plan("mesh: {model: 2}\nrules: []").to_yaml().find("data_parallel"), std::string::npos);
+}
+
+void expect_plan_error(const std::string& yaml, const std::string& message) {
+  try {
+    shardplan::parse_plan(yaml, "p.yaml");
+    FAIL() << "no error for " << yaml;
+  } catch (const shardplan::PlanError& e) {
+    EXPECT_EQ(std::string(e.what()), message);
+  }
+}
+
+TEST(DataParallel, BadPlanKeysAreErrorsAtTheirLine) {
+  expect_plan_error("mesh: {data: 2, model: 2}\nbatch_axis: dta\nrules: []",
+                    "p.yaml:2:13: batch_axis 'dta' is not a mesh axis; mesh axes are: data, model");
+  expect_plan_error("mesh: {data: 2}\ndata_parallel: {zro: true}\nrules: []",
+                    "p.yaml:2:17: unknown key 'zro' in data_parallel (expected ignore, bucket_mb, overlap, zero)");
+  expect_plan_error("mesh: {data: 2}\ndata_parallel: {bucket_mb: 0}\nrules: []",
+                    "p.yaml:2:28: data_parallel.bucket_mb must be a positive number of MiB, got '0'");
+  expect_plan_error("mesh: {data: 2}\ndata_parallel: {zero: maybe}\nrules: []",
+                    "p.yaml:2:23: data_parallel.zero must be true or false");
+  try {
+    shardplan::parse_plan("mesh: {data: 2}\ndata_parallel: {ignore: ['fc(']}\nrules: []", "p.yaml");
+    FAIL();
+  } catch (const shardplan::PlanError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("p.yaml:2:26: invalid regex 'fc('", 0), 0u) << e.what();
+  }
+}
+
+TEST(DataParallel, BadInputIsAClearErrorThatChangesNothing) {
+  const Task task = mlp_task(1, 6);
+  std::vector<std::shared_ptr<torch::nn::Module>> replicas;
+  for (int r = 0; r < 4; ++r) replicas.push_back(task.model->clone());
+  const auto plan = shardplan::parse_plan(plan_dp("data_parallel: {zero: true}\n"));
+  shardplan::run_ranks_in_threads(4, [&](shardplan::World& w) {
+    auto& model = *replicas[w.rank()];
+    auto report = shardplan::parallelize(model, plan, w);
+    DataParallel dp(model, report, plan, w);
+    try {
+      dp.local_batch(task.batches[0].first);  // 6 rows over 4 ranks
+      ADD_FAILURE() << "no error";
+    } catch (const shardplan::Error& e) {
+      EXPECT_STREQ(e.what(),
+                   "data parallel: the global batch of 6 samples does not divide over the 4 ranks of batch axis "
+                   "'data'; use a batch that is a multiple of 4");
+    }
+    std::vector<torch::Tensor> before;
+    for (const auto& p : model.parameters()) before.push_back(p.detach().clone());
+    try {
+      shardplan::ZeroOptimizer bad(dp, [](std::vector<torch::Tensor> p) {
+        return std::make_unique<torch::optim::LBFGS>(p, torch::optim::LBFGSOptions(1));
+      });
+      ADD_FAILURE() << "no error";
+    } catch (const shardplan::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("ZeroOptimizer supports element-wise optimizers only"), std::string::npos);
+    }
+    size_t i = 0;
+    for (const auto& p : model.parameters()) EXPECT_TRUE(torch::equal(p, before[i++]));
+    // Nothing was attached: a supported optimizer is still accepted.
+    EXPECT_NO_THROW(shardplan::ZeroOptimizer(dp, [](std::vector<torch::Tensor> p) { return make_opt(true, p); }));
+  });
+  // A batch axis the applied mesh lacks; ZeRO without any batch axis.
+  torch::nn::Module plain;
+  shardplan::ParallelReport none;
+  none.mesh = shardplan::Mesh({{"model", 1}});
+  shardplan::run_ranks_in_threads(1, [&](shardplan::World& w) {
+    const auto p = shardplan::parse_plan("mesh: {model: 1}\ndata_parallel: {zero: true}\nrules: []", "z.yaml");
+    try {
+      DataParallel dp(plain, none, p, w);
+      ADD_FAILURE() << "no error";
+    } catch (const shardplan::PlanError& e) {
+      EXPECT_NE(std::string(e.what()).find("z.yaml:2:16: data_parallel.zero shards the optimizer over the batch axis"),
+                std::string::npos)
+          << e.what();
+    }
+  });
+}
+
+TEST(DataParallel, GradientTwiceWithoutFinishIsAnError) {
+  const Task task = mlp_task(1, 8);
+  std::vector<std::shared_ptr<torch::nn::Module>> replicas;
+  for (int r = 0; r < 2; ++r) replicas.push_back(task.model->clone());
+  const auto plan = shardplan::parse_plan("mesh: {data: 2}\nrules: []\n");
+  shardplan::run_ranks_in_threads(2, [&](shardplan::World& w) {
+    auto& model = *replicas[w.rank()];
+    auto report = shardplan::parallelize(model, plan, w);
+    DataParallel dp(model, report, plan, w);
+    auto x = dp.local_batch(task.batches[0].first), y = dp.local_batch(task.batches[0].second);
+    task.loss(model, x, y).backward();
+    try {
+      task.loss(model, x, y).backward();
+      ADD_FAILURE() << "no error";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("arrived twice before finish()"), std::string::npos) << e.what();
+    }
+    dp.finish();
+  });
+}
+
+}  // namespace
