@@ -244,8 +244,9 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
     throw Error("--save/--load with data_parallel.zero: checkpoints of ZeRO-1 optimizer slices are not supported yet");
 
   // Parameter bytes: held vs. what the plan promises (replicated tensors
-  // whole, split ones divided by the ranks). Dividing by the world size
-  // assumes the examples' one-axis meshes.
+  // whole, split ones divided by the ranks of a model replica). Dividing by
+  // the world size over the batch axis assumes the examples' plans, which
+  // split over every other axis.
   int64_t held = 0;
   for (const auto& p : m.module->parameters()) held += p.numel() * p.element_size();
   int64_t replicated = held, sharded = 0;
@@ -261,7 +262,7 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
   in_rank_order(world, [&] {
     std::printf("rank %d: parameter bytes %lld = replicated %lld + sharded %lld / %d (unsharded %lld)\n", world.rank(),
                 static_cast<long long>(held), static_cast<long long>(replicated), static_cast<long long>(sharded),
-                world.size(), static_cast<long long>(replicated + sharded));
+                world.size() / dp.size(), static_cast<long long>(replicated + sharded));
   });
 
   auto make_optimizer = [&](std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {

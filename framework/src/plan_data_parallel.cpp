@@ -39,7 +39,7 @@ void parse_data_parallel(const YAML::Node& value, const SourceLoc& value_loc, Pl
   for (auto it = value.begin(); it != value.end(); ++it) {
     const SourceLoc key_loc = loc_of(it->first, value_loc);
     const std::string key = it->first.IsScalar() ? it->first.Scalar() : "";
-    const YAML::Node& v = it->second;
+    const YAML::Node v = it->second;  // a copy: the iterator hands out temporaries
     const SourceLoc vloc = loc_of(v, key_loc);
     if (!seen.insert(key).second) throw PlanError(key_loc, "duplicate key '" + key + "' in data_parallel");
     if (key == "ignore") {
