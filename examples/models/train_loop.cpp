@@ -68,19 +68,12 @@ const Defaults kDefaults[] = {
                "       [--save DIR [--save-every N]] [--load DIR] [--micro-batches N] [--check-replicas N]\n"
                "--save writes a sharded checkpoint (model, optimizer, step) to DIR after the last step, and\n"
                "every N steps with --save-every; --load resumes from one, saved at any number of ranks,\n"
-               "training on from its step to --steps (docs/CHECKPOINTS.md); --threads sets libtorch's and
-"
-               "the BLAS pool's threads per rank (default: SHARDPLAN_NUM_THREADS, else cores / ranks on
-"
-               "this machine; docs/THREADS.md)
-"
-               "--batch is the global batch: a plan with a batch axis (mesh {data: 2, model: 2}) gives each
-"
-               "data rank its slice; --micro-batches accumulates gradients over N slices of it per step;
-"
-               "--check-replicas N compares every replicated parameter across its groups every N steps
-%s%s
-",
+               "training on from its step to --steps (docs/CHECKPOINTS.md); --threads sets libtorch's and\n"
+               "the BLAS pool's threads per rank (default: SHARDPLAN_NUM_THREADS, else cores / ranks on\n"
+               "this machine; docs/THREADS.md)\n"
+               "--batch is the global batch: a plan with a batch axis (mesh {data: 2, model: 2}) gives each\n"
+               "data rank its slice; --micro-batches accumulates gradients over N slices of it per step;\n"
+               "--check-replicas N compares every replicated parameter across its groups every N steps\n%s%s\n",
                program.c_str(), why.c_str(), program.c_str(), fixed ? "" : "[--model NAME] ",
                fixed ? "model:" : "models:", models.c_str());
   std::exit(2);
