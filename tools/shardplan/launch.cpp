@@ -13,6 +13,7 @@
 // not touch CUDA or libtorch, since it is the parent of every rank.
 #include "commands.h"
 #include "launch_internal.h"
+#include <sys/uio.h>
 
 namespace shardplan_cli {
 namespace launcher {
@@ -106,9 +107,12 @@ bool Launcher::spawn(Rank& r, const std::vector<std::string>& args, const std::v
     execvp(argv[0], argv.data());
     const char* reason = strerror(errno);
     int code = errno == ENOENT ? 127 : 126;  // the shell's convention
-    ssize_t ignored = write(STDERR_FILENO, exec_error_prefix.data(), exec_error_prefix.size());
-    ignored = write(STDERR_FILENO, reason, strlen(reason));
-    ignored = write(STDERR_FILENO, "\n", 1);
+    // One writev: a pipe write up to PIPE_BUF is atomic, so a rank stopped by
+    // the launcher right after the exec error leaves the whole line or none.
+    struct iovec parts[3] = {{const_cast<char*>(exec_error_prefix.data()), exec_error_prefix.size()},
+                             {const_cast<char*>(reason), strlen(reason)},
+                             {const_cast<char*>("\n"), 1}};
+    ssize_t ignored = writev(STDERR_FILENO, parts, 3);
     (void)ignored;
     _exit(code);
   }
