@@ -22,6 +22,7 @@
 #include "shardplan/random.h"
 #include "shardplan/shard.h"
 #include "shardplan/world.h"
+#include "keras_paths.h"
 #include "plan_internal.h"
 
 namespace shardplan {
@@ -186,12 +187,17 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
   // it on the stack, and named_modules() can only include it when it lives in
   // a shared_ptr), then every submodule under the name named_modules() gives
   // it, in the same order, without building named_modules()' dictionary.
+  // paths: keras: each parameter's Keras name and axis order (keras_paths.h).
+  const bool keras = plan.paths == "keras";
+  std::vector<detail::KerasName> keras_names;
   model.apply([&](const std::string& prefix, torch::nn::Module& m) {
     bool any = false;
     for (const auto& p : m.named_parameters(/*recurse=*/false)) {
       if (!p.value().defined()) continue;
       if (!any) module_paths.push_back(prefix);
       any = true;
+      if (keras)
+        keras_names.push_back(detail::keras_name(type_of(m), prefix, p.key(), static_cast<size_t>(p.value().dim())));
       infos.push_back({prefix.empty() ? p.key() : prefix + "." + p.key(), p.value().sizes().vec()});
       owners.emplace_back(&m, p.key());
       module_of.push_back(module_paths.size() - 1);
@@ -205,7 +211,24 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
   std::vector<std::string> bare_paths;
   bare_paths.reserve(bare.size());
   for (const auto& b : bare) bare_paths.push_back(b.second);
-  PlanMatch match = plan.assign(infos, world_size, bare_paths, errors);
+  PlanMatch match = [&] {
+    if (!keras) return plan.assign(infos, world_size, bare_paths, errors);
+    // Rules see Keras names and shapes; what comes back is put in torch's
+    // names and axis order before any plugin sees it.
+    std::vector<ParamInfo> keras_infos;
+    for (size_t i = 0; i < infos.size(); ++i)
+      keras_infos.push_back({keras_names[i].path, detail::permuted(infos[i].shape, keras_names[i].perm)});
+    std::vector<std::string> keras_bare;
+    for (const auto& b : bare_paths) keras_bare.push_back(detail::keras_module_path(b));
+    PlanMatch m = plan.assign(keras_infos, world_size, keras_bare, errors);
+    for (size_t i = 0; i < infos.size(); ++i) {
+      m.params[i].path = infos[i].path;
+      m.params[i].shape = infos[i].shape;
+      m.params[i].layout = detail::torch_layout(m.params[i].layout, keras_names[i].perm);
+    }
+    for (size_t j = 0; j < bare_paths.size() && j < m.modules.size(); ++j) m.modules[j].path = bare_paths[j];
+    return m;
+  }();
   std::vector<bool> matched_params(plan.rules.size(), false);  // by rule index
   for (const Assignment& a : match.params)
     if (a.rule) matched_params[static_cast<size_t>(a.rule - plan.rules.data())] = true;
@@ -254,7 +277,7 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
     if (a.rule) {
       const size_t r = static_cast<size_t>(a.rule - plan.rules.data());
       row.rule = rule_loc[r];
-      row.layout = rule_layout[r];
+      row.layout = keras ? layout_str(a.layout) : rule_layout[r];
     } else {
       auto u = unmatched_layout.find(a.layout.size());
       if (u == unmatched_layout.end()) u = unmatched_layout.emplace(a.layout.size(), layout_str(a.layout)).first;
@@ -310,6 +333,16 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
       for (size_t k : candidate_rows[c]) out.rows[k].note = "not checked: the module has an error";
     }
   }
+
+  // Both names in the report: the torch path and layout in their columns,
+  // the Keras name and layout as the plan wrote them in the note.
+  if (keras)
+    for (size_t i = 0; i < out.rows.size(); ++i) {
+      ReportRow& row = out.rows[i];
+      std::string k = "keras " + keras_names[i].path;
+      if (rule_of[i]) k += " " + rule_layout[static_cast<size_t>(rule_of[i] - plan.rules.data())];
+      row.note = row.note.empty() ? k : k + "; " + row.note;
+    }
 
   // Tied parameters (one tensor in several modules) are sliced once, so every
   // use must be planned alike: same layout, same `blocks`, same local shape.

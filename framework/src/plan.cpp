@@ -213,6 +213,7 @@ std::string Plan::to_yaml() const {
     y << "plugins: [" << join(dirs, ", ") << "]\n";
   }
   y << "strict: " << (strict ? "true" : "false") << "\n";
+  if (paths != "torch") y << "paths: " << paths << "\n";
   y << detail::data_parallel_yaml(*this);
   if (rules.empty()) {
     y << "rules: []\n";

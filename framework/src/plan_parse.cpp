@@ -70,6 +70,8 @@ class Parser {
         parse_plugins(e, plan);
       else if (e.key == "strict")
         parse_strict(e, plan);
+      else if (e.key == "paths")
+        parse_paths(e, plan);
       else if (e.key == "rules")
         rules = e;
       else if (e.key == "batch_axis")
@@ -98,7 +100,7 @@ class Parser {
   };
 
   inline static const std::vector<std::string> kTopKeys = {
-      "version", "mesh", "plugins", "strict", "batch_axis", "data_parallel", "rules", "name", "description"};
+      "version", "mesh", "plugins", "strict", "paths", "batch_axis", "data_parallel", "rules", "name", "description"};
   inline static const std::vector<std::string> kRuleKeys = {"match", "layout", "output",
                                                             "input", "blocks", "plugin"};
 
@@ -149,6 +151,15 @@ class Parser {
                           (e.value.IsScalar() ? "'" + e.value.Scalar() + "'" : kind_name(e.value)) +
                           " (this shardplan reads version 1)");
     plan.version = 1;
+  }
+
+  void parse_paths(const Entry& e, Plan& plan) const {
+    const SourceLoc loc = at(e.value, e.key_loc);
+    if (!e.value.IsScalar() || (e.value.Scalar() != "torch" && e.value.Scalar() != "keras"))
+      throw PlanError(loc, "paths must be torch (named_parameters() keys, torch layouts) or keras "
+                           "(dense/kernel, layouts in Keras's axis order)");
+    plan.paths = e.value.Scalar();
+    plan.paths_loc = loc;
   }
 
   void parse_strict(const Entry& e, Plan& plan) const {

@@ -99,6 +99,11 @@ class Plan {
   std::vector<std::string> plugin_dirs;  // absolute; relative ones resolved against the plan's folder
   std::vector<SourceLoc> plugin_dir_locs;  // where each is written (searched only with SHARDPLAN_PLAN_PLUGINS=1)
   bool strict = true;                    // a rule that matches nothing is an error
+  // `paths: keras`: rules match Keras-style names (dense/kernel) and their
+  // layouts are in Keras's axis order; parallelize maps both onto the torch
+  // parameters (docs/PLAN_FORMAT.md, "Keras paths"). "torch" otherwise.
+  std::string paths = "torch";
+  SourceLoc paths_loc;
   DataParallelSpec data_parallel;
 
   // The mesh axis that splits the batch: `batch_axis` when given, else an
