@@ -109,6 +109,28 @@ TEST(GptGenerate, SamplingIsTheSameOnEveryRankAndUnshardedForOneSeed) {
   EXPECT_FALSE(a.tokens.equal(unsharded(options(0, 0), torch::kDouble, 21).tokens));
 }
 
+// The agreement check can fail: ranks sampling from streams seeded apart
+// (no replicated stream) are caught, on every rank, after the last step.
+TEST(GptGenerate, RanksSamplingDifferentlyAreCaught) {
+  auto ref = reference(torch::kDouble);
+  std::vector<std::shared_ptr<ex::GPTImpl>> replicas;
+  for (int r = 0; r < 2; ++r) replicas.push_back(std::dynamic_pointer_cast<ex::GPTImpl>(ref->clone()));
+  const torch::Tensor p = prompt();
+  std::vector<std::string> errors(2);
+  shardplan::run_ranks_in_threads(2, [&](shardplan::World& w) {
+    auto& model = *replicas[w.rank()];
+    shardplan::parallelize(model, gpt_plan(), w);
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + w.rank());
+    try {
+      ex::generate(model, p, options(2.0, 0), gen, &w.comm());
+    } catch (const shardplan::Error& e) {
+      errors[w.rank()] = e.what();
+    }
+  });
+  for (const auto& e : errors)
+    EXPECT_EQ(e, "generate: the ranks of 'world' generated different tokens (their logits or sampling streams differ)");
+}
+
 TEST(GptGenerate, TopKDrawsOnlyAmongTheKLikeliest) {
   torch::manual_seed(0);
   const torch::Tensor logits = torch::randn({4, 32}, torch::kDouble);
