@@ -7,7 +7,10 @@
 //
 // Prints the parameter bytes each rank holds, the bytes one training step
 // communicates next to the minimum plans/gpt.yaml needs, then the loss and
-// tokens/s every --log-every steps. Every option: train_gpt --help.
+// tokens/s every --log-every steps; with --generate N it then samples N bytes
+// after --prompt with the sharded model (examples/models/generate.h) and
+// prints the text, each rank's key/value cache bytes and the tokens/s.
+// Every option: train_gpt --help.
 #include "models/train_loop.h"
 
 int main(int argc, char** argv) { return shardplan::examples::train_main(argc, argv, "train_gpt", "gpt", true); }

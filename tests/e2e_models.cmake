@@ -16,3 +16,28 @@ add_test(NAME e2e_gpt_threads4_f64 COMMAND ${_e2e} 1e-7
   -- $<TARGET_FILE:train_gpt> --steps 20 --log-every 1 --batch 8 --dtype float64 --ranks 4
      --plan ${PROJECT_SOURCE_DIR}/plans/gpt.yaml)
 set_tests_properties(e2e_gpt_threads4_f64 PROPERTIES TIMEOUT 300)
+
+# Generation after training (examples/models/generate.h): 2 ranks as gloo
+# processes sample exactly the unsharded run's text, sampled (temperature,
+# top-k, the replicated RNG stream) and greedy; float64, so that 20 steps of
+# training leave the two models equal to the last bits the sampler could see.
+set(_gen ${CMAKE_CURRENT_SOURCE_DIR}/e2e/generation_match.sh)
+foreach(mode sampled greedy)
+  set(_run $<TARGET_FILE:train_gpt> --steps 20 --log-every 10 --batch 8 --dtype float64 --generate 30 --samples 2)
+  if(mode STREQUAL greedy)
+    list(APPEND _run --temperature 0)
+  endif()
+  add_test(NAME e2e_gpt_generate_${mode}_gloo_launcher COMMAND ${_gen} -- ${_run}
+    -- $<TARGET_FILE:shardplan_cli> launch -n 2 --backend gloo -- ${_run} --plan ${PROJECT_SOURCE_DIR}/plans/gpt.yaml)
+  set_tests_properties(e2e_gpt_generate_${mode}_gloo_launcher PROPERTIES TIMEOUT 300)
+endforeach()
+# Bad input fails at once, before training, with a one-line error.
+add_test(NAME e2e_gpt_generate_empty_prompt COMMAND train_gpt --generate 5 --prompt "")
+add_test(NAME e2e_gpt_generate_prompt_past_context COMMAND train_gpt --generate 5 --config context=8
+  --prompt "From fairest creatures")
+set_tests_properties(e2e_gpt_generate_empty_prompt PROPERTIES
+  PASS_REGULAR_EXPRESSION "^train_gpt: error: generate: the prompt is empty; give at least one token \\(--prompt TEXT\\)"
+  TIMEOUT 60)
+set_tests_properties(e2e_gpt_generate_prompt_past_context PROPERTIES
+  PASS_REGULAR_EXPRESSION "^train_gpt: error: generate: the prompt has 22 tokens, longer than the context of 8"
+  TIMEOUT 60)

@@ -8,6 +8,8 @@
 #include "models/config.h"
 #include "models/corpus.h"
 #include "shardplan/error.h"
+#include "shardplan/communicator.h"
+#include "shardplan/mappings.h"
 
 namespace shardplan {
 namespace examples {
@@ -53,8 +55,15 @@ void GPTBlockImpl::reset() {
 at::Tensor GPTBlockImpl::forward(const at::Tensor& x, const at::Tensor& mask) {
   at::Tensor h = ln1->forward(x);
   at::Tensor y = x + std::get<0>(attn->forward(h, h, h, {}, /*need_weights=*/false, mask));
-  return y + fc2->forward(at::gelu(fc1->forward(ln2->forward(y))));
+  return y + mlp(y);
 }
+
+at::Tensor GPTBlockImpl::forward_cached(const at::Tensor& x, const at::Tensor& mask, shardplan::nn::KVCache& cache) {
+  at::Tensor y = x + attn->forward_cached(ln1->forward(x), cache, mask);
+  return y + mlp(y);
+}
+
+at::Tensor GPTBlockImpl::mlp(const at::Tensor& y) { return fc2->forward(at::gelu(fc1->forward(ln2->forward(y)))); }
 
 GPTImpl::GPTImpl(const GPTConfig& config_) : config(config_) { reset(); }
 
@@ -80,6 +89,37 @@ at::Tensor GPTImpl::forward(const at::Tensor& tokens) {
   const at::Tensor mask = at::full({t, t}, -std::numeric_limits<double>::infinity(), x.options()).triu(1);
   for (const auto& block : *blocks) x = block->as<GPTBlockImpl>()->forward(x, mask);
   return head->forward(ln_f->forward(x));
+}
+
+std::vector<shardplan::nn::KVCache> GPTImpl::make_caches() const {
+  return std::vector<shardplan::nn::KVCache>(blocks->size(), shardplan::nn::KVCache(config.context));
+}
+
+at::Tensor GPTImpl::forward_cached(const at::Tensor& tokens, std::vector<shardplan::nn::KVCache>& caches) {
+  if (tokens.dim() != 2)
+    throw Error("gpt: tokens must be [batch, time], got " + std::to_string(tokens.dim()) + " dims");
+  if (caches.size() != blocks->size())
+    throw Error("gpt: " + std::to_string(caches.size()) + " key/value caches for " + std::to_string(blocks->size()) +
+                " blocks (make_caches() gives one per block)");
+  const int64_t past = caches.empty() ? 0 : caches[0].length(), t = tokens.size(1);
+  if (past + t > config.context)
+    throw Error("gpt: " + std::to_string(past) + " cached + " + std::to_string(t) +
+                " new positions exceed the context of " + std::to_string(config.context));
+  at::Tensor x =
+      tok_emb->forward(tokens.t()) + pos_emb->forward(at::arange(past, past + t, tokens.options())).unsqueeze(1);
+  // One new position may attend to everything cached; several (a prompt)
+  // each to the cache and the new ones up to itself.
+  at::Tensor mask;
+  if (t > 1) mask = at::full({t, past + t}, -std::numeric_limits<double>::infinity(), x.options()).triu(past + 1);
+  size_t i = 0;
+  for (const auto& block : *blocks) x = block->as<GPTBlockImpl>()->forward_cached(x, mask, caches[i++]);
+  return full_logits(head->forward(ln_f->forward(x)));
+}
+
+at::Tensor GPTImpl::full_logits(const at::Tensor& logits) const {
+  const auto& s = head->strategy();
+  Communicator* group = s ? s->sharded_output_group() : nullptr;
+  return group && group->size() > 1 ? gather_from_group(logits, *group, -1) : logits;
 }
 
 at::Tensor GPTImpl::loss(const Batch& batch) {

@@ -11,10 +11,12 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "models/model.h"
 #include "shardplan/nn/cross_entropy.h"
 #include "shardplan/nn/embedding.h"
+#include "shardplan/nn/kv_cache.h"
 #include "shardplan/nn/linear.h"
 #include "shardplan/nn/multihead_attention.h"
 
@@ -41,11 +43,17 @@ class GPTBlockImpl : public torch::nn::Cloneable<GPTBlockImpl> {
   void reset() override;
   // mask: additive causal attention mask [T, T].
   at::Tensor forward(const at::Tensor& x, const at::Tensor& mask);
+  // The same over new positions only, attending through `cache` (see
+  // GPTImpl::forward_cached); mask [T, S] or undefined.
+  at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& mask, shardplan::nn::KVCache& cache);
 
   GPTConfig config;
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   shardplan::nn::MultiheadAttention attn{nullptr};
   shardplan::nn::Linear fc1{nullptr}, fc2{nullptr};
+
+ private:
+  at::Tensor mlp(const at::Tensor& y);
 };
 TORCH_MODULE(GPTBlock);
 
@@ -56,6 +64,20 @@ class GPTImpl : public torch::nn::Cloneable<GPTImpl>, public ExampleModel {
   // tokens [B, T] -> logits [T, B, V] (this rank's vocab slice when the
   // head's output is left sharded by the plan).
   at::Tensor forward(const at::Tensor& tokens);
+
+  // Incremental decoding (examples/models/generate.h). One key/value cache
+  // per block, for the whole context: under plans/gpt.yaml each holds only
+  // this rank's heads.
+  std::vector<shardplan::nn::KVCache> make_caches() const;
+  // tokens [B, T]: the next T positions after the caches' (the prompt, then
+  // one token at a time); their keys and values are appended to `caches`.
+  // Returns their logits [T, B, V] over the whole vocabulary on every rank:
+  // a vocab-parallel head's slices are gathered (V/N per rank and token).
+  // Throws when the positions would pass the context.
+  at::Tensor forward_cached(const at::Tensor& tokens, std::vector<shardplan::nn::KVCache>& caches);
+  // `logits` from forward() (or the head) with the vocabulary whole: gathered
+  // over the head's group when the plan left them split.
+  at::Tensor full_logits(const at::Tensor& logits) const;
 
   at::Tensor loss(const Batch& batch) override;
   Batch sample(at::Generator& gen, int64_t batch_size, const Corpus* corpus) const override;

@@ -10,6 +10,8 @@
 #include <thread>
 
 #include "models/corpus.h"
+#include "models/generate.h"
+#include "models/gpt.h"
 #include "models/heap.h"
 #include "models/model.h"
 #include "shardplan/checkpoint.h"
@@ -17,6 +19,7 @@
 #include "shardplan/error.h"
 #include "shardplan/parallelize.h"
 #include "shardplan/plan.h"
+#include "shardplan/random.h"
 #include "shardplan/world.h"
 #include "shardplan/zero_optimizer.h"
 
@@ -41,6 +44,12 @@ struct Args {
   int save_every = 0;      // 0: save once, after the last step
   int micro_batches = 1;   // gradient accumulation: micro-batches per step
   int check_replicas = 0;  // every N steps (0: never)
+  // Text generation after training (gpt only).
+  int generate = 0;  // new tokens per sample (0: none)
+  std::string prompt = "From fairest creatures";  // the sonnets' first line, begun
+  double temperature = 0.8;
+  int top_k = 20;
+  int samples = 3;
 };
 
 // Defaults that make each model learn visibly in a minute or two on 2 cores.
@@ -66,6 +75,7 @@ const Defaults kDefaults[] = {
                "       [--batch N] [--lr X] [--optimizer adam|sgd] [--dtype float32|float64] [--seed N]\n"
                "       [--threads N] [--log-every N] [--data TEXT_FILE] [--report]\n"
                "       [--save DIR [--save-every N]] [--load DIR] [--micro-batches N] [--check-replicas N]\n"
+               "       [--generate N [--prompt TEXT] [--temperature X] [--top-k K] [--samples S]]\n"
                "--save writes a sharded checkpoint (model, optimizer, step) to DIR after the last step, and\n"
                "every N steps with --save-every; --load resumes from one, saved at any number of ranks,\n"
                "training on from its step to --steps (docs/CHECKPOINTS.md); --threads sets libtorch's and\n"
@@ -73,7 +83,11 @@ const Defaults kDefaults[] = {
                "this machine; docs/THREADS.md)\n"
                "--batch is the global batch: a plan with a batch axis (mesh {data: 2, model: 2}) gives each\n"
                "data rank its slice; --micro-batches accumulates gradients over N slices of it per step;\n"
-               "--check-replicas N compares every replicated parameter across its groups every N steps\n%s%s\n",
+               "--check-replicas N compares every replicated parameter across its groups every N steps\n"
+               "--generate N (gpt): after training, S samples (default 3) of N new bytes each after --prompt\n"
+               "(default \"From fairest creatures\"), temperature X (default 0.8; 0: greedy) over the top K\n"
+               "(default 20; 0: all), with a key/value cache split by heads; prompt + N must fit the context\n"
+               "%s%s\n",
                program.c_str(), why.c_str(), program.c_str(), fixed ? "" : "[--model NAME] ",
                fixed ? "model:" : "models:", models.c_str());
   std::exit(2);
@@ -128,6 +142,16 @@ Args parse(int argc, char** argv, const std::string& program, const std::string&
         a.micro_batches = std::stoi(value());
       else if (k == "--check-replicas")
         a.check_replicas = std::stoi(value());
+      else if (k == "--generate")
+        a.generate = std::stoi(value());
+      else if (k == "--prompt")
+        a.prompt = value();
+      else if (k == "--temperature")
+        a.temperature = std::stod(value());
+      else if (k == "--top-k")
+        a.top_k = std::stoi(value());
+      else if (k == "--samples")
+        a.samples = std::stoi(value());
       else if (k == "--help" || k == "-h")
         usage(program, only, "tensor-parallel training of an example model");
       else
@@ -150,6 +174,8 @@ Args parse(int argc, char** argv, const std::string& program, const std::string&
     usage(program, only, "--save-every needs --save DIR and a positive step count");
   if (a.micro_batches < 1 || a.check_replicas < 0)
     usage(program, only, "--micro-batches must be at least 1, --check-replicas not negative");
+  if (a.generate < 0 || a.samples < 1)
+    usage(program, only, "--generate must not be negative, --samples at least 1");
   if (a.steps < 1 || a.batch < 1 || a.log_every < 1 || a.ranks < 0 || a.threads < 0)
     usage(program, only, "--steps, --batch and --log-every must be at least 1, --ranks and --threads not negative");
   return a;
@@ -186,6 +212,54 @@ void in_rank_order(World& world, F fn) {
     }
     world.comm().barrier();
   }
+}
+
+GenerateOptions generate_options(const Args& a) {
+  GenerateOptions o;
+  o.new_tokens = a.generate;
+  o.temperature = a.temperature;
+  o.top_k = a.top_k;
+  return o;
+}
+
+// After training: samples from the prompt, every rank generating the same
+// text (examples/models/generate.h), with each rank's cache bytes and the
+// generation's tokens/s.
+void generate_text(const Args& a, World& world, torch::nn::Module& module, const ParallelReport& report) {
+  auto* gpt = dynamic_cast<GPTImpl*>(&module);
+  if (!gpt) throw Error("--generate needs the gpt model");
+  const GenerateOptions o = generate_options(a);
+  // A fresh replicated stream, seeded alike on every rank and in an unsharded
+  // run: the same seed samples the same text at any number of ranks, however
+  // many draws training made.
+  auto tracker = manual_seed(world, a.seed + 2, a.plan.empty() ? Mesh() : report.mesh);
+  const at::Tensor prompt = encode(a.prompt).repeat({a.samples, 1});
+  const Generation g = generate(*gpt, prompt, o, tracker->replicated(), &world.comm());
+  const bool lead = world.rank() == 0;
+  if (lead) {
+    std::printf("generate: %d sample(s) of %d tokens after the prompt \"%s\" (%lld tokens), ", a.samples, a.generate,
+                printable(a.prompt).c_str(), static_cast<long long>(prompt.size(1)));
+    if (o.temperature == 0 || o.top_k == 1)
+      std::printf("greedy\n");
+    else
+      std::printf("temperature %g, top-k %d\n", o.temperature, a.top_k);
+    for (int i = 0; i < a.samples; ++i)
+      std::printf("sample %d: \"%s|%s\"\n", i + 1, printable(a.prompt).c_str(),
+                  printable(decode(g.tokens[i])).c_str());
+  }
+  // Every head's keys and values for the whole context, in the model's dtype.
+  const auto& c = gpt->config;
+  const int64_t unsharded = 2 * c.layers * a.samples * c.context * c.embed * gpt->head->weight.element_size();
+  in_rank_order(world, [&] {
+    std::printf("rank %d: key/value cache bytes %lld (unsharded %lld, ratio 1/%.4g)\n", world.rank(),
+                static_cast<long long>(g.cache_bytes), static_cast<long long>(unsharded),
+                g.cache_bytes > 0 ? static_cast<double>(unsharded) / g.cache_bytes : 0.0);
+  });
+  if (lead)
+    std::printf("generated %lld tokens in %.3f s: %.0f tokens/s (batch %d, prefill of %lld + %d steps)\n",
+                static_cast<long long>(g.tokens.numel()), g.seconds, g.tokens_per_second(), a.samples,
+                static_cast<long long>(prompt.size(1)), a.generate - 1);
+  std::fflush(stdout);
 }
 
 // Ranks that are threads share torch's global generator: build models one at
@@ -375,6 +449,7 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
                   static_cast<long long>(zero ? zero->state_bytes() : optimizer_state_bytes(*opt)),
                   zero ? " (ZeRO-1 slices)" : "");
   });
+  if (a.generate > 0) generate_text(a, world, *m.module, report);
 }
 
 }  // namespace
@@ -392,6 +467,12 @@ int train_main(int argc, char** argv, const std::string& program, const std::str
       {
         std::lock_guard<std::mutex> lock(init_mutex);
         probe = make_model(a.model, parse_overrides(a.config));  // checks the config before any rank starts
+      }
+      if (a.generate > 0) {
+        // Before any training, so that a bad prompt fails in a second.
+        auto* gpt = dynamic_cast<GPTImpl*>(probe.module.get());
+        if (!gpt) usage(program, fixed_model ? default_model : "", "--generate works with the gpt model only");
+        check_generation(gpt->config, static_cast<int64_t>(a.prompt.size()), generate_options(a));
       }
       if (probe.model->needs_corpus())
         corpus = std::make_unique<Corpus>(a.data.empty() ? default_corpus_path() : a.data);

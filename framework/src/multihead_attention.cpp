@@ -180,6 +180,7 @@ std::tuple<at::Tensor, at::Tensor> MultiheadAttentionImpl::attend(const at::Tens
   q = q.contiguous().view({tgt_len, bsz * num_heads, head_dim}).transpose(0, 1);
   k = k.contiguous().view({-1, bsz * num_heads, head_dim}).transpose(0, 1);
   v = v.contiguous().view({-1, bsz * num_heads, head_dim}).transpose(0, 1);
+  if (cache_) std::tie(k, v) = cache_->append(k, v);
   auto src_len = k.size(1);
   if (key_padding_mask_.defined()) {
     TORCH_CHECK(key_padding_mask_.dim() == 2 && key_padding_mask_.size(0) == bsz &&
@@ -251,6 +252,21 @@ std::tuple<at::Tensor, at::Tensor> MultiheadAttentionImpl::forward(const at::Ten
       attn_output_weights.view({query.size(1), num_heads, query.size(0), attn_output_weights.size(-1)});
   if (average_attn_weights) attn_output_weights = attn_output_weights.sum(/*dim=*/1) / num_heads;
   return std::make_tuple(attn_output, attn_output_weights);
+}
+
+at::Tensor MultiheadAttentionImpl::forward_cached(const at::Tensor& x, KVCache& cache, const at::Tensor& attn_mask) {
+  if (bias_k.defined() || options.add_zero_attn())
+    throw Error(
+        "shardplan::nn::MultiheadAttention::forward_cached: bias_k/bias_v and add_zero_attn add a key position to "
+        "every forward, which a key/value cache cannot hold; decode without the cache");
+  // Reset on the way out, a throw included, so a later plain forward() never
+  // appends to a cache it was not given.
+  struct Active {
+    KVCache*& slot;
+    ~Active() { slot = nullptr; }
+  } active{cache_};
+  cache_ = &cache;
+  return std::get<0>(forward(x, x, x, {}, /*need_weights=*/false, attn_mask));
 }
 
 }  // namespace nn

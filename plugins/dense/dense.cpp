@@ -53,6 +53,7 @@ class ColumnParallel : public nn::LinearStrategy {
     return "column-parallel over '" + group_->name() + "' (" + std::to_string(group_->size()) + "), output " +
            (gather_ ? "gathered" : "sharded") + (blocks_ > 1 ? ", " + std::to_string(blocks_) + " blocks" : "");
   }
+  Communicator* sharded_output_group() const override { return gather_ ? nullptr : group_.get(); }
 
  private:
   std::shared_ptr<Communicator> group_;

@@ -17,6 +17,9 @@
 // context gathered first, which is correct but moves more bytes.
 // Attention weights, when asked for, are averaged over all heads (the local
 // sums all-reduced, divided by num_heads) or gathered per head.
+// Incremental decoding (MultiheadAttentionImpl::forward_cached) needs nothing
+// here: attend() appends to the key/value cache what it computes, this
+// rank's heads, so each rank's cache holds 1/N of the keys and values.
 #include <ATen/ATen.h>
 
 #include "shardplan/communicator.h"

@@ -27,17 +27,8 @@ set -uo pipefail
 mode="$1"; shift
 expect_mismatch=0
 if [ "$mode" = float32 ] && [ "${1:-}" = --expect-mismatch ]; then expect_mismatch=1; shift; fi
-[ "${1:-}" = "--" ] || { echo "usage: losses_match.sh TOL|float32 [--expect-mismatch] -- REF... -- CMD..." >&2; exit 2; }
-shift
-ref=(); while (($#)) && [ "$1" != "--" ]; do ref+=("$1"); shift; done
-shift
-cmd=("$@")
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-run() {  # run NAME COMMAND...
-  local name=$1; shift
-  "$@" >"$work/$name" 2>&1 || { echo "$name command failed: $*"; cat "$work/$name"; exit 1; }
-}
+. "$(dirname "$0")/two_commands.sh"
+split_commands "losses_match.sh TOL|float32 [--expect-mismatch] -- REF... -- CMD..." "$@"
 extract() { sed -E 's/^\[rank [0-9]+\] //' "$work/$1" | awk '$1 == "step" && $3 == "loss" {print $2, $4}'; }
 dump() { for f in "$@"; do echo "--- $f output"; cat "$work/$f"; done; }
 

@@ -29,6 +29,11 @@ class LinearStrategy {
   // (MultiheadAttention's heads into out_proj) asks, to hand them over as
   // they are or gather them first.
   virtual Communicator* sharded_input_group() const { return nullptr; }
+  // The group over whose ranks the output's last dim is left split
+  // (column-parallel with `output: sharded`), or nullptr when every rank gets
+  // the whole output. A caller that needs the whole output after all (an LM
+  // head's logits for sampling) gathers over it.
+  virtual Communicator* sharded_output_group() const { return nullptr; }
 };
 
 class LinearImpl : public torch::nn::Cloneable<LinearImpl> {

@@ -27,6 +27,7 @@
 #include <string>
 #include <tuple>
 
+#include "shardplan/nn/kv_cache.h"
 #include "shardplan/nn/linear.h"
 
 namespace shardplan {
@@ -62,12 +63,25 @@ class MultiheadAttentionImpl : public torch::nn::Cloneable<MultiheadAttentionImp
                                              const at::Tensor& key_padding_mask = {}, bool need_weights = true,
                                              const at::Tensor& attn_mask = {}, bool average_attn_weights = true);
 
+  // Incremental self-attention for decoding: `x` [L, N, E] are the new
+  // positions; their keys and values are appended to `cache` and the queries
+  // attend to every cached position (earlier ones and these). attn_mask is
+  // [L, S] or [N * num_heads, L, S] over S = the cached positions after the
+  // append; leave it undefined for one new position (it may see them all),
+  // give the causal [L, S] one for several (a prompt). Returns the attention
+  // output [L, N, E]. Goes through the strategy like forward(), so under
+  // head-parallel attention the cache holds only this rank's heads. No
+  // key_padding_mask, bias_k/bias_v or add_zero_attn (they would need a cache
+  // of their own; throws).
+  at::Tensor forward_cached(const at::Tensor& x, KVCache& cache, const at::Tensor& attn_mask = {});
+
   // forward() up to the output projection, for the heads whose rows the
   // projection parameters hold: all of them, unless a plugin left this rank
   // only its own heads' rows of q, k and v. attn_mask is [L, S] or
   // [N * heads, L, S] for exactly those heads. Returns the context
   // [L, N, heads * head_dim] (what out_proj reads) and the attention weights
-  // [N * heads, L, S] after dropout, as torch returns them.
+  // [N * heads, L, S] after dropout, as torch returns them. Inside
+  // forward_cached(), k and v are first appended to its cache.
   std::tuple<at::Tensor, at::Tensor> attend(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                                             const at::Tensor& key_padding_mask, const at::Tensor& attn_mask);
 
@@ -96,6 +110,7 @@ class MultiheadAttentionImpl : public torch::nn::Cloneable<MultiheadAttentionImp
 
  private:
   std::shared_ptr<MultiheadAttentionStrategy> strategy_;
+  KVCache* cache_ = nullptr;  // set for the duration of forward_cached()
 };
 
 TORCH_MODULE(MultiheadAttention);

@@ -1,0 +1,125 @@
+#include "models/generate.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <limits>
+
+#include "models/gpt.h"
+#include "shardplan/communicator.h"
+#include "shardplan/error.h"
+
+namespace shardplan {
+namespace examples {
+
+double Generation::tokens_per_second() const {
+  return tokens.defined() ? static_cast<double>(tokens.numel()) / std::max(seconds, 1e-9) : 0;
+}
+
+void check_generation(const GPTConfig& config, int64_t prompt_tokens, const GenerateOptions& o) {
+  if (prompt_tokens < 1) throw Error("generate: the prompt is empty; give at least one token (--prompt TEXT)");
+  if (prompt_tokens > config.context)
+    throw Error("generate: the prompt has " + std::to_string(prompt_tokens) + " tokens, longer than the context of " +
+                std::to_string(config.context));
+  if (o.new_tokens < 1) throw Error("generate: the number of new tokens must be at least 1");
+  if (prompt_tokens + o.new_tokens > config.context)
+    throw Error("generate: the prompt's " + std::to_string(prompt_tokens) + " tokens + " +
+                std::to_string(o.new_tokens) + " new tokens exceed the context of " + std::to_string(config.context) +
+                " (the cache does not slide: generate at most " + std::to_string(config.context - prompt_tokens) +
+                ", or train with a longer context)");
+  if (!(o.temperature >= 0) || o.temperature == std::numeric_limits<double>::infinity())
+    throw Error("generate: the temperature must be a finite number >= 0 (0: greedy)");
+  if (o.top_k < 0 || o.top_k > config.vocab)
+    throw Error("generate: top-k must be between 0 (all) and the vocabulary " + std::to_string(config.vocab) +
+                ", got " + std::to_string(o.top_k));
+}
+
+at::Tensor next_token(const at::Tensor& logits, const GenerateOptions& o, at::Generator& gen) {
+  // In float64 whatever the model's dtype, so that rounding in the softmax
+  // cannot tip a draw between a float32 and a float64 run.
+  at::Tensor l = logits.to(at::kDouble);
+  if (o.temperature == 0 || o.top_k == 1) return l.argmax(-1);
+  if (o.top_k > 0 && o.top_k < l.size(-1)) {
+    const at::Tensor kth = std::get<0>(l.topk(o.top_k, -1)).narrow(-1, o.top_k - 1, 1);
+    l = l.masked_fill(l < kth, -std::numeric_limits<double>::infinity());
+  }
+  return at::multinomial(at::softmax(l / o.temperature, -1), 1, /*replacement=*/false, gen).squeeze(-1);
+}
+
+Generation generate(GPTImpl& model, const at::Tensor& prompt, const GenerateOptions& o, at::Generator& gen,
+                    Communicator* agree) {
+  if (prompt.dim() != 2 || prompt.scalar_type() != at::kLong)
+    throw Error("generate: the prompt must be [batch, tokens] long token ids");
+  check_generation(model.config, prompt.size(1), o);
+  if (prompt.numel() > 0 && (prompt.min().item<int64_t>() < 0 || prompt.max().item<int64_t>() >= model.config.vocab))
+    throw Error("generate: prompt token ids must be in [0, " + std::to_string(model.config.vocab) + ")");
+
+  at::NoGradGuard no_grad;
+  const bool was_training = model.is_training();
+  model.eval();
+  Generation g;
+  const auto start = std::chrono::steady_clock::now();
+  auto caches = model.make_caches();
+  std::vector<at::Tensor> out;
+  out.reserve(o.new_tokens);
+  at::Tensor logits = model.forward_cached(prompt, caches);  // [T, B, V]
+  for (int64_t i = 0; i < o.new_tokens; ++i) {
+    at::Tensor next = next_token(logits.select(0, logits.size(0) - 1), o, gen);  // [B]
+    out.push_back(next);
+    // The last token needs no forward: nothing reads its logits.
+    if (i + 1 < o.new_tokens) logits = model.forward_cached(next.unsqueeze(1), caches);
+  }
+  g.tokens = at::stack(out, 1);
+  g.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (const auto& c : caches) g.cache_bytes += c.bytes();
+  model.train(was_training);
+
+  if (agree && agree->size() > 1) {
+    // The same tokens everywhere iff their elementwise max and min agree.
+    at::Tensor both = at::cat({g.tokens, -g.tokens}).contiguous();
+    agree->all_reduce(both, ReduceOp::Max);
+    const int64_t rows = g.tokens.size(0);
+    if (!both.narrow(0, 0, rows).equal(-both.narrow(0, rows, rows)))
+      throw Error("generate: the ranks of '" + agree->name() +
+                  "' generated different tokens (their logits or sampling streams differ)");
+  }
+  return g;
+}
+
+at::Tensor encode(const std::string& text) {
+  at::Tensor t = at::empty({1, static_cast<int64_t>(text.size())}, at::kLong);
+  auto a = t.accessor<int64_t, 2>();
+  for (size_t i = 0; i < text.size(); ++i) a[0][i] = static_cast<unsigned char>(text[i]);
+  return t;
+}
+
+std::string decode(const at::Tensor& tokens) {
+  const at::Tensor t = tokens.reshape(-1).to(at::kLong).contiguous();
+  std::string s;
+  for (int64_t i = 0; i < t.numel(); ++i) s += static_cast<char>(t.data_ptr<int64_t>()[i] & 0xff);
+  return s;
+}
+
+std::string printable(const std::string& text) {
+  std::string s;
+  for (unsigned char c : text) {
+    if (c == '\n') {
+      s += "\\n";
+    } else if (c == '\\') {
+      s += "\\\\";
+    } else if (c < 0x20 || c >= 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      s += buf;
+    } else {
+      s += static_cast<char>(c);
+    }
+  }
+  return s;
+}
+
+}  // namespace examples
+}  // namespace shardplan

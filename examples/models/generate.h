@@ -1,0 +1,72 @@
+#pragma once
+// Text generation with the example GPT under tensor parallelism, the way
+// Megatron's and HF's generate() do it: the prompt goes through once
+// (prefill) filling a key/value cache per block, then one token per step
+// through the cache (incremental decoding), greedy or sampled with a
+// temperature and top-k.
+//
+// Under plans/gpt.yaml every rank runs the same steps: each attention
+// computes and caches only this rank's heads (per-rank cache bytes = 1/N),
+// the vocab-parallel head's logits are gathered (V/N values per rank and
+// token), and every rank samples from the same logits with a generator in the
+// same state (the RNG tracker's replicated stream), so every rank picks the
+// same token without a broadcast. One all-reduce at the end checks that.
+//
+// The cache does not slide: prompt + new tokens must fit the context (the
+// position embedding has no rows past it), else a clear error before any
+// work, as HF's GPT-2 does.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+
+namespace at {
+class Generator;
+}
+
+namespace shardplan {
+
+class Communicator;
+
+namespace examples {
+
+class GPTImpl;
+struct GPTConfig;
+
+struct GenerateOptions {
+  int64_t new_tokens = 0;
+  double temperature = 0;  // 0: greedy (argmax)
+  int64_t top_k = 0;       // sample among the k likeliest; 0: all; 1: greedy
+};
+
+struct Generation {
+  at::Tensor tokens;          // [B, new_tokens] long, the prompt not included
+  double seconds = 0;         // prefill and decoding, wall clock
+  int64_t cache_bytes = 0;    // this rank's key/value caches, all blocks
+  double tokens_per_second() const;  // generated tokens (all B rows) per second
+};
+
+// Throws shardplan::Error for an empty prompt, a prompt longer than the
+// context, prompt + new tokens past it, or bad sampling options: what
+// generate() checks first, for a driver to check before training.
+void check_generation(const GPTConfig& config, int64_t prompt_tokens, const GenerateOptions& options);
+
+// prompt [B, T] long, the same on every rank. `gen` must be in the same state
+// on every rank (e.g. RngTracker::replicated()). With `agree`, checks after
+// the last step that every rank of it generated the same tokens (throws
+// otherwise). Runs in eval mode without autograd; restores the mode.
+Generation generate(GPTImpl& model, const at::Tensor& prompt, const GenerateOptions& options, at::Generator& gen,
+                    Communicator* agree = nullptr);
+
+// The next token [B] from next-token logits [B, V]: argmax when greedy, else
+// a draw from softmax(logits / temperature) over the top-k.
+at::Tensor next_token(const at::Tensor& logits, const GenerateOptions& options, at::Generator& gen);
+
+// Bytes <-> text for the byte-level corpus; printable() escapes what a
+// terminal line would not show ("\n", "\x07").
+at::Tensor encode(const std::string& text);
+std::string decode(const at::Tensor& tokens);
+std::string printable(const std::string& text);
+
+}  // namespace examples
+}  // namespace shardplan
