@@ -10,19 +10,7 @@ set -u
 SP=$1
 TRAIN=$2
 PLANS=$3
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/ckpt-2d.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$WORK"/*.log; do
-    [[ -e $f ]] || continue
-    echo "--- $(basename "$f") (last 20 lines)" >&2
-    tail -n 20 "$f" >&2
-  done
-  exit 1
-}
-unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT SHARDPLAN_BACKEND SHARDPLAN_STORE \
-  SHARDPLAN_TEST_CKPT_PAUSE_MS
+source "$(dirname "$0")/ckpt_common.sh" ckpt-2d
 # Small buckets: several per model, so ZeRO slices cut parameters anywhere.
 sed 's/^data_parallel: {bucket_mb: 25}$/data_parallel: {bucket_mb: 0.02, zero: true}/' "$PLANS/gpt_2d.yaml" >"$WORK/zero.yaml"
 grep -q 'zero: true' "$WORK/zero.yaml" || fail "plans/gpt_2d.yaml changed: no data_parallel line to edit"
