@@ -421,6 +421,9 @@ struct Param2d {
   bool zero = false;
 };
 
+// Test names without GetParam()'s bytes.
+void PrintTo(const Param2d& p, std::ostream* os) { *os << p.opt << (p.zero ? " zero" : ""); }
+
 class Checkpoint2d : public ::testing::TestWithParam<Param2d> {};
 
 // {data: 2, model: 2} -> {model: 2} -> plain -> {data: 2, model: 2} (and,
@@ -476,6 +479,11 @@ TEST_P(Checkpoint2d, ReshardsBothWaysWithOptimizerState) {
   expect_losses(stage(c, two_d, other, data, kind, base / "c", base / "c_at_2d", 4, kAll, ""), slice(4, kAll),
                 "back at 2d");
   expect_same_checkpoint(base / "c", base / "c_at_2d", "plain -> 2d");
+  // 2-D -> {model: 4}.
+  const Layout model4{"model4", 4, model2.plan};
+  expect_losses(stage(c, model4, other, data, kind, base / "a", base / "a_at_model4", 2, 4, ""), slice(2, 4),
+                "2d -> model4");
+  expect_same_checkpoint(base / "a", base / "a_at_model4", "2d -> model4");
   // And straight from 2-D into the plain model.
   expect_losses(stage(c, plain, other, data, kind, base / "a", base / "a_at_plain", 2, 4, ""), slice(2, 4),
                 "2d -> plain");
@@ -564,6 +572,30 @@ TEST(Checkpoint2dBroken, OptimizerAndZeroTogetherIsAnError) {
   });
   EXPECT_THAT(error, ::testing::HasSubstr("set optimizer or zero, not both"));
   EXPECT_FALSE(fs::exists(fs::temp_directory_path() / "shardplan_ckpt2d_both"));
+}
+
+// ZeRO's inner optimizer holds slices, not the model's parameters: given as
+// CheckpointOptions::optimizer it would save no state; it is refused.
+TEST(Checkpoint2dBroken, ZeroInnerOptimizerAsOptimizerIsAnError) {
+  const Case& c = cases().front();
+  const auto ref = build(c, 3);
+  std::string error;
+  shardplan::run_ranks_in_threads(2, [&](shardplan::World& w) {
+    auto m = ref->clone();
+    const auto plan = shardplan::parse_plan("version: 1\nmesh: {data: 2}\ndata_parallel: {zero: true}\nrules: []\n", "z.yaml");
+    auto report = shardplan::parallelize(*m, plan, w);
+    shardplan::DataParallel dp(*m, report, plan, w);
+    shardplan::ZeroOptimizer zero(dp, [](std::vector<torch::Tensor> p) { return optimizer("adam", p); });
+    shardplan::CheckpointOptions o;
+    o.optimizer = &zero.inner();
+    try {
+      shardplan::save_checkpoint((fs::temp_directory_path() / "shardplan_ckpt2d_inner").string(), *m, report, w, o);
+    } catch (const std::exception& e) {
+      if (w.rank() == 0) error = e.what();
+    }
+  });
+  EXPECT_THAT(error, ::testing::HasSubstr("is not a parameter of the model"));
+  EXPECT_FALSE(fs::exists(fs::temp_directory_path() / "shardplan_ckpt2d_inner"));
 }
 
 }  // namespace

@@ -217,6 +217,21 @@ torch::optim::Optimizer* optimizer_of(const CheckpointOptions& options) {
   return options.zero ? &options.zero->inner() : options.optimizer;
 }
 
+// States are matched to parameters by tensor: an optimizer over other
+// tensors (a ZeroOptimizer's inner one, over its slices) would silently
+// save and load nothing.
+void check_optimizer_params(torch::optim::Optimizer& opt, const std::vector<Item>& items) {
+  std::set<const void*> params;
+  for (const auto& item : items)
+    if (item.param.defined()) params.insert(item.param.unsafeGetTensorImpl());
+  for (const auto& group : opt.param_groups())
+    for (const auto& p : group.params())
+      if (!params.count(p.unsafeGetTensorImpl()))
+        throw Error("the optimizer has a tensor of shape " + shape_str(p.sizes()) +
+                    " that is not a parameter of the model: build it over model.parameters() (for a "
+                    "ZeroOptimizer pass CheckpointOptions::zero, not its inner optimizer)");
+}
+
 // Appends the optimizer state of every parameter item as items
 // "optimizer/<param>/<field>" cut like the parameter, and records the
 // optimizer and the steps in `attributes`. ZeRO-1's slices are gathered
@@ -231,6 +246,7 @@ void add_optimizer_items(std::vector<Item>& items, const CheckpointOptions& opti
   if (options.zero) {
     states = ckpt_detail::gather_zero_state(*options.zero);
   } else {
+    check_optimizer_params(*opt, items);
     for (const auto& item : items) {
       if (!item.param.defined()) continue;
       ParamState st{item.param, item.name, {}, std::nullopt};
@@ -538,6 +554,7 @@ std::map<std::string, std::string> load_checkpoint(const std::string& dir, torch
         throw Error("the checkpoint has no optimizer state (saved without an optimizer)");
       if (it->second != kind)
         throw Error("the checkpoint's optimizer state is " + it->second + "'s, the optimizer given is " + kind);
+      if (!options.zero) check_optimizer_params(*optimizer, items);
       const std::vector<std::string> fields =
           kind == "sgd" ? std::vector<std::string>{"momentum_buffer"}
                         : std::vector<std::string>{"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
