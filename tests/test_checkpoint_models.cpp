@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -550,52 +551,50 @@ TEST(Checkpoint2dBroken, MissingPieceNamesTheFileAndChangesNothing) {
   fs::remove_all(base);
 }
 
-TEST(Checkpoint2dBroken, OptimizerAndZeroTogetherIsAnError) {
-  const Case& c = cases().front();
-  const auto ref = build(c, 3);
+// Rank 0's error saving a {data: 2} ZeRO-1 GPT to `name` with the options
+// `set` fills in (it may keep an optimizer alive in its last argument); the
+// save must leave no directory.
+using SetOptions = std::function<void(shardplan::CheckpointOptions&, shardplan::ZeroOptimizer&, torch::nn::Module&,
+                                      std::unique_ptr<torch::optim::Optimizer>&)>;
+std::string zero_save_error(const std::string& name, const SetOptions& set) {
+  const auto ref = build(cases().front(), 3);
+  const fs::path dir = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
   std::string error;
   shardplan::run_ranks_in_threads(2, [&](shardplan::World& w) {
     auto m = ref->clone();
-    const auto plan = shardplan::parse_plan("version: 1\nmesh: {data: 2}\ndata_parallel: {zero: true}\nrules: []\n", "z.yaml");
+    const auto plan =
+        shardplan::parse_plan("version: 1\nmesh: {data: 2}\ndata_parallel: {zero: true}\nrules: []\n", "z.yaml");
     auto report = shardplan::parallelize(*m, plan, w);
     shardplan::DataParallel dp(*m, report, plan, w);
     shardplan::ZeroOptimizer zero(dp, [](std::vector<torch::Tensor> p) { return optimizer("adam", p); });
-    auto opt = optimizer("adam", *m);
+    std::unique_ptr<torch::optim::Optimizer> keep;
     shardplan::CheckpointOptions o;
-    o.optimizer = opt.get();
-    o.zero = &zero;
+    set(o, zero, *m, keep);
     try {
-      shardplan::save_checkpoint((fs::temp_directory_path() / "shardplan_ckpt2d_both").string(), *m, report, w, o);
+      shardplan::save_checkpoint(dir.string(), *m, report, w, o);
     } catch (const std::exception& e) {
       if (w.rank() == 0) error = e.what();
     }
   });
+  EXPECT_FALSE(fs::exists(dir)) << dir;
+  return error;
+}
+
+TEST(Checkpoint2dBroken, OptimizerAndZeroTogetherIsAnError) {
+  const auto error = zero_save_error("shardplan_ckpt2d_both", [](auto& o, auto& zero, auto& m, auto& keep) {
+    keep = optimizer("adam", m);
+    o.optimizer = keep.get();
+    o.zero = &zero;
+  });
   EXPECT_THAT(error, ::testing::HasSubstr("set optimizer or zero, not both"));
-  EXPECT_FALSE(fs::exists(fs::temp_directory_path() / "shardplan_ckpt2d_both"));
 }
 
 // ZeRO's inner optimizer holds slices, not the model's parameters: given as
 // CheckpointOptions::optimizer it would save no state; it is refused.
 TEST(Checkpoint2dBroken, ZeroInnerOptimizerAsOptimizerIsAnError) {
-  const Case& c = cases().front();
-  const auto ref = build(c, 3);
-  std::string error;
-  shardplan::run_ranks_in_threads(2, [&](shardplan::World& w) {
-    auto m = ref->clone();
-    const auto plan = shardplan::parse_plan("version: 1\nmesh: {data: 2}\ndata_parallel: {zero: true}\nrules: []\n", "z.yaml");
-    auto report = shardplan::parallelize(*m, plan, w);
-    shardplan::DataParallel dp(*m, report, plan, w);
-    shardplan::ZeroOptimizer zero(dp, [](std::vector<torch::Tensor> p) { return optimizer("adam", p); });
-    shardplan::CheckpointOptions o;
-    o.optimizer = &zero.inner();
-    try {
-      shardplan::save_checkpoint((fs::temp_directory_path() / "shardplan_ckpt2d_inner").string(), *m, report, w, o);
-    } catch (const std::exception& e) {
-      if (w.rank() == 0) error = e.what();
-    }
-  });
+  const auto error = zero_save_error("shardplan_ckpt2d_inner",
+                                     [](auto& o, auto& zero, auto&, auto&) { o.optimizer = &zero.inner(); });
   EXPECT_THAT(error, ::testing::HasSubstr("is not a parameter of the model"));
-  EXPECT_FALSE(fs::exists(fs::temp_directory_path() / "shardplan_ckpt2d_inner"));
 }
 
 }  // namespace
