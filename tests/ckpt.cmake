@@ -14,3 +14,11 @@ if(TARGET train_model)
       ${PROJECT_SOURCE_DIR}/plans/gpt.yaml)
   set_tests_properties(ckpt_kill_rank_during_save ckpt_cli PROPERTIES TIMEOUT 300 LABELS ckpt)
 endif()
+if(TARGET train_gpt)
+  # {data: 2, model: 2} with ZeRO-1 -> {model: 2} -> plain -> {data: 2, model: 2}
+  # -> ZeRO-1, processes on gloo: the losses of an uninterrupted run.
+  add_test(NAME ckpt_2d_mesh_zero_gloo
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/ckpt_2d.sh $<TARGET_FILE:shardplan_cli> $<TARGET_FILE:train_gpt>
+      ${PROJECT_SOURCE_DIR}/plans)
+  set_tests_properties(ckpt_2d_mesh_zero_gloo PROPERTIES TIMEOUT 300 LABELS "ckpt;data_parallel")
+endif()

@@ -5,23 +5,32 @@
 // with SGD momentum and with Adam. Covers blocked layouts (MHA q/k/v, LSTM
 // gates) and an uneven vocab-parallel embedding.
 #include <ATen/CPUGeneratorImpl.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <set>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "models/model.h"
 #include "shardplan/checkpoint.h"
+#include "shardplan/checkpoint_meta.h"
+#include "shardplan/data_parallel.h"
 #include "shardplan/error.h"
 #include "shardplan/parallelize.h"
 #include "shardplan/plan.h"
 #include "shardplan/world.h"
+#include "shardplan/zero_optimizer.h"
 
 namespace {
 
@@ -78,25 +87,30 @@ std::shared_ptr<torch::nn::Module> build(const Case& c, uint64_t seed) {
   return m;
 }
 
-std::vector<ex::Batch> batches(const Case& c, const std::shared_ptr<torch::nn::Module>& model, int n) {
+std::vector<ex::Batch> batches(const Case& c, const std::shared_ptr<torch::nn::Module>& model, int n,
+                               int64_t rows = 3) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(23);
   std::vector<ex::Batch> out;
   for (int i = 0; i < n; ++i) {
     if (c.model == "convnet") {
-      ex::Batch b = ex::as_example(model).model->sample(gen, 3, nullptr);
+      ex::Batch b = ex::as_example(model).model->sample(gen, rows, nullptr);
       out.push_back({b.input.to(torch::kDouble), b.target});
     } else {
       const int64_t v = std::stoll(c.config.at("vocab")), t = std::stoll(c.config.at("context"));
-      out.push_back({torch::randint(v, {3, t}, gen, torch::kLong), torch::randint(v, {3, t}, gen, torch::kLong)});
+      out.push_back(
+          {torch::randint(v, {rows, t}, gen, torch::kLong), torch::randint(v, {rows, t}, gen, torch::kLong)});
     }
   }
   return out;
 }
 
+std::unique_ptr<torch::optim::Optimizer> optimizer(const std::string& kind, std::vector<torch::Tensor> params) {
+  if (kind == "sgd") return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
+  return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2));
+}
+
 std::unique_ptr<torch::optim::Optimizer> optimizer(const std::string& kind, torch::nn::Module& m) {
-  if (kind == "sgd")
-    return std::make_unique<torch::optim::SGD>(m.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
-  return std::make_unique<torch::optim::Adam>(m.parameters(), torch::optim::AdamOptions(1e-2));
+  return optimizer(kind, m.parameters());
 }
 
 // Losses of batches [from, to), stepping after each.
@@ -280,5 +294,307 @@ std::vector<Param> params() {
 
 INSTANTIATE_TEST_SUITE_P(Models, ModelCheckpoint, ::testing::ValuesIn(params()),
                          [](const ::testing::TestParamInfo<Param>& i) { return i.param.c.name + "_" + i.param.opt; });
+
+// ------------------------------------------------------------ 2-D meshes
+
+// Where one stage of a resharding chain runs.
+struct Layout {
+  std::string name;
+  int world = 1;
+  std::string plan;  // "": the plain model, ParallelReport{}
+};
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// plans/gpt_2d.yaml ({data: 2, model: 2}) with small buckets (several per
+// model, so ZeRO's slices cut parameters at arbitrary offsets), with or
+// without ZeRO-1.
+std::string gpt_2d_plan(bool zero) {
+  std::string text = read_text(std::string(SHARDPLAN_SOURCE_DIR) + "/plans/gpt_2d.yaml");
+  const std::string key = "data_parallel: {bucket_mb: 25}";
+  const auto at = text.find(key);
+  if (at == std::string::npos) throw std::runtime_error("plans/gpt_2d.yaml has no '" + key + "'");
+  return text.replace(at, key.size(), std::string("data_parallel: {bucket_mb: 0.004") + (zero ? ", zero: true}" : "}"));
+}
+
+// Every tensor of a checkpoint (model and optimizer state) whole, as dtype,
+// shape and the CRC-32C of its bytes, plus the optimizer attributes:
+// converted offline to one rank, where every tensor is one piece.
+std::map<std::string, std::string> fingerprint(const fs::path& dir) {
+  const fs::path one = dir.string() + ".one";
+  shardplan::reshard_checkpoint(dir.string(), one.string(), 1, "version: 1\nmesh: {model: auto}\nrules: []\n");
+  const auto meta = shardplan::ckpt::parse_meta(read_text(one / shardplan::ckpt::kMetaFile), one.string());
+  std::map<std::string, std::string> out;
+  for (const auto& e : meta.tensors) {
+    std::string shape;
+    for (auto d : e.shape) shape += std::to_string(d) + ",";
+    out[e.name] = e.dtype + "[" + shape + "] crc " + std::to_string(e.pieces.at(0).crc32c);
+  }
+  for (const auto& [k, v] : meta.attributes)
+    if (k.rfind("optimizer", 0) == 0) out["attribute " + k] = v;
+  fs::remove_all(one);
+  return out;
+}
+
+void expect_same_checkpoint(const fs::path& a, const fs::path& b, const std::string& what) {
+  const auto fa = fingerprint(a), fb = fingerprint(b);
+  EXPECT_EQ(fa.size(), fb.size()) << what;
+  for (const auto& [name, value] : fa) {
+    auto it = fb.find(name);
+    if (it == fb.end()) {
+      ADD_FAILURE() << what << ": '" << name << "' missing";
+      continue;
+    }
+    EXPECT_EQ(it->second, value) << what << ": '" << name << "'";
+  }
+}
+
+// One stage on `l`'s ranks, each from a clone of `init`: loads `load`
+// (unless empty) and saves it again at once to `resave` (unless empty: what
+// was loaded, written back from this layout), trains batches [from, to) on
+// the global batch, saves `save` (unless empty). Returns the global mean
+// losses.
+std::vector<double> stage(const Case& c, const Layout& l, const std::shared_ptr<torch::nn::Module>& init,
+                          const std::vector<ex::Batch>& data, const std::string& kind, const fs::path& load,
+                          const fs::path& resave, int from, int to, const fs::path& save) {
+  std::vector<std::shared_ptr<torch::nn::Module>> replicas;
+  for (int r = 0; r < l.world; ++r) replicas.push_back(init->clone());
+  std::vector<double> losses;
+  std::mutex mu;
+  std::vector<std::string> failures;
+  shardplan::run_ranks_in_threads(l.world, [&](shardplan::World& w) {
+    try {
+      auto& m = *replicas[w.rank()];
+      shardplan::ParallelReport report;
+      std::unique_ptr<shardplan::DataParallel> dp;
+      if (!l.plan.empty()) {
+        const auto plan = shardplan::parse_plan(l.plan, l.name + ".yaml");
+        report = shardplan::parallelize(m, plan, w);
+        dp = std::make_unique<shardplan::DataParallel>(m, report, plan, w);
+      }
+      std::unique_ptr<torch::optim::Optimizer> opt;
+      std::unique_ptr<shardplan::ZeroOptimizer> zero;
+      if (dp && dp->zero())
+        zero = std::make_unique<shardplan::ZeroOptimizer>(*dp, [&](std::vector<torch::Tensor> p) { return optimizer(kind, p); });
+      else
+        opt = optimizer(kind, m);
+      shardplan::CheckpointOptions o;
+      o.optimizer = opt.get();
+      o.zero = zero.get();
+      if (!load.empty()) shardplan::load_checkpoint(load.string(), m, report, w, o);
+      if (!resave.empty()) shardplan::save_checkpoint(resave.string(), m, report, w, o);
+      auto& model = dynamic_cast<ex::ExampleModel&>(m);
+      std::vector<double> mine;
+      for (int s = from; s < to; ++s) {
+        zero ? zero->zero_grad() : opt->zero_grad();
+        ex::Batch b = data[s];
+        if (dp) b = {dp->local_batch(b.input), dp->local_batch(b.target)};
+        at::Tensor loss = model.loss(b);
+        const double local = loss.item<double>();
+        loss.backward();
+        if (dp) dp->finish();
+        if (zero)
+          zero->step();
+        else
+          opt->step();
+        mine.push_back(dp ? dp->average(local) : local);
+      }
+      if (dp) dp->check_replicas();
+      if (!save.empty()) shardplan::save_checkpoint(save.string(), m, report, w, o);
+      std::lock_guard<std::mutex> lock(mu);
+      if (w.rank() == 0) losses = mine;
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      failures.push_back("rank " + std::to_string(w.rank()) + ": " + e.what());
+    }
+  });
+  EXPECT_TRUE(failures.empty()) << l.name << ": " << failures.front();
+  return losses;
+}
+
+struct Param2d {
+  std::string opt;
+  bool zero = false;
+};
+
+// Test names without GetParam()'s bytes.
+void PrintTo(const Param2d& p, std::ostream* os) { *os << p.opt << (p.zero ? " zero" : ""); }
+
+class Checkpoint2d : public ::testing::TestWithParam<Param2d> {};
+
+// {data: 2, model: 2} -> {model: 2} -> plain -> {data: 2, model: 2} (and,
+// with ZeRO-1, -> {data: 4}): every load written straight back is the same
+// checkpoint bit for bit (parameters, optimizer state, steps), every stage
+// continues with the uninterrupted run's losses, and the 2-D checkpoint
+// holds each tensor once, written by the data-coordinate-0 ranks.
+TEST_P(Checkpoint2d, ReshardsBothWaysWithOptimizerState) {
+  const Case& c = cases().front();  // gpt
+  ASSERT_EQ(c.model, "gpt");
+  const std::string kind = GetParam().opt;
+  const bool zero = GetParam().zero;
+  constexpr int kAll = 7;
+  const auto ref = build(c, 3);
+  const auto data = batches(c, ref, kAll, /*rows=*/4);
+  const fs::path base = fs::temp_directory_path() / ("shardplan_ckpt2d_" + kind + (zero ? "_zero_" : "_") +
+                                                     std::to_string(::getpid()));
+  fs::remove_all(base);
+  fs::create_directories(base);
+
+  std::vector<double> want;
+  {
+    auto m = ref->clone();
+    auto opt = optimizer(kind, *m);
+    want = train(*m, *opt, data, 0, kAll);
+  }
+  auto slice = [&](int from, int to) { return std::vector<double>(want.begin() + from, want.begin() + to); };
+  const Layout two_d{"2d", 4, gpt_2d_plan(zero)};
+  const Layout model2{"model2", 2, read_text(std::string(SHARDPLAN_SOURCE_DIR) + "/plans/gpt.yaml")};
+  const Layout plain{"plain", 1, ""};
+  const auto other = build(c, 99);
+
+  // 2 steps at {data: 2, model: 2}.
+  expect_losses(stage(c, two_d, ref, data, kind, "", "", 0, 2, base / "a"), slice(0, 2), "2d");
+  std::set<std::string> files;
+  for (const auto& f : fs::directory_iterator(base / "a")) files.insert(f.path().filename().string());
+  EXPECT_EQ(files, (std::set<std::string>{"metadata.yaml", "rank-00000.bin", "rank-00001.bin"}))
+      << "only the data-coordinate-0 ranks write";
+  const auto meta = shardplan::ckpt::parse_meta(read_text(base / "a" / "metadata.yaml"), "a");
+  EXPECT_EQ(meta.mesh, (std::vector<std::pair<std::string, int>>{{"data", 2}, {"model", 2}}));
+  for (const auto& p : ref->named_parameters()) {
+    const std::string field = kind == "sgd" ? "momentum_buffer" : "exp_avg";
+    EXPECT_NE(meta.find("optimizer/" + p.key() + "/" + field), nullptr) << p.key();
+  }
+
+  // -> {model: 2}, 1 step; -> plain, 1 step; -> 2-D, the rest.
+  expect_losses(stage(c, model2, other, data, kind, base / "a", base / "a_at_model2", 2, 3, base / "b"), slice(2, 3),
+                "model2");
+  expect_same_checkpoint(base / "a", base / "a_at_model2", "2d -> model2");
+  expect_losses(stage(c, plain, other, data, kind, base / "b", base / "b_at_plain", 3, 4, base / "c"), slice(3, 4),
+                "plain");
+  expect_same_checkpoint(base / "b", base / "b_at_plain", "model2 -> plain");
+  expect_losses(stage(c, two_d, other, data, kind, base / "c", base / "c_at_2d", 4, kAll, ""), slice(4, kAll),
+                "back at 2d");
+  expect_same_checkpoint(base / "c", base / "c_at_2d", "plain -> 2d");
+  // 2-D -> {model: 4}.
+  const Layout model4{"model4", 4, model2.plan};
+  expect_losses(stage(c, model4, other, data, kind, base / "a", base / "a_at_model4", 2, 4, ""), slice(2, 4),
+                "2d -> model4");
+  expect_same_checkpoint(base / "a", base / "a_at_model4", "2d -> model4");
+  // And straight from 2-D into the plain model.
+  expect_losses(stage(c, plain, other, data, kind, base / "a", base / "a_at_plain", 2, 4, ""), slice(2, 4),
+                "2d -> plain");
+  expect_same_checkpoint(base / "a", base / "a_at_plain", "2d -> plain");
+  if (zero) {
+    // ZeRO-1 at another batch-axis size: {data: 4}, the model replicated.
+    const Layout data4{"data4", 4, "version: 1\nmesh: {data: 4}\ndata_parallel: {bucket_mb: 0.004, zero: true}\nrules: []\n"};
+    expect_losses(stage(c, data4, other, data, kind, base / "a", base / "a_at_data4", 2, kAll, ""), slice(2, kAll),
+                  "2d -> data4");
+    expect_same_checkpoint(base / "a", base / "a_at_data4", "2d -> data4");
+  }
+  fs::remove_all(base);
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, Checkpoint2d,
+                         ::testing::Values(Param2d{"adam", false}, Param2d{"adam", true}, Param2d{"sgd", false},
+                                           Param2d{"sgd", true}),
+                         [](const ::testing::TestParamInfo<Param2d>& i) {
+                           return i.param.opt + (i.param.zero ? "_zero" : "_replicated");
+                         });
+
+// A ZeRO-1 checkpoint with a rank's file gone: one line naming it, nothing
+// changed.
+TEST(Checkpoint2dBroken, MissingPieceNamesTheFileAndChangesNothing) {
+  const Case& c = cases().front();
+  const auto ref = build(c, 3);
+  const auto data = batches(c, ref, 2, 4);
+  const fs::path base = fs::temp_directory_path() / ("shardplan_ckpt2d_broken_" + std::to_string(::getpid()));
+  fs::remove_all(base);
+  const Layout two_d{"2d", 4, gpt_2d_plan(true)};
+  stage(c, two_d, ref, data, "adam", "", "", 0, 1, base / "a");
+  fs::remove(base / "a" / "rank-00001.bin");
+  const auto other = build(c, 99);
+  std::vector<std::string> errors(4);
+  std::vector<bool> unchanged(4, false);
+  std::vector<std::shared_ptr<torch::nn::Module>> replicas;
+  for (int r = 0; r < 4; ++r) replicas.push_back(other->clone());
+  shardplan::run_ranks_in_threads(4, [&](shardplan::World& w) {
+    auto& m = *replicas[w.rank()];
+    const auto plan = shardplan::parse_plan(two_d.plan, "2d.yaml");
+    auto report = shardplan::parallelize(m, plan, w);
+    shardplan::DataParallel dp(m, report, plan, w);
+    shardplan::ZeroOptimizer zero(dp, [](std::vector<torch::Tensor> p) { return optimizer("adam", p); });
+    const auto before = shardplan::local_state_dict(m);
+    std::vector<torch::Tensor> copies;
+    for (const auto& kv : before) copies.push_back(kv.second.clone());
+    shardplan::CheckpointOptions o;
+    o.zero = &zero;
+    try {
+      shardplan::load_checkpoint((base / "a").string(), m, report, w, o);
+    } catch (const std::exception& e) {
+      errors[w.rank()] = e.what();
+    }
+    bool same = zero.inner().state().empty();
+    const auto after = shardplan::local_state_dict(m);
+    for (size_t i = 0; i < after.size(); ++i) same = same && after[i].second.equal(copies[i]);
+    unchanged[w.rank()] = same;
+  });
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_THAT(errors[r], ::testing::HasSubstr("rank-00001.bin' is missing")) << "rank " << r;
+    EXPECT_EQ(errors[r].find('\n'), std::string::npos) << errors[r];
+    EXPECT_TRUE(unchanged[r]) << "rank " << r;
+  }
+  fs::remove_all(base);
+}
+
+// Rank 0's error saving a {data: 2} ZeRO-1 GPT to `name` with the options
+// `set` fills in (it may keep an optimizer alive in its last argument); the
+// save must leave no directory.
+using SetOptions = std::function<void(shardplan::CheckpointOptions&, shardplan::ZeroOptimizer&, torch::nn::Module&,
+                                      std::unique_ptr<torch::optim::Optimizer>&)>;
+std::string zero_save_error(const std::string& name, const SetOptions& set) {
+  const auto ref = build(cases().front(), 3);
+  const fs::path dir = fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()));
+  std::string error;
+  shardplan::run_ranks_in_threads(2, [&](shardplan::World& w) {
+    auto m = ref->clone();
+    const auto plan =
+        shardplan::parse_plan("version: 1\nmesh: {data: 2}\ndata_parallel: {zero: true}\nrules: []\n", "z.yaml");
+    auto report = shardplan::parallelize(*m, plan, w);
+    shardplan::DataParallel dp(*m, report, plan, w);
+    shardplan::ZeroOptimizer zero(dp, [](std::vector<torch::Tensor> p) { return optimizer("adam", p); });
+    std::unique_ptr<torch::optim::Optimizer> keep;
+    shardplan::CheckpointOptions o;
+    set(o, zero, *m, keep);
+    try {
+      shardplan::save_checkpoint(dir.string(), *m, report, w, o);
+    } catch (const std::exception& e) {
+      if (w.rank() == 0) error = e.what();
+    }
+  });
+  EXPECT_FALSE(fs::exists(dir)) << dir;
+  return error;
+}
+
+TEST(Checkpoint2dBroken, OptimizerAndZeroTogetherIsAnError) {
+  const auto error = zero_save_error("shardplan_ckpt2d_both", [](auto& o, auto& zero, auto& m, auto& keep) {
+    keep = optimizer("adam", m);
+    o.optimizer = keep.get();
+    o.zero = &zero;
+  });
+  EXPECT_THAT(error, ::testing::HasSubstr("set optimizer or zero, not both"));
+}
+
+// ZeRO's inner optimizer holds slices, not the model's parameters: given as
+// CheckpointOptions::optimizer it would save no state; it is refused.
+TEST(Checkpoint2dBroken, ZeroInnerOptimizerAsOptimizerIsAnError) {
+  const auto error = zero_save_error("shardplan_ckpt2d_inner",
+                                     [](auto& o, auto& zero, auto&, auto&) { o.optimizer = &zero.inner(); });
+  EXPECT_THAT(error, ::testing::HasSubstr("is not a parameter of the model"));
+}
 
 }  // namespace

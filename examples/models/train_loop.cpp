@@ -307,8 +307,6 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
     for (const auto& w : dp.warnings()) std::printf("warning: %s\n", w.c_str());
     if (dp.size() > 1) std::printf("%s", dp.describe().c_str());
   }
-  if (dp.zero() && (!a.save.empty() || !a.load.empty()))
-    throw Error("--save/--load with data_parallel.zero: checkpoints of ZeRO-1 optimizer slices are not supported yet");
 
   // Parameter bytes: held vs. what the plan promises (replicated tensors
   // whole, split ones divided by the ranks of a model replica). Dividing by
@@ -353,6 +351,7 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
   if (!a.load.empty()) {
     CheckpointOptions o;
     o.optimizer = opt.get();
+    o.zero = zero.get();
     auto attributes = load_checkpoint(a.load, *m.module, report, world, o);
     const auto it = attributes.find("step");
     if (it == attributes.end()) throw Error("checkpoint '" + a.load + "' records no step");
@@ -363,6 +362,7 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
   auto save = [&](int step) {
     CheckpointOptions o;
     o.optimizer = opt.get();
+    o.zero = zero.get();
     o.attributes = {{"step", std::to_string(step)}, {"model", a.model}, {"config", m.model->config_str()}};
     save_checkpoint(a.save, *m.module, report, world, o);
     if (lead) std::printf("saved %s at step %d\n", a.save.c_str(), step);

@@ -33,11 +33,15 @@
 #include "shardplan/plan.h"
 #include "shardplan/shard.h"
 #include "shardplan/world.h"
+#include "shardplan/zero_optimizer.h"
 #include "checkpoint_internal.h"
 
 namespace shardplan {
 
 using ckpt_detail::assemble;
+using ckpt_detail::optimizer_kind;
+using ckpt_detail::ParamState;
+using ckpt_detail::state_tensors;
 using ckpt_detail::rank_file;
 using ckpt_detail::read_meta;
 using ckpt_detail::take_splits;
@@ -137,6 +141,10 @@ typename Map::key_type state_key(const Map&, const at::Tensor& p) {
   }
 }
 
+}  // namespace
+
+namespace ckpt_detail {
+
 const char* optimizer_kind(torch::optim::Optimizer& opt) {
   if (dynamic_cast<torch::optim::SGD*>(&opt)) return "sgd";
   if (dynamic_cast<torch::optim::AdamW*>(&opt)) return "adamw";
@@ -144,12 +152,6 @@ const char* optimizer_kind(torch::optim::Optimizer& opt) {
   throw Error("checkpoints save optimizer state for SGD, Adam and AdamW only");
 }
 
-struct OptField {
-  std::string field;
-  at::Tensor* tensor;  // inside the param state
-};
-
-// The tensors of one parameter's optimizer state (created when `create`).
 std::vector<std::pair<std::string, at::Tensor*>> state_tensors(torch::optim::Optimizer& opt, const at::Tensor& p,
                                                                bool create, int64_t** step) {
   auto& states = opt.state();
@@ -181,8 +183,16 @@ std::vector<std::pair<std::string, at::Tensor*>> state_tensors(torch::optim::Opt
   return out;
 }
 
-std::vector<Item> inventory(torch::nn::Module& model, const ParallelReport& report,
-                            torch::optim::Optimizer* opt, std::map<std::string, std::string>* attributes) {
+void clear_state(torch::optim::Optimizer& opt, const at::Tensor& p) {
+  auto& states = opt.state();
+  states.erase(state_key(states, p));
+}
+
+}  // namespace ckpt_detail
+
+namespace {
+
+std::vector<Item> inventory(torch::nn::Module& model, const ParallelReport& report) {
   const auto rows = rows_by_path(report);
   std::vector<Item> items;
   for (const auto& p : model.named_parameters()) {
@@ -197,25 +207,73 @@ std::vector<Item> inventory(torch::nn::Module& model, const ParallelReport& repo
   }
   for (const auto& b : model.named_buffers())
     items.push_back(Item{b.key(), b.value().detach(), at::Tensor(), b.value().sizes().vec(), {}, "", true});
-  if (opt) {
-    (*attributes)["optimizer"] = optimizer_kind(*opt);
-    const size_t n_items = items.size();
-    for (size_t i = 0; i < n_items; ++i) {
-      if (!items[i].param.defined()) continue;  // a buffer
+  return items;
+}
+
+// The optimizer of `options`, plain or ZeRO-1's inner one; null without.
+torch::optim::Optimizer* optimizer_of(const CheckpointOptions& options) {
+  if (options.optimizer && options.zero)
+    throw Error("CheckpointOptions: set optimizer or zero, not both (zero's optimizer is its inner one)");
+  return options.zero ? &options.zero->inner() : options.optimizer;
+}
+
+// States are matched to parameters by tensor: an optimizer over other
+// tensors (a ZeroOptimizer's inner one, over its slices) would silently
+// save and load nothing.
+void check_optimizer_params(torch::optim::Optimizer& opt, const std::vector<Item>& items) {
+  std::set<const void*> params;
+  for (const auto& item : items)
+    if (item.param.defined()) params.insert(item.param.unsafeGetTensorImpl());
+  for (const auto& group : opt.param_groups())
+    for (const auto& p : group.params())
+      if (!params.count(p.unsafeGetTensorImpl()))
+        throw Error("the optimizer has a tensor of shape " + shape_str(p.sizes()) +
+                    " that is not a parameter of the model: build it over model.parameters() (for a "
+                    "ZeroOptimizer pass CheckpointOptions::zero, not its inner optimizer)");
+}
+
+// Appends the optimizer state of every parameter item as items
+// "optimizer/<param>/<field>" cut like the parameter, and records the
+// optimizer and the steps in `attributes`. ZeRO-1's slices are gathered
+// first; only the batch-axis rank 0 gets them (the others would not write
+// them: they are not split over the batch axis).
+void add_optimizer_items(std::vector<Item>& items, const CheckpointOptions& options,
+                         std::map<std::string, std::string>* attributes) {
+  torch::optim::Optimizer* opt = optimizer_of(options);
+  if (!opt) return;
+  (*attributes)["optimizer"] = optimizer_kind(*opt);
+  std::vector<ParamState> states;
+  if (options.zero) {
+    states = ckpt_detail::gather_zero_state(*options.zero);
+  } else {
+    check_optimizer_params(*opt, items);
+    for (const auto& item : items) {
+      if (!item.param.defined()) continue;
+      ParamState st{item.param, item.name, {}, std::nullopt};
       int64_t* step = nullptr;
-      for (auto& f : state_tensors(*opt, items[i].param, false, &step)) {
-        if (!f.second->defined()) continue;
-        Item s = items[i];
-        s.name = "optimizer/" + items[i].name + "/" + f.first;
-        s.local = f.second->detach();
-        s.param = at::Tensor();
-        s.buffer = false;
-        items.push_back(s);
-      }
-      if (step) (*attributes)["optimizer/" + items[i].name + "/step"] = std::to_string(*step);
+      for (auto& f : state_tensors(*opt, item.param, false, &step))
+        if (f.second->defined()) st.fields.emplace_back(f.first, f.second->detach());
+      if (step) st.step = *step;
+      states.push_back(std::move(st));
     }
   }
-  return items;
+  std::map<const void*, const ParamState*> by_param;
+  for (const auto& st : states) by_param[st.param.unsafeGetTensorImpl()] = &st;
+  const size_t n_items = items.size();
+  for (size_t i = 0; i < n_items; ++i) {
+    if (!items[i].param.defined()) continue;  // a buffer
+    auto it = by_param.find(items[i].param.unsafeGetTensorImpl());
+    if (it == by_param.end()) continue;
+    for (const auto& f : it->second->fields) {
+      Item s = items[i];
+      s.name = "optimizer/" + items[i].name + "/" + f.first;
+      s.local = f.second;
+      s.param = at::Tensor();
+      s.buffer = false;
+      items.push_back(s);
+    }
+    if (it->second->step) (*attributes)["optimizer/" + items[i].name + "/step"] = std::to_string(*it->second->step);
+  }
 }
 
 
@@ -298,9 +356,8 @@ StateDict local_state_dict(torch::nn::Module& model) {
 
 StateDict collect_state_dict(torch::nn::Module& model, const ParallelReport& report, World& world, int root) {
   at::NoGradGuard no_grad;
-  std::map<std::string, std::string> unused;
   StateDict out;
-  for (auto& item : inventory(model, report, nullptr, &unused)) {
+  for (auto& item : inventory(model, report)) {
     at::Tensor t = item.local;
     for (auto s = item.splits.rbegin(); s != item.splits.rend(); ++s)
       t = gather_split(t, *s, item.global_shape[s->dim], *world.group(report.mesh, s->axis));
@@ -368,7 +425,8 @@ void save_checkpoint(const std::string& dir, torch::nn::Module& model, const Par
     }
   };
   try {
-    items = inventory(model, report, options.optimizer, &attributes);
+    items = inventory(model, report);
+    add_optimizer_items(items, options, &attributes);
     // Rank 0 prepares the staging directory; a stale one from a crashed save
     // is discarded (the target is never touched until the final rename).
     if (world.rank() == 0) {
@@ -466,19 +524,16 @@ std::map<std::string, std::string> load_checkpoint(const std::string& dir, torch
   // Everything is read, checked and cut into this rank's pieces first; only
   // when every rank has succeeded does any rank change its model or
   // optimizer, so a bad checkpoint leaves all of them as they were.
-  struct OptimizerLoad {
-    at::Tensor param;
-    std::vector<std::pair<std::string, at::Tensor>> fields;  // empty: the parameter had no state yet
-    std::optional<int64_t> step;
-  };
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (model tensor, new value)
-  std::vector<OptimizerLoad> opt_loads;
+  std::vector<ParamState> opt_loads;  // fields empty: the parameter had no state yet
+  std::optional<ckpt_detail::ZeroInstall> zero_install;
+  torch::optim::Optimizer* optimizer = nullptr;
   std::string err;
   ckpt::Meta meta;
   try {
+    optimizer = optimizer_of(options);
     meta = read_meta(target);
-    std::map<std::string, std::string> unused;
-    const std::vector<Item> items = inventory(model, report, nullptr, &unused);
+    const std::vector<Item> items = inventory(model, report);
     for (const auto& item : items) {
       const ckpt::TensorEntry* e = meta.find(item.name);
       if (!e) throw Error("the checkpoint has no tensor '" + item.name + "' (it has " +
@@ -492,21 +547,23 @@ std::map<std::string, std::string> load_checkpoint(const std::string& dir, torch
       copies.emplace_back(item.local, take_splits(full, item.splits));
     }
 
-    if (options.optimizer) {
+    if (optimizer) {
       const auto it = meta.attributes.find("optimizer");
-      const std::string kind = optimizer_kind(*options.optimizer);
+      const std::string kind = optimizer_kind(*optimizer);
       if (it == meta.attributes.end())
         throw Error("the checkpoint has no optimizer state (saved without an optimizer)");
       if (it->second != kind)
         throw Error("the checkpoint's optimizer state is " + it->second + "'s, the optimizer given is " + kind);
+      if (!options.zero) check_optimizer_params(*optimizer, items);
       const std::vector<std::string> fields =
           kind == "sgd" ? std::vector<std::string>{"momentum_buffer"}
                         : std::vector<std::string>{"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
       for (const Item& item : items) {
         if (!item.param.defined()) continue;
         const std::string prefix = "optimizer/" + item.name + "/";
-        OptimizerLoad load;
+        ParamState load;
         load.param = item.param;
+        load.name = item.name;
         for (const auto& f : fields) {
           const ckpt::TensorEntry* e = meta.find(prefix + f);
           if (!e) continue;
@@ -526,6 +583,7 @@ std::map<std::string, std::string> load_checkpoint(const std::string& dir, torch
         }
         opt_loads.push_back(std::move(load));
       }
+      if (options.zero) zero_install.emplace(*options.zero, opt_loads);
     }
   } catch (const std::exception& e) {
     err = e.what();
@@ -533,15 +591,16 @@ std::map<std::string, std::string> load_checkpoint(const std::string& dir, torch
   agree(world.comm(), err, what);
 
   for (auto& c : copies) c.first.copy_(c.second);
-  if (options.optimizer) {
-    auto& states = options.optimizer->state();
+  if (zero_install) {
+    zero_install->apply();  // after the model: it refreshes the slices from it
+  } else if (optimizer) {
     for (auto& load : opt_loads) {
       if (load.fields.empty()) {
-        states.erase(state_key(states, load.param));  // as it was when saved: no state yet
+        ckpt_detail::clear_state(*optimizer, load.param);  // as it was when saved: no state yet
         continue;
       }
       int64_t* step = nullptr;
-      auto targets = state_tensors(*options.optimizer, load.param, true, &step);
+      auto targets = state_tensors(*optimizer, load.param, true, &step);
       for (auto& f : load.fields)
         for (auto& t : targets)
           if (t.first == f.first) *t.second = f.second;

@@ -54,6 +54,19 @@ torch::optim::Optimizer& ZeroOptimizer::inner() { return *inner_; }
 
 int64_t ZeroOptimizer::state_bytes() const { return optimizer_state_bytes(*inner_); }
 
+std::vector<ZeroOptimizer::Bucket> ZeroOptimizer::layout() const {
+  const DataParallel::Impl& d = *dp_.impl_;
+  std::vector<Bucket> out;
+  for (size_t i = 0; i < d.buckets.size(); ++i) {
+    Bucket b;
+    b.slice = shards_[i];
+    b.padded = d.buckets[i].info.padded;
+    for (size_t k : d.buckets[i].entries) b.members.emplace_back(d.entries[k].param, d.entries[k].offset);
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
 void ZeroOptimizer::zero_grad() {
   DataParallel::Impl& d = *dp_.impl_;
   for (auto& e : d.entries)

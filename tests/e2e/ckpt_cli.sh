@@ -8,19 +8,7 @@ set -u
 SP=$1
 TRAIN=$2
 PLAN=$3
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/ckpt-cli.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$WORK"/*.log; do
-    [[ -e $f ]] || continue
-    echo "--- $(basename "$f") (last 20 lines)" >&2
-    tail -n 20 "$f" >&2
-  done
-  exit 1
-}
-unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT SHARDPLAN_BACKEND SHARDPLAN_STORE \
-  SHARDPLAN_TEST_CKPT_PAUSE_MS
+source "$(dirname "$0")/ckpt_common.sh" ckpt-cli
 
 train=("$TRAIN" --model gpt --config vocab=256,context=16,embed=32,heads=4,layers=1,mlp=64 --dtype float64
   --batch 4 --log-every 1 --seed 5 --optimizer sgd)

@@ -29,6 +29,7 @@ class Optimizer;
 namespace shardplan {
 
 class World;
+class ZeroOptimizer;
 
 // Parameters then buffers, in named_parameters() / named_buffers() order.
 using StateDict = std::vector<std::pair<std::string, at::Tensor>>;
@@ -54,6 +55,12 @@ struct CheckpointOptions {
   // saved and resharded with the parameters. Must be built over
   // model.parameters() (the order is how states are matched to names).
   torch::optim::Optimizer* optimizer = nullptr;
+  // Instead of `optimizer`, with data_parallel.zero: ZeRO-1's slices of the
+  // state are saved as the same per-parameter tensors a plain optimizer's
+  // would be (gathered over the batch axis, written once), and loading cuts
+  // them into this rank's slices. So either kind loads into the other, at
+  // any batch-axis size. Its inner optimizer must be SGD, Adam or AdamW.
+  ZeroOptimizer* zero = nullptr;
   // Free-form values kept in the metadata (e.g. "step": "200").
   std::map<std::string, std::string> attributes;
 };

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "shardplan/data_parallel.h"
@@ -36,6 +37,18 @@ class ZeroOptimizer {
   // Bytes of optimizer state this rank holds (0 before the first step for
   // optimizers whose state is created lazily).
   int64_t state_bytes() const;
+
+  // How the inner optimizer's parameters map onto the model's, for
+  // checkpoints (shardplan/checkpoint.h, CheckpointOptions::zero): per
+  // bucket, this rank's slice (the inner optimizer's parameter), the whole
+  // flat bucket's length, and each model parameter's offset in it.
+  struct Bucket {
+    at::Tensor slice;     // [padded / D], elements [rank * padded / D, (rank + 1) * padded / D)
+    int64_t padded = 0;
+    std::vector<std::pair<at::Tensor, int64_t>> members;  // (model parameter, offset), packing order
+  };
+  std::vector<Bucket> layout() const;
+  DataParallel& data_parallel() const { return dp_; }
 
  private:
   DataParallel& dp_;
