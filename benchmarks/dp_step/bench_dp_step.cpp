@@ -22,6 +22,7 @@
 // - ZeRO-1 optimizer state bytes per rank against the unsharded optimizer's.
 // It also checks what it measures: "on" and "off" must give bit-identical
 // losses, and the replicas must agree after every synchronised block.
+#include <time.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -116,6 +117,15 @@ int64_t written_bytes() {
   return -1;
 }
 
+// CPU time of the whole process: the compute thread, gloo's worker and its
+// transport's thread. A sync that costs as much CPU as wall time cannot hide
+// behind a backward that already keeps every core busy.
+double process_cpu_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -124,6 +134,7 @@ double median(std::vector<double> v) {
 
 struct Block {
   double step_ms = 0, backward_ms = 0, wait_ms = 0;
+  double cpu_ms = 0;         // per step, CPU time of every thread of the process
   double group_bytes = 0;    // per step, handed to the batch axis' Communicator
   double written = 0;        // per step, written to sockets by this process
   std::vector<double> losses;
@@ -206,6 +217,7 @@ class Bench {
     shardplan::Communicator* group = dp.group();
     const uint64_t g0 = group ? group->stats().bytes : 0;
     const int64_t w0 = written_bytes();
+    const double c0 = process_cpu_ms();
     std::vector<at::Tensor> losses;
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < a_.steps; ++i) losses.push_back(step(local[i]));
@@ -213,6 +225,7 @@ class Bench {
     out.written = static_cast<double>(written_bytes() - w0) / a_.steps;
     out.group_bytes = static_cast<double>((group ? group->stats().bytes : 0) - g0) / a_.steps;
     out.step_ms = ms / a_.steps;
+    out.cpu_ms = (process_cpu_ms() - c0) / a_.steps;
     out.backward_ms = backward / a_.steps;
     out.wait_ms = wait / a_.steps;
     for (const auto& l : losses) out.losses.push_back(l.item<double>());
@@ -279,10 +292,12 @@ int run(const Args& a, shardplan::World& world) {
                 bench.config().c_str(), static_cast<long long>(a.batch), a.plan.c_str(),
                 bench.report().mesh.str().c_str(), world.size(), world.comm().backend().c_str());
     std::printf("%s", dp.describe().c_str());
-    std::printf("%d interleaved rounds of %d steps per mode (Adam); ms per step, median over rounds, slowest rank;\n"
+    std::printf("%d interleaved rounds of %d steps per mode (Adam); ms per step (wall; cpu: the process'\n"
+                "threads together), median over rounds, slowest rank;\n"
                 "bytes per step and rank (rank 0): handed to the batch axis' communicator, written to sockets\n",
                 a.rounds, a.steps);
-    std::printf("%-6s %9s %9s %9s %14s %14s\n", "mode", "step", "backward", "wait", "group B/step", "socket B/step");
+    std::printf("%-6s %9s %9s %9s %9s %14s %14s\n", "mode", "step", "backward", "wait", "cpu", "group B/step",
+                "socket B/step");
   }
   std::map<std::string, double> step_ms;
   std::map<std::string, std::vector<double>> per_round;
@@ -291,8 +306,9 @@ int run(const Args& a, shardplan::World& world) {
     for (const auto& b : series[mode].blocks) per_round[mode].push_back(slowest(world, b.step_ms));
     step_ms[mode] = median(per_round[mode]);
     const double b = slowest(world, med(mode, &Block::backward_ms)), w = slowest(world, med(mode, &Block::wait_ms));
+    const double c = slowest(world, med(mode, &Block::cpu_ms));
     if (lead)
-      std::printf("%-6s %9.2f %9.2f %9.2f %14.0f %14.0f\n", mode.c_str(), step_ms[mode], b, w,
+      std::printf("%-6s %9.2f %9.2f %9.2f %9.2f %14.0f %14.0f\n", mode.c_str(), step_ms[mode], b, w, c,
                   med(mode, &Block::group_bytes), med(mode, &Block::written));
   }
   if (lead && has("on") && has("off") && has("none")) {
