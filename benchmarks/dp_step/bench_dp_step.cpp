@@ -299,7 +299,7 @@ int run(const Args& a, shardplan::World& world) {
     std::printf("%-6s %9s %9s %9s %9s %14s %14s\n", "mode", "step", "backward", "wait", "cpu", "group B/step",
                 "socket B/step");
   }
-  std::map<std::string, double> step_ms;
+  std::map<std::string, double> step_ms, wait_ms, cpu_ms;
   std::map<std::string, std::vector<double>> per_round;
   for (const auto& mode : a.modes) {
     // Per round, the slowest rank's time (the ranks run the round together).
@@ -307,21 +307,30 @@ int run(const Args& a, shardplan::World& world) {
     step_ms[mode] = median(per_round[mode]);
     const double b = slowest(world, med(mode, &Block::backward_ms)), w = slowest(world, med(mode, &Block::wait_ms));
     const double c = slowest(world, med(mode, &Block::cpu_ms));
+    wait_ms[mode] = w;
+    cpu_ms[mode] = c;
     if (lead)
       std::printf("%-6s %9.2f %9.2f %9.2f %9.2f %14.0f %14.0f\n", mode.c_str(), step_ms[mode], b, w, c,
                   med(mode, &Block::group_bytes), med(mode, &Block::written));
   }
   if (lead && has("on") && has("off") && has("none")) {
     const double on = step_ms["on"], off = step_ms["off"], none = step_ms["none"];
-    std::vector<double> paired;
+    // Differences per round first: both blocks of a round saw about the same
+    // load, so they cancel what drifts over the run.
+    std::vector<double> d_on, d_off;
     for (int r = 0; r < a.rounds; ++r) {
-      const double o = per_round["on"][r], f = per_round["off"][r], z = per_round["none"][r];
-      if (f > z) paired.push_back((f - o) / (f - z));
+      d_on.push_back(per_round["on"][r] - per_round["none"][r]);
+      d_off.push_back(per_round["off"][r] - per_round["none"][r]);
     }
-    std::printf("sync cost without overlap (off - none): %.2f ms/step; with overlap (on - none): %.2f ms/step\n",
-                off - none, on - none);
-    std::printf("hidden fraction (off - on) / (off - none): %.2f from the medians, %.2f paired per round\n",
-                off > none ? (off - on) / (off - none) : 0.0, median(paired));
+    const double paired_on = median(d_on), paired_off = median(d_off);
+    std::printf("sync cost per step, ms: off - none %.2f (paired %.2f), on - none %.2f (paired %.2f)\n", off - none,
+                paired_off, on - none, paired_on);
+    auto fraction = [](double exposed, double full) { return full > 0 ? 1 - exposed / full : 0.0; };
+    std::printf("hidden fraction (off - on) / (off - none): %.2f from the medians, %.2f from the paired differences\n",
+                fraction(on - none, off - none), fraction(paired_on, paired_off));
+    std::printf("finish() wait, on vs off: %.2f of the wait removed; sync CPU per step (cpu - none's cpu): "
+                "off %.2f ms, on %.2f ms\n",
+                fraction(wait_ms["on"], wait_ms["off"]), cpu_ms["off"] - cpu_ms["none"], cpu_ms["on"] - cpu_ms["none"]);
   }
   if (d > 1) {
     const double minimum = static_cast<double>(dp.min_wire_bytes());
