@@ -3,7 +3,9 @@
 // backward ("on"), the same sync started only after backward ("off"), no
 // gradient sync at all ("none": the step without DataParallel::finish, a
 // lower bound that trains nothing useful, since the replicas drift), and
-// ZeRO-1 ("zero", optional). Run under the launcher, one process per rank:
+// ZeRO-1 ("zero"). Every mode, like train_gpt, averages the loss over the
+// data ranks once per step (8 bytes). Run under the launcher, one process
+// per rank:
 //
 //   shardplan launch -n 2 --backend gloo -- bench_dp_step --plan plans/data_parallel.yaml
 //   shardplan launch -n 4 --backend gloo -- bench_dp_step --plan plans/gpt_2d.yaml
@@ -209,7 +211,12 @@ class Bench {
         zero->step();
       else
         opt->step();
-      return loss.detach();
+      // The global batch's loss, as train_gpt prints it: every mode, "none"
+      // too, meets the other data ranks once per step, so all of them wait
+      // for the slowest rank and sleep alike; off - none is then the
+      // gradients' sync, not the ranks' skew or the scheduler's favour
+      // for ranks that sleep.
+      return dp.average(loss.item<double>());
     };
     step(local.back());  // warm-up: buffers, the optimizer's state
     backward = wait = 0;
@@ -218,7 +225,7 @@ class Bench {
     const uint64_t g0 = group ? group->stats().bytes : 0;
     const int64_t w0 = written_bytes();
     const double c0 = process_cpu_ms();
-    std::vector<at::Tensor> losses;
+    std::vector<double> losses;
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < a_.steps; ++i) losses.push_back(step(local[i]));
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -228,7 +235,7 @@ class Bench {
     out.cpu_ms = (process_cpu_ms() - c0) / a_.steps;
     out.backward_ms = backward / a_.steps;
     out.wait_ms = wait / a_.steps;
-    for (const auto& l : losses) out.losses.push_back(l.item<double>());
+    out.losses = losses;
     series.state_bytes = zero ? zero->state_bytes() : shardplan::optimizer_state_bytes(*opt);
     if (sync) dp.check_replicas();  // throws naming the parameter if the sync is broken
     return out;
@@ -338,8 +345,8 @@ int run(const Args& a, shardplan::World& world) {
       if (!has(mode)) continue;
       // What DataParallel hands its group: the buckets to all-reduce, or with
       // ZeRO-1 the padded buckets to reduce-scatter plus this rank's slice of
-      // each to all-gather.
-      double expected = 0;
+      // each to all-gather; and the loss.
+      double expected = sizeof(double);  // the loss' average
       for (const auto& b : dp.buckets()) {
         const double padded = static_cast<double>((b.numel + d - 1) / d * d * b.element_size);
         expected += std::string(mode) == "zero" ? padded + padded / d : static_cast<double>(b.bytes());
