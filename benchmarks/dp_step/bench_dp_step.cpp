@@ -18,7 +18,7 @@
 //   (t_off - t_on) / (t_off - t_none), from the medians and paired per round;
 // - bytes per step on the batch axis: what DataParallel handed to the
 //   Communicator (its counters), and what the process actually wrote to its
-//   sockets (/proc/self/io wchar; gloo's TCP transport writes with writev),
+//   sockets (/proc/self/io wchar, which counts gloo TCP transport writes),
 //   "on" minus "none", which leaves the model axis' traffic out, against the
 //   ring all-reduce's minimum 2 (D-1)/D x gradient bytes;
 // - ZeRO-1 optimizer state bytes per rank against the unsharded optimizer's.
