@@ -27,7 +27,31 @@ set_tests_properties(comm_gloo_threads_ws2_inline comm_gloo_procs_np2_inline PRO
 set_tests_properties(comm_gloo_bad_blocking_option PROPERTIES TIMEOUT 60 LABELS "comm;gloo"
   PASS_REGULAR_EXPRESSION "bad option blocking=fast \\(expected blocking=worker or blocking=inline\\)")
 
+# Ranks on one host move all_reduce, reduce_scatter and all_gather through
+# shared memory by default (plugins/comm_gloo/shm.h). shm=on makes that an
+# error when it cannot be done, so these runs prove the suite went through
+# it; shm=off keeps gloo's TCP path under the same suite. No segment may be
+# left behind in /dev/shm.
+add_test(NAME comm_gloo_threads_ws3_shm_on COMMAND comm_conformance --backend gloo --threads 3 --option shm=on)
+add_test(NAME comm_gloo_procs_np2_shm_on
+  COMMAND $<TARGET_FILE:shardplan_cli> launch -n 2 --backend gloo --timeout-ms 120000
+    -- $<TARGET_FILE:comm_conformance> --backend gloo --option shm=on)
+add_test(NAME comm_gloo_threads_ws3_shm_off COMMAND comm_conformance --backend gloo --threads 3 --option shm=off)
+add_test(NAME comm_gloo_procs_np2_shm_off
+  COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_GLOO_SHM=off
+    $<TARGET_FILE:shardplan_cli> launch -n 2 --backend gloo --timeout-ms 120000
+    -- $<TARGET_FILE:comm_conformance> --backend gloo)
+add_test(NAME comm_gloo_bad_shm_option
+  COMMAND comm_conformance --backend gloo --threads 2 --option shm=fast)
+set_tests_properties(comm_gloo_threads_ws3_shm_on comm_gloo_procs_np2_shm_on comm_gloo_threads_ws3_shm_off
+  comm_gloo_procs_np2_shm_off PROPERTIES TIMEOUT 300 LABELS "comm;gloo")
+set_tests_properties(comm_gloo_bad_shm_option PROPERTIES TIMEOUT 60 LABELS "comm;gloo"
+  PASS_REGULAR_EXPRESSION "bad option shm=fast \\(expected shm=auto, shm=on or shm=off\\)")
+
 find_program(SHARDPLAN_BASH bash REQUIRED)
+add_test(NAME comm_gloo_shm_no_leftovers
+  COMMAND ${SHARDPLAN_BASH} -c "\"$1\" --backend gloo --threads 4 --quick --option shm=on >/dev/null & pid=$!; wait $pid || exit 1; left=$(ls /dev/shm | grep \"^shardplan-gloo-$pid-\"); [ -z \"$left\" ] || { echo \"left in /dev/shm: $left\"; exit 1; }" _ $<TARGET_FILE:comm_conformance>)
+set_tests_properties(comm_gloo_shm_no_leftovers PROPERTIES TIMEOUT 300 LABELS "comm;gloo")
 # tests/e2e/two_nodes_gloo.sh picks a free port with launcher_probe.
 add_test(NAME comm_gloo_two_nodes
   COMMAND ${SHARDPLAN_BASH} ${CMAKE_CURRENT_LIST_DIR}/e2e/two_nodes_gloo.sh $<TARGET_FILE:shardplan_cli>

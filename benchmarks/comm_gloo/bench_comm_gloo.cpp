@@ -4,7 +4,7 @@
 // talking TCP over loopback.
 //
 //   bench_comm_gloo [--ranks N] [--scale S] [--min-bytes B] [--max-bytes B] [--plugin PATH] [--control]
-//                   [--blocking worker|inline]
+//                   [--blocking worker|inline] [--shm off|auto|on]
 //
 // Blocks of calls through the plugin and through raw gloo alternate
 // (tools/bench/comm/interleaved.h); the table gives the median time per call
@@ -16,7 +16,9 @@
 // to every backend, one series after the other; this program stays for the
 // interleaved ratio. --blocking picks the plugin's option of that name:
 // worker (the default, a thread hop per call) or inline (on the caller, as
-// raw gloo runs).
+// raw gloo runs). --shm likewise: off (the default here, so both sides move
+// bytes over TCP and the ratio is the plugin's own overhead) or auto/on (the
+// plugin's same-host shared-memory path against raw gloo's TCP).
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -77,18 +79,18 @@ class Raw final : public shardplan_bench::ReduceSide {
 // control: the "plugin" side is a second raw gloo context, so the ratio
 // column shows what noise alone does to it on this machine.
 void run_rank(const Ranks& r, const sp_comm_api* api, const shardplan_bench::InterleavedArgs& args,
-              const std::string& blocking) {
+              const std::string& blocking, const std::string& shm) {
   const bool control = args.control;
   std::unique_ptr<shardplan_bench::ReduceSide> tested;
   if (control) tested = std::make_unique<Raw>(r, "control");
   else
     tested = std::make_unique<shardplan_bench::PluginReduceSide>(
-        api, r.rank, r.size, kTimeoutMs, std::vector<std::string>{"file_store=" + r.dir + "/plugin", "local_addr=127.0.0.1", "blocking=" + blocking});
+        api, r.rank, r.size, kTimeoutMs, std::vector<std::string>{"file_store=" + r.dir + "/plugin", "local_addr=127.0.0.1", "blocking=" + blocking, "shm=" + shm});
   Raw raw(r, "raw");
   shardplan_bench::InterleavedOptions o = args.options;
   o.rank = r.rank;
   o.size = r.size;
-  o.tested_name = control ? "control" : "plugin (blocking=" + blocking + ")";
+  o.tested_name = control ? "control" : "plugin (blocking=" + blocking + ", shm=" + shm + ")";
   o.raw_name = "raw gloo";
   o.title = "all_reduce float32 sum in place, " + std::to_string(r.size) +
             " ranks (processes), gloo TCP over 127.0.0.1" +
@@ -98,7 +100,7 @@ void run_rank(const Ranks& r, const sp_comm_api* api, const shardplan_bench::Int
 
 int usage() {
   std::fprintf(stderr, "usage: bench_comm_gloo [--ranks N] [--scale S] [--min-bytes B] [--max-bytes B] [--plugin PATH] [--control]\n"
-                       "                       [--blocking worker|inline]\n");
+                       "                       [--blocking worker|inline] [--shm off|auto|on]\n");
   return 2;
 }
 
@@ -110,12 +112,15 @@ int main(int argc, char** argv) {
   args.options.min_bytes = 4096;
   int ranks = 2;
   // --blocking is ours; the shared parser takes the rest.
-  std::string blocking = "worker";
+  std::string blocking = "worker", shm = "off";
   std::vector<char*> rest;
   for (int i = 0; i < argc; ++i) {
     if (std::string(argv[i]) == "--blocking" && i + 1 < argc) {
       blocking = argv[++i];
       if (blocking != "worker" && blocking != "inline") return usage();
+    } else if (std::string(argv[i]) == "--shm" && i + 1 < argc) {
+      shm = argv[++i];
+      if (shm != "off" && shm != "auto" && shm != "on") return usage();
     } else {
       rest.push_back(argv[i]);
     }
@@ -135,7 +140,7 @@ int main(int argc, char** argv) {
     if (pid < 0) die("fork failed");
     if (pid == 0) {
       try {
-        run_rank({r, ranks, dir}, api, args, blocking);
+        run_rank({r, ranks, dir}, api, args, blocking, shm);
       } catch (const std::exception& e) {
         die(std::string("rank ") + std::to_string(r) + ": " + e.what());
       }
@@ -146,7 +151,7 @@ int main(int argc, char** argv) {
   }
   int rc = 0;
   try {
-    run_rank({0, ranks, dir}, api, args, blocking);
+    run_rank({0, ranks, dir}, api, args, blocking, shm);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_comm_gloo: %s\n", e.what());
     rc = 1;

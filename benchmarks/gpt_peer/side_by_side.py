@@ -51,6 +51,8 @@ def parse():
     p.add_argument("--skip-status", type=int, default=0,
                    help="exit status when python3-torch is missing (ctest uses 77 to mark a skip)")
     p.add_argument("--only", choices=["ours", "peer"], help="run one side only")
+    p.add_argument("--with-tcp", action="store_true",
+                   help="also run ours with SHARDPLAN_GLOO_SHM=off (gloo's TCP path for same-host ranks too)")
     return p.parse_args()
 
 
@@ -74,7 +76,7 @@ def command(a, side, times_dir, rep):
               "--threads", str(a.threads)]
     if a.config:
         common += ["--config", a.config]
-    if side == "ours":
+    if side in ("ours", "ours_tcp"):
         launcher += ["--backend", "gloo"]
         program = [os.path.join(a.build, "examples", "train_gpt"), "--plan", os.path.join(ROOT, "plans", "gpt.yaml")]
     else:
@@ -100,6 +102,8 @@ def run(a, side, times_dir, rep):
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(a.threads)
     env["OPENBLAS_NUM_THREADS"] = str(a.threads)
+    if side == "ours_tcp":
+        env["SHARDPLAN_GLOO_SHM"] = "off"
     cmd = command(a, side, times_dir, rep)
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if p.returncode != 0:
@@ -148,6 +152,8 @@ def main():
         print("side_by_side.py: %s cannot import torch.distributed with gloo (apt-get install python3-torch): "
               "the PyTorch ProcessGroupGloo reference row is skipped" % PYTHON)
     sides = [s for s in ("ours", "peer") if (s == "ours" and a.only != "peer") or (s == "peer" and have_peer)]
+    if a.with_tcp and a.only != "peer":
+        sides.insert(1, "ours_tcp")
     if not sides:
         return a.skip_status
     times_dir = tempfile.mkdtemp(prefix="gpt_peer_times.") if a.thread_times else None
@@ -162,23 +168,36 @@ def main():
     for side in sides:
         print("%s: %s" % (side, " ".join(results[side][0]["cmd"])))
     print()
-    print("| rep | shardplan gloo tokens/s | PyTorch ProcessGroupGloo tokens/s (reference) | ratio |")
-    print("|---|---|---|---|")
-    ratios = []
+    tcp = "ours_tcp" in results
+    print("| rep | shardplan gloo tokens/s | PyTorch ProcessGroupGloo tokens/s (reference) | ratio |%s" %
+          (" shardplan gloo shm=off tokens/s | ratio shm=off |" if tcp else ""))
+    print("|---|---|---|---|%s" % ("---|---|" if tcp else ""))
+    ratios, tcp_ratios = [], []
     for rep in range(a.reps):
         ours = results["ours"][rep]["rate"] if "ours" in results else None
         peer = results["peer"][rep]["rate"] if "peer" in results else None
         ratio = ours / peer if ours and peer else None
         if ratio:
             ratios.append(ratio)
-        print("| %d | %s | %s | %s |" % (rep + 1, "%.0f" % ours if ours else "-", "%.0f" % peer if peer else "skipped",
-                                         "%.3f" % ratio if ratio else "-"))
+        extra = ""
+        if tcp:
+            t = results["ours_tcp"][rep]["rate"]
+            tr = t / peer if peer else None
+            if tr:
+                tcp_ratios.append(tr)
+            extra = " %.0f | %s |" % (t, "%.3f" % tr if tr else "-")
+        print("| %d | %s | %s | %s |%s" % (rep + 1, "%.0f" % ours if ours else "-", "%.0f" % peer if peer else "skipped",
+                                           "%.3f" % ratio if ratio else "-", extra))
     if ratios:
         ratios.sort()
         print("\nratio shardplan / PyTorch: median %.3f (min %.3f, max %.3f)" % (ratios[len(ratios) // 2], ratios[0],
                                                                                ratios[-1]))
+    if tcp_ratios:
+        tcp_ratios.sort()
+        print("ratio shardplan shm=off / PyTorch: median %.3f (min %.3f, max %.3f)" %
+              (tcp_ratios[len(tcp_ratios) // 2], tcp_ratios[0], tcp_ratios[-1]))
     status = 0
-    if len(sides) == 2:
+    if "ours" in results and "peer" in results:
         o, p = results["ours"][0], results["peer"][0]
         common = sorted(set(o["losses"]) & set(p["losses"]))
         diff = max(abs(o["losses"][s] - p["losses"][s]) for s in common)

@@ -16,6 +16,7 @@
 
 #include "shardplan/agreement.h"
 #include "shardplan/error.h"
+#include "shardplan/helpers.h"
 #include "shardplan/layer_plugin.h"
 #include "shardplan/plugin_loader.h"
 #include "shardplan/random.h"
@@ -520,7 +521,14 @@ ParallelReport parallelize(torch::nn::Module& model, const Plan& plan, World& wo
         throw Error("parameter '" + u.path + "' was tied to '" + p.ties[t][0].path +
                     "', but its layer plugin registered a new tensor for it: the tie would be lost");
     }
-  return report_of(std::move(p), world.size(), world.rank(), model);
+  ParallelReport report = report_of(std::move(p), world.size(), world.rank(), model);
+  // get_parallel_dim(param) answers for what a plan cut as for what a user
+  // declared by hand (helpers.h).
+  auto params = model.named_parameters();
+  for (const ReportRow& row : report.rows)
+    if (!row.splits.empty())
+      if (const at::Tensor* t = params.find(row.path)) register_parallel_split(*t, row.splits.front());
+  return report;
 }
 
 }  // namespace shardplan

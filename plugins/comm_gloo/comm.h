@@ -19,6 +19,7 @@
 #include "errors.h"
 #include "rendezvous.h"
 #include "self_mailbox.h"
+#include "shm.h"
 #include "shardplan/abi/comm.h"
 #include "shardplan/comm_plugin.h"
 
@@ -57,6 +58,8 @@ class Comm {
   std::atomic<bool> aborted{false};
   uint32_t split_seq = 0;  // advanced by the executing thread only
   SelfMailbox self;
+  ShmMode shm_mode = ShmMode::kAuto;  // this communicator's and its splits'
+  std::shared_ptr<ShmGroup> shm;      // set when its ranks share a host (shm.h)
 
   // `cancel`: the abort flag of whoever else is waiting for this connect
   // (the parent of a split).

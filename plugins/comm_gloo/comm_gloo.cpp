@@ -66,6 +66,7 @@ struct Options {
   std::string file_store;
   std::string prefix;
   bool blocking_inline = false;  // blocking=inline|worker
+  ShmMode shm = shm_mode_default();  // shm=auto|on|off
   std::string bad;               // the first option with a bad value
 };
 
@@ -78,6 +79,7 @@ Options parse_options(const char* const* options) {
     else if (k == "prefix") o.prefix = v;
     else if (k == "blocking" && (v == "inline" || v == "worker")) o.blocking_inline = v == "inline";
     else if (k == "blocking" && o.bad.empty()) o.bad = "blocking=" + v + " (expected blocking=worker or blocking=inline)";
+    else if (k == "shm" && !parse_shm_mode(v, o.shm) && o.bad.empty()) o.bad = "shm=" + v + " (expected shm=auto, shm=on or shm=off)";
   });
   return o;
 }
@@ -121,7 +123,9 @@ int api_create(const sp_comm_config* config, sp_comm** out) {
     }
 
     auto comm = std::make_shared<Comm>(rank, size, timeout, store, prefix, device, opt.blocking_inline);
+    comm->shm_mode = opt.shm;
     comm->connect();
+    attach_shm(*comm, comm->shm_mode);
     *out = new sp_comm{comm};
     return SP_OK;
   });
@@ -158,7 +162,9 @@ int api_split(sp_comm* parent, int32_t color, int32_t key, sp_comm** out) {
         auto c = std::make_shared<Comm>(new_rank, static_cast<int>(members.size()), p->timeout, p->store,
                                         p->prefix + "/split/" + std::to_string(seq) + "/" + std::to_string(color),
                                         p->device, p->blocking_inline());
+        c->shm_mode = p->shm_mode;
         c->connect(&p->aborted);
+        attach_shm(*c, c->shm_mode);
         child = std::move(c);
       },
       nullptr);
@@ -257,6 +263,7 @@ int api_all_reduce(sp_comm* comm, const sp_buffer* send, const sp_buffer* recv, 
         // Copying first and reducing in place costs what gloo's own
         // out-of-place path costs (it copies per segment) and survives
         // any overlap of send and recv.
+        if (c.shm) return c.shm->all_reduce(bytes(s), bytes(r), r.count, es, fn);
         if (s.data != r.data) std::memmove(r.data, s.data, r.count * es);
         run_gloo(c, es, gloo::allreduce, [&](auto& o, auto e) {
           o.setOutput(static_cast<decltype(e)*>(r.data), r.count);
@@ -269,6 +276,7 @@ int api_all_gather(sp_comm* comm, const sp_buffer* send, const sp_buffer* recv, 
   return paired_collective(
       "all_gather", comm, send, recv, Counts::kRecvPerRank, work,
       [](Comm& c, const sp_buffer& s, const sp_buffer& r, size_t es) {
+        if (c.shm) return c.shm->all_gather(bytes(s), bytes(r), s.count, es);
         size_t chunk = s.count * es;
         uint8_t* mine = bytes(r, chunk * c.rank);
         if (s.data != mine) std::memmove(mine, s.data, chunk);
@@ -318,6 +326,7 @@ int api_reduce_scatter(sp_comm* comm, const sp_buffer* send, const sp_buffer* re
   return reduction_collective(
       "reduce_scatter", comm, send, recv, Counts::kSendPerRank, op, work,
       [](Comm& c, const sp_buffer& s, const sp_buffer& r, size_t es, ReduceFn fn) {
+        if (c.shm) return c.shm->reduce_scatter(bytes(s), bytes(r), r.count, es, fn);
         ring_reduce_scatter(c, s, r, fn, es);
       });
 }
