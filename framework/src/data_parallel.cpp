@@ -347,15 +347,18 @@ void DataParallel::finish() {
     if (d.zero) {
       b.shard.mul_(scale);
     } else {
-      b.flat.mul_(scale);
+      // Scaling on the way back into .grad is one pass over the gradients
+      // where scaling the bucket, then copying, is two; this tail is what
+      // overlap cannot hide (docs/BENCHMARKS.md, bench_dp_step).
+      const at::Tensor factor = at::scalar_tensor(scale, b.flat.options());
       for (size_t i : b.entries) {
         Impl::Entry& e = d.entries[i];
-        at::Tensor avg = b.flat.narrow(0, e.offset, e.param.numel()).view(e.param.sizes());
+        const at::Tensor sum = b.flat.narrow(0, e.offset, e.param.numel()).view(e.param.sizes());
         at::Tensor& g = e.param.mutable_grad();
         if (g.defined())
-          g.copy_(avg);
+          at::mul_out(g, sum, factor);
         else
-          g = avg.clone();
+          g = sum * factor;
       }
     }
     for (size_t i : b.entries) d.entries[i].ready = false;
