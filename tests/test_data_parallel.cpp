@@ -417,6 +417,31 @@ rules:
   });
 }
 
+// ZeRO-1 updates bucket slices only, so parameters outside the buckets are
+// refused rather than left untrained.
+TEST(DataParallel, ZeroWithParametersOutsideTheBucketsIsAnError) {
+  const Task task = mlp_task(1, 8);
+  for (const std::string& extra : {std::string("data_parallel: {zero: true, ignore: ['fc3\\.bias']}\nrules: []\n"),
+                                   std::string("data_parallel: {zero: true}\nrules:\n"
+                                               "  - {match: 'fc1\\.weight', layout: [data, null]}\n")}) {
+    const auto plan = shardplan::parse_plan("version: 1\nmesh: {data: 2}\n" + extra, "z.yaml");
+    std::vector<std::shared_ptr<torch::nn::Module>> replicas;
+    for (int r = 0; r < 2; ++r) replicas.push_back(task.model->clone());
+    shardplan::run_ranks_in_threads(2, [&](shardplan::World& w) {
+      auto& model = *replicas[w.rank()];
+      auto report = shardplan::parallelize(model, plan, w);
+      try {
+        DataParallel dp(model, report, plan, w);
+        ADD_FAILURE() << "no error for " << extra;
+      } catch (const shardplan::PlanError& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("z.yaml:3:16: data_parallel.zero: parameter '"), std::string::npos) << what;
+        EXPECT_NE(what.find("ZeRO-1's optimizer would never update it"), std::string::npos) << what;
+      }
+    });
+  }
+}
+
 // ------------------------------------------------------------ plan keys and bad input
 
 TEST(DataParallel, PlanKeysParseAndRoundTrip) {

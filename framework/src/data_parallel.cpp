@@ -169,6 +169,17 @@ DataParallel::DataParallel(torch::nn::Module& model, const ParallelReport& repor
     d.averaged.push_back(item.key());
     to_average.emplace_back(item.key(), p);
   }
+  // ZeRO-1's optimizer holds slices of the buckets only: a trainable
+  // parameter outside them would silently never be updated.
+  if (d.zero)
+    for (const auto& list : {std::make_pair(&d.ignored, "is in data_parallel.ignore"),
+                             std::make_pair(&d.split, "is split over the batch axis")})
+      for (const std::string& name : *list.first)
+        if (model.named_parameters()[name].requires_grad())
+          throw PlanError(spec.loc, "data_parallel.zero: parameter '" + name + "' " + list.second +
+                                        ", so it is in no bucket and ZeRO-1's optimizer would never update it; "
+                                        "ZeRO-1 needs every trainable parameter averaged over '" + d.axis +
+                                        "' (drop zero, or that parameter's ignore entry / batch-axis layout)");
   for (size_t i = 0; i < spec.ignore.size(); ++i)
     if (ignore_hits[i] == 0 && !d.axis.empty())
       d.warnings.push_back(spec.ignore[i].pattern_loc.str() + ": data_parallel.ignore '" +
