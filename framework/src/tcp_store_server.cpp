@@ -236,25 +236,30 @@ void Server::stop() {
 void Server::release(std::shared_ptr<Server> server) {
   if (!server) return;
   State& st = *server->state_;
+  bool finished;
   {
     std::unique_lock<std::mutex> lock(st.mu);
     st.released = true;
     st.wake();
     st.cv.wait(lock, [&] { return st.finished || st.lingering; });
-    if (!st.finished) {
-      Registry& r = Registry::get();
-      std::lock_guard<std::mutex> reg_lock(r.mu);
-      // Reap those that have ended since.
-      for (auto& s : r.lingering) {
-        std::lock_guard<std::mutex> l(s->state_->mu);
-        if (s->state_->finished) s.reset();
-      }
-      r.lingering.erase(std::remove(r.lingering.begin(), r.lingering.end(), nullptr), r.lingering.end());
-      r.lingering.push_back(std::move(server));
-      return;
-    }
+    finished = st.finished;
   }
-  server->stop();
+  if (finished) return server->stop();
+  // No server's mutex is held while taking the registry's: two releases at
+  // once would take them in opposite orders.
+  Registry& r = Registry::get();
+  std::lock_guard<std::mutex> reg_lock(r.mu);
+  // Reap those that have ended since.
+  for (auto& s : r.lingering) {
+    bool ended;
+    {
+      std::lock_guard<std::mutex> l(s->state_->mu);
+      ended = s->state_->finished;
+    }
+    if (ended) s.reset();  // joins; its mutex goes with it, so not under the lock
+  }
+  r.lingering.erase(std::remove(r.lingering.begin(), r.lingering.end(), nullptr), r.lingering.end());
+  r.lingering.push_back(std::move(server));
 }
 
 // ----------------------------------------------------------------- loop
