@@ -5,7 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ccache git
-  libtorch-dev            # libtorch (CPU) and c10d's TCPStore/FileStore
+  libtorch-dev            # libtorch (CPU) and c10d's FileStore
   libopenblas0-pthread    # libtorch on reference BLAS is ~15x slower
   libgloo-dev             # gloo communication plugin
   libyaml-cpp-dev         # plan parser

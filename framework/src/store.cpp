@@ -1,7 +1,6 @@
 #include "shardplan/store.h"
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -18,6 +17,7 @@
 #include <thread>
 
 #include "shardplan/error.h"
+#include "tcp_store.h"
 
 namespace shardplan {
 
@@ -95,115 +95,52 @@ int abi_check(void* ctx, const char* key, int* exists) {
 
 const char* abi_last_error(void*) { return t_last_error.c_str(); }
 
-// Both c10d stores can wait with a timeout, but an expired TCPStore wait
-// leaves its reply in the socket (libtorch 1.x) and desynchronises the
-// client. Polling check() keeps every request paired with its answer.
-template <typename CheckFn>
-void poll_until(CheckFn&& exists, std::chrono::milliseconds timeout, const std::string& key,
-                const std::string& where) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto nap = std::chrono::milliseconds(1);
-  while (!exists()) {
-    auto now = std::chrono::steady_clock::now();
-    if (now >= deadline) throw StoreTimeout(timeout_message(timeout, key, where));
-    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(nap, deadline - now));
-    nap = std::min(nap * 2, std::chrono::milliseconds(20));
-  }
-}
-
-// ----------------------------------------------------------------- c10d
-
-// The c10d-backed stores differ in how they open and name themselves; their
-// requests and error messages are the same.
-template <typename C10d>
-class C10dStore : public Store {
- public:
-  void set(const std::string& key, const std::vector<uint8_t>& value) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    try {
-      store_->set(key, value);
-    } catch (const std::exception& e) {
-      throw Error("store " + describe() + ": cannot set key '" + key + "': " + reason(e));
-    }
-  }
-
-  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
-    poll_until([&] { return check(key); }, timeout, key, describe());
-    std::lock_guard<std::mutex> lock(mu_);
-    try {
-      return store_->get(key);
-    } catch (const std::exception& e) {
-      throw Error("store " + describe() + ": cannot get key '" + key + "': " + reason(e));
-    }
-  }
-
-  bool check(const std::string& key) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    try {
-      return store_->check({key});
-    } catch (const std::exception& e) {
-      throw Error("store " + describe() + ": " + lookup_failure_ + " key '" + key + "': " + reason(e));
-    }
-  }
-
- protected:
-  // `lookup_failure` words a failed check(): a TCP client that cannot look a
-  // key up has lost its server, a file store has not.
-  explicit C10dStore(const char* lookup_failure) : lookup_failure_(lookup_failure) {}
-
-  std::unique_ptr<C10d> store_;
-
- private:
-  const char* const lookup_failure_;
-  // c10d's TCP client is one socket; concurrent requests would interleave.
-  std::mutex mu_;
-};
-
 // ------------------------------------------------------------------ TCP
 
-class TcpStore final : public C10dStore<c10d::TCPStore> {
+// Our own TCP store (tcp_store.h), not c10d's: libtorch 1.13's TCPStore
+// cannot be told where to listen and served every interface. World rank 0
+// serves, bound to the master address only; every rank is a client.
+class TcpStore final : public Store {
  public:
-  TcpStore(const std::string& host, int port, bool is_server, int world_size, std::chrono::milliseconds timeout)
-      : C10dStore("lost connection while looking up"), host_(host) {
-    if (port < 0 || port > 65535) throw Error("invalid port " + std::to_string(port) + " for tcp://" + host);
-    c10d::TCPStoreOptions o;
-    o.port = static_cast<uint16_t>(port);
-    o.isServer = is_server;
-    o.numWorkers = static_cast<size_t>(std::max(world_size, 1));
-    // Rank 0 must not block in its constructor: peers are still starting,
-    // and the plugin's own rendezvous waits for them anyway.
-    o.waitWorkers = false;
-    o.timeout = timeout;
-    try {
-      store_ = std::make_unique<c10d::TCPStore>(host, o);
-    } catch (const std::exception& e) {
-      std::string why = reason(e);
-      if (is_server && (why.find("Address already in use") != std::string::npos ||
-                        why.find("errno: 98") != std::string::npos || why.find("failed to bind") != std::string::npos))
-        throw Error("port " + std::to_string(port) + " already in use on " + host);
-      if (is_server) throw Error("cannot serve the rendezvous store on " + host + ":" + std::to_string(port) + ": " + why);
-      throw Error("cannot reach master " + host + ":" + std::to_string(port) + " within " +
-                  std::to_string(timeout.count()) + " ms: " + why);
+  TcpStore(const std::string& host, int port, bool is_server, std::chrono::milliseconds timeout) {
+    if (is_server) {
+      server_ = tcp_store::Server::start(host, port);
+      port = server_->port();
     }
-    port_ = store_->getPort();
+    client_ = std::make_unique<tcp_store::Client>(host, port, timeout);
   }
 
-  std::string describe() const override {
-    bool v6 = host_.find(':') != std::string::npos;
-    return "tcp://" + (v6 ? "[" + host_ + "]" : host_) + ":" + std::to_string(port_);
+  ~TcpStore() override {
+    client_.reset();
+    // Peers may still be meeting through it: it serves on until they have
+    // gone (or this process exits).
+    tcp_store::Server::release(std::move(server_));
   }
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override { client_->set(key, value); }
+
+  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    auto v = client_->get(key, timeout);
+    if (!v) throw StoreTimeout(timeout_message(timeout, key, describe()));
+    return std::move(*v);
+  }
+
+  bool check(const std::string& key) override { return client_->check(key); }
+
+  std::string describe() const override { return client_->describe(); }
 
  private:
-  std::string host_;
-  int port_ = 0;
+  std::shared_ptr<tcp_store::Server> server_;
+  std::unique_ptr<tcp_store::Client> client_;
 };
 
 // ----------------------------------------------------------------- file
 
-class FileStore final : public C10dStore<c10d::FileStore> {
+// c10d's FileStore. Its own wait() would do, but polling check() keeps one
+// mutex-held request at a time and the timeout message ours.
+class FileStore final : public Store {
  public:
-  FileStore(const std::string& path, int world_size, std::chrono::milliseconds timeout)
-      : C10dStore("cannot look up"), path_(path) {
+  FileStore(const std::string& path, int world_size, std::chrono::milliseconds timeout) : path_(path) {
     try {
       auto parent = std::filesystem::path(path).parent_path();
       if (!parent.empty()) std::filesystem::create_directories(parent);
@@ -220,10 +157,47 @@ class FileStore final : public C10dStore<c10d::FileStore> {
     }
   }
 
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    try {
+      store_->set(key, value);
+    } catch (const std::exception& e) {
+      throw Error("store " + describe() + ": cannot set key '" + key + "': " + reason(e));
+    }
+  }
+
+  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto nap = std::chrono::milliseconds(1);
+    while (!check(key)) {
+      auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) throw StoreTimeout(timeout_message(timeout, key, describe()));
+      std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(nap, deadline - now));
+      nap = std::min(nap * 2, std::chrono::milliseconds(20));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    try {
+      return store_->get(key);
+    } catch (const std::exception& e) {
+      throw Error("store " + describe() + ": cannot get key '" + key + "': " + reason(e));
+    }
+  }
+
+  bool check(const std::string& key) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    try {
+      return store_->check({key});
+    } catch (const std::exception& e) {
+      throw Error("store " + describe() + ": cannot look up key '" + key + "': " + reason(e));
+    }
+  }
+
   std::string describe() const override { return "file://" + path_; }
 
  private:
   std::string path_;
+  std::unique_ptr<c10d::FileStore> store_;
+  std::mutex mu_;
 };
 
 // --------------------------------------------------------------- memory
@@ -279,7 +253,8 @@ Store::~Store() = default;
 
 std::shared_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server, int world_size,
                                       std::chrono::milliseconds timeout) {
-  return std::make_shared<TcpStore>(host, port, is_server, world_size, timeout);
+  (void)world_size;  // every rank meets every other through its own keys; nobody counts
+  return std::make_shared<TcpStore>(host, port, is_server, timeout);
 }
 
 std::shared_ptr<Store> make_file_store(const std::string& path, int world_size, std::chrono::milliseconds timeout) {
@@ -307,7 +282,7 @@ std::shared_ptr<Store> make_store(const std::string& url, int rank, int world_si
       if (colon != std::string::npos) port_text = rest.substr(colon + 1);
     }
     if (host.empty()) throw Error("store url '" + url + "' has no host");
-    int port = c10d::TCPStoreOptions::kDefaultPort;
+    int port = 29500;  // torchrun's MASTER_PORT default
     if (!port_text.empty()) {
       char* end = nullptr;
       long p = std::strtol(port_text.c_str(), &end, 10);

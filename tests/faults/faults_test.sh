@@ -256,7 +256,7 @@ unreachable_master)
       -- "$FP" --init
     expect_rc 1
     expect_faster_than 30000
-    expect_line_re err "\[rank 1\] fault_probe: error: cannot reach master $addr:$PORT within 1500 ms: .*"
+    expect_line_re err "\[rank 1\] fault_probe: error: cannot reach master tcp://$addr:$PORT within 1500 ms: .*"
     expect_line_re err "shardplan launch: rank 1 \(pid [0-9]+\) exited with status 1"
   done
   ;;

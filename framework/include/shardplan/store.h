@@ -32,8 +32,11 @@ class Store {
   sp_store abi_;
 };
 
-// Multi-node rendezvous over c10d::TCPStore from libtorch. The server (global
-// rank 0) listens on host:port; everyone else connects.
+// Multi-node rendezvous over the framework's own TCP store (unauthenticated,
+// like torchrun's). The server (global rank 0) listens on host:port only
+// (localhost: 127.0.0.1; 0.0.0.0: every interface, on explicit request);
+// everyone, the server's rank too, connects as a client. `world_size` is
+// unused: nobody counts arrivals.
 std::shared_ptr<Store> make_tcp_store(const std::string& host, int port, bool is_server,
                                       int world_size, std::chrono::milliseconds timeout);
 // Single-node rendezvous through a file every rank can reach.

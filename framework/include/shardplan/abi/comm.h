@@ -66,8 +66,8 @@ typedef struct sp_buffer {
 } sp_buffer;
 
 /* Rendezvous key/value store provided by the host (the framework adapts
- * c10d's TCPStore/FileStore to it). Values returned by get() are allocated
- * with malloc() and freed by the plugin with free(). */
+ * its own TCP store or c10d's FileStore to it). Values returned by get()
+ * are allocated with malloc() and freed by the plugin with free(). */
 typedef struct sp_store {
   void* ctx;
   int (*set)(void* ctx, const char* key, const void* data, size_t len);
