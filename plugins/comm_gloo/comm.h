@@ -110,6 +110,7 @@ class Comm {
   void abort() {
     aborted = true;
     if (ctx) ctx->abort("communicator aborted");
+    if (shm) shm->leave();
     self.wake();
     children.abort_all();
   }

@@ -113,7 +113,8 @@ struct Offer {
 struct ShmGroup::Flag {
   std::atomic<uint32_t> seq;
   std::atomic<uint32_t> waiters;
-  char pad[56];
+  std::atomic<uint32_t> gone;  // set when the rank leaves: aborted or destroyed
+  char pad[52];
 };
 static_assert(sizeof(std::atomic<uint32_t>) == 4 && std::atomic<uint32_t>::is_always_lock_free,
               "futex words must be plain 32-bit atomics");
@@ -124,7 +125,17 @@ ShmGroup::ShmGroup(int rank, int size, std::chrono::milliseconds timeout, const 
       bytes_(bytes), slot_bytes_(slot_bytes), pids_(std::move(pids)),
       flags_(reinterpret_cast<Flag*>(base_ + 64)), banks_(base_ + kHeaderBytes) {}
 
-ShmGroup::~ShmGroup() { munmap(base_, bytes_); }
+ShmGroup::~ShmGroup() {
+  leave();
+  munmap(base_, bytes_);
+}
+
+// Peers waiting for this rank fail at once instead of at their timeout, as
+// they do over TCP when its sockets close.
+void ShmGroup::leave() {
+  flags_[rank_].gone.store(1, std::memory_order_seq_cst);
+  futex_wake_all(&flags_[rank_].seq);
+}
 
 uint8_t* ShmGroup::slot(int r) const {
   const size_t bank = static_cast<size_t>(chunks_ & 1);
@@ -153,6 +164,12 @@ void ShmGroup::wait_for(int peer, uint32_t target, Clock::time_point deadline) {
     const uint32_t seen = f.seq.load(std::memory_order_seq_cst);
     if (static_cast<int32_t>(seen - target) >= 0) break;
     futex_wait(&f.seq, seen, 10 * 1000 * 1000);
+    if (reached()) break;
+    if (f.gone.load(std::memory_order_seq_cst)) {
+      status = SP_ERR_INTERNAL;
+      failure = "rank " + std::to_string(peer) + " left the communicator (aborted, destroyed, or its process ended)";
+      break;
+    }
     if (aborted_ && aborted_->load()) {
       status = SP_ERR_ABORTED;
       failure = "the communicator was aborted";

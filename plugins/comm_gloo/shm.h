@@ -53,6 +53,8 @@ class ShmGroup {
   void all_reduce(const uint8_t* send, uint8_t* recv, size_t count, size_t es, ReduceFn fn);
   void reduce_scatter(const uint8_t* send, uint8_t* recv, size_t count, size_t es, ReduceFn fn);
   void all_gather(const uint8_t* send, uint8_t* recv, size_t count, size_t es);
+  // Tells the peers this rank will not come to another barrier (abort).
+  void leave();
 
  private:
   struct Flag;
