@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 
+#include "shardplan/auto_plan.h"
 #include "shardplan/nn/linear.h"
 #include "shardplan/parallelize.h"
 #include "shardplan/plan.h"
@@ -38,7 +39,7 @@ struct Args {
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
-               "train_mlp: %s\nusage: train_mlp [--plan PLAN.yaml] [--ranks N] [--steps N] [--batch N] [--in N]\n"
+               "train_mlp: %s\nusage: train_mlp [--plan PLAN.yaml|auto] [--ranks N] [--steps N] [--batch N] [--in N]\n"
                "                 [--hidden N] [--out N] [--lr X] [--optimizer sgd|adam] [--dtype float32|float64]\n"
                "                 [--seed N] [--threads N] [--report]\n",
                why.c_str());
@@ -107,10 +108,16 @@ void train(const Args& a, shardplan::World& world, int ranks_in_process) {
   }
   model->to(dtype);
   shardplan::ParallelReport report;
-  if (!a.plan.empty()) {
+  if (a.plan == "auto") {
+    // Planned by shardplan::auto_plan from one probe forward; the values of
+    // the probe's input do not matter, only which layer feeds which.
+    shardplan::AutoPlanOptions options;
+    options.probe = [&](torch::nn::Module&) { return model->forward(torch::zeros({2, a.in}, model->fc1->weight.options())); };
+    report = shardplan::parallelize(*model, world, options);
+  } else if (!a.plan.empty()) {
     report = shardplan::parallelize(*model, shardplan::load_plan(a.plan), world);
-    if (a.report && world.rank() == 0) std::cout << report.table() << std::flush;
   }
+  if (!a.plan.empty() && a.report && world.rank() == 0) std::cout << (a.plan == "auto" ? report.plan_yaml : "") << report.table() << std::flush;
   std::unique_ptr<torch::optim::Optimizer> opt;
   if (a.optimizer == "adam") opt = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(a.lr));
   else opt = std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(a.lr).momentum(0.9));

@@ -40,5 +40,7 @@ add_test(NAME e2e_mlp_gloo_launcher COMMAND ${_e2e} float32 -- ${_mlp_ref}
 add_test(NAME e2e_mlp_gloo_two_nodes COMMAND ${_e2e} float32 -- ${_mlp_ref}
   -- ${CMAKE_CURRENT_SOURCE_DIR}/e2e/two_nodes_gloo.sh $<TARGET_FILE:shardplan_cli> $<TARGET_FILE:launcher_probe> 2
   -- ${_mlp})
+add_test(NAME e2e_mlp_auto_gloo_launcher COMMAND ${_e2e} float32 -- ${_mlp_ref}
+  -- $<TARGET_FILE:shardplan_cli> launch -n 2 --backend gloo -- ${_mlp_ref} --plan auto)
 set_tests_properties(e2e_mlp_threads_f64 e2e_mlp_threads4_f32 e2e_mlp_f32_catches_wrong_gradient_scale
-  e2e_mlp_gloo_launcher e2e_mlp_gloo_two_nodes PROPERTIES TIMEOUT 300)
+  e2e_mlp_gloo_launcher e2e_mlp_gloo_two_nodes e2e_mlp_auto_gloo_launcher PROPERTIES TIMEOUT 300)

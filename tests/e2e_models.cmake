@@ -7,7 +7,10 @@ foreach(model gpt convnet lstm_lm)
   set(_run $<TARGET_FILE:train_model> --model ${model} --steps 20 --log-every 1 --batch 8)
   add_test(NAME e2e_${model}_gloo_launcher COMMAND ${_e2e} float32 -- ${_run}
     -- $<TARGET_FILE:shardplan_cli> launch -n 2 --backend gloo -- ${_run} --plan ${PROJECT_SOURCE_DIR}/plans/${model}.yaml)
-  set_tests_properties(e2e_${model}_gloo_launcher PROPERTIES TIMEOUT 300)
+  # The same under the plan auto_plan writes (docs/AUTO_PLAN.md).
+  add_test(NAME e2e_${model}_auto_gloo_launcher COMMAND ${_e2e} float32 -- ${_run}
+    -- $<TARGET_FILE:shardplan_cli> launch -n 2 --backend gloo -- ${_run} --plan auto)
+  set_tests_properties(e2e_${model}_gloo_launcher e2e_${model}_auto_gloo_launcher PROPERTIES TIMEOUT 300)
 endforeach()
 # The demo's own binary and default path: ranks as threads, 4 ranks, float64
 # (the tolerance is the printed precision, 8 decimals).

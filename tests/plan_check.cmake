@@ -13,4 +13,13 @@ if(TARGET shardplan_plan)
       -P ${CMAKE_CURRENT_SOURCE_DIR}/plan_check/run.cmake)
     set_tests_properties(plan_check_${part} PROPERTIES TIMEOUT 300)
   endforeach()
+  # `shardplan plan auto` (docs/AUTO_PLAN.md) for each example model.
+  set(_auto_gpt "  - match: 'blocks\\.\\d+\\.fc2\\.weight'")
+  set(_auto_convnet "  # output-channel-parallel conv1, output left split: only conv2 reads it (through relu)")
+  set(_auto_lstm_lm "  - match: 'loss'")
+  foreach(model gpt convnet lstm_lm)
+    add_test(NAME plan_auto_${model} COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/plan_check/auto.sh
+      $<TARGET_FILE:shardplan_cli> ${model} "${_auto_${model}}" ${CMAKE_CURRENT_BINARY_DIR}/plan_check)
+    set_tests_properties(plan_auto_${model} PROPERTIES TIMEOUT 300)
+  endforeach()
 endif()

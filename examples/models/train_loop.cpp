@@ -14,6 +14,7 @@
 #include "models/gpt.h"
 #include "models/heap.h"
 #include "models/model.h"
+#include "shardplan/auto_plan.h"
 #include "shardplan/checkpoint.h"
 #include "shardplan/data_parallel.h"
 #include "shardplan/error.h"
@@ -71,7 +72,7 @@ const Defaults kDefaults[] = {
   for (const auto& n : model_names())
     if (!fixed || n == only) models += "\n  " + n + ": " + model_help(n);
   std::fprintf(stderr,
-               "%s: %s\nusage: %s %s[--config KEY=VALUE,...] [--plan PLAN.yaml] [--ranks N] [--steps N]\n"
+               "%s: %s\nusage: %s %s[--config KEY=VALUE,...] [--plan PLAN.yaml|auto] [--ranks N] [--steps N]\n"
                "       [--batch N] [--lr X] [--optimizer adam|sgd] [--dtype float32|float64] [--seed N]\n"
                "       [--threads N] [--log-every N] [--data TEXT_FILE] [--report]\n"
                "       [--save DIR [--save-every N]] [--load DIR] [--micro-batches N] [--check-replicas N]\n"
@@ -81,6 +82,7 @@ const Defaults kDefaults[] = {
                "training on from its step to --steps (docs/CHECKPOINTS.md); --threads sets libtorch's and\n"
                "the BLAS pool's threads per rank (default: SHARDPLAN_NUM_THREADS, else cores / ranks on\n"
                "this machine; docs/THREADS.md)\n"
+               "--plan auto plans the model by itself (shardplan::auto_plan, docs/AUTO_PLAN.md; --report shows it)\n"
                "--batch is the global batch: a plan with a batch axis (mesh {data: 2, model: 2}) gives each\n"
                "data rank its slice; --micro-batches accumulates gradients over N slices of it per step;\n"
                "--check-replicas N compares every replicated parameter across its groups every N steps\n"
@@ -289,7 +291,23 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
 
   ParallelReport report;
   Plan plan;
-  if (!a.plan.empty()) {
+  if (a.plan == "auto") {
+    // The probe is one loss on a batch of 2: only its graph matters.
+    AutoPlanOptions options;
+    options.probe = [&](torch::nn::Module&) {
+      at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(a.seed);
+      return m.model->loss(m.model->sample(gen, 2, corpus));
+    };
+    plan = auto_plan(*m.module, world.size(), options);
+    if (a.report && lead) std::cout << plan.to_yaml() << std::flush;
+    if (lead && plan.rules.empty())
+      std::fprintf(stderr, "warning: auto_plan found nothing to shard in model %s: every rank computes all of it (--report says why)\n",
+                   a.model.c_str());
+    report = parallelize(*m.module, plan, world);
+    if (lead) std::printf("plan auto: mesh %s over %d ranks, %zu rules\n", report.mesh.str().c_str(), world.size(),
+                          plan.rules.size());
+    if (a.report && lead) std::cout << report.table() << std::flush;
+  } else if (!a.plan.empty()) {
     plan = load_plan(a.plan);
     report = parallelize(*m.module, plan, world);
     if (lead) std::printf("plan %s: mesh %s over %d ranks\n", a.plan.c_str(), report.mesh.str().c_str(), world.size());

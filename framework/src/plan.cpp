@@ -199,8 +199,25 @@ PlanMatch Plan::assign(const std::vector<ParamInfo>& params, int world_size,
   return out;
 }
 
+namespace {
+
+void write_comment(std::ostringstream& y, const std::string& text, const char* indent) {
+  if (text.empty()) return;
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(begin, end - begin);
+    y << indent << (line.empty() ? "#" : "# " + line) << "\n";
+    begin = end + 1;
+  }
+}
+
+}  // namespace
+
 std::string Plan::to_yaml() const {
   std::ostringstream y;
+  write_comment(y, comment, "");
   y << "version: " << version << "\n";
   std::vector<std::string> axes;
   for (const auto& axis : mesh)
@@ -221,6 +238,7 @@ std::string Plan::to_yaml() const {
   }
   y << "rules:\n";
   for (const Rule& rule : rules) {
+    write_comment(y, rule.comment, "  ");
     // Patterns always quoted: regexes are full of characters YAML treats specially.
     y << "  - match: " << quoted(rule.pattern) << "\n";
     std::vector<std::string> dims;

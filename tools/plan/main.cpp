@@ -1,5 +1,7 @@
 // shardplan-plan: `shardplan plan check PLAN.yaml (--model NAME | --state-dict
-// FILE) --world N`, the plan checker (docs/PLAN_CHECK.md). The report itself
+// FILE) --world N`, the plan checker (docs/PLAN_CHECK.md), and `shardplan
+// plan auto --model NAME --world N`, which prints the plan auto_plan writes
+// for an example model (docs/AUTO_PLAN.md) and then checks it the same way. The report itself
 // comes from the framework (shardplan/plan_check.h, shardplan/dry_run.h); this
 // program only builds the example model or reads the checkpoint, and prints.
 // Exit status: 0 the plan can run, 1 it cannot (or the inputs cannot be
@@ -11,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -18,6 +21,7 @@
 
 #include "models/corpus.h"
 #include "models/model.h"
+#include "shardplan/auto_plan.h"
 #include "shardplan/dry_run.h"
 #include "shardplan/error.h"
 #include "shardplan/plan.h"
@@ -42,9 +46,16 @@ const char* kUsage =
     "  --model NAME       an example model (--config overrides its settings)\n"
     "  --state-dict PATH  names and shapes from a sharded checkpoint directory or a torch::save\n"
     "                     file; no layer plugin is consulted and nothing is run\n"
-    "  --no-comm          skip the dry run\n";
+    "  --no-comm          skip the dry run\n"
+    "\n"
+    "usage: shardplan plan auto --model NAME --world N [--save PLAN.yaml] [the options above]\n"
+    "\n"
+    "Writes a plan for the example model with shardplan::auto_plan (probed with one training loss),\n"
+    "prints it with a comment per rule saying why (and what stays replicated), then its report as\n"
+    "above. --save also writes it to a file, usable as --plan.\n";
 
 struct Args {
+  std::string sub, save;
   std::string plan, model, state_dict, format = "table", config, dtype = "float32";
   int world = 0;
   int64_t batch = 8, tokens = 0;
@@ -76,8 +87,9 @@ Args parse(int argc, char** argv) {
     std::printf("%s", kUsage);
     std::exit(0);
   }
-  if (sub != "check") usage("unknown subcommand '" + sub + "' (expected check)");
+  if (sub != "check" && sub != "auto") usage("unknown subcommand '" + sub + "' (expected check or auto)");
   Args a;
+  a.sub = sub;
   for (int i = 2; i < argc; ++i) {
     const std::string k = argv[i];
     auto value = [&]() -> std::string {
@@ -111,15 +123,18 @@ Args parse(int argc, char** argv) {
       if (a.dtype != "float32" && a.dtype != "float64") usage("--dtype must be float32 or float64");
     } else if (k == "--no-comm") {
       a.comm = false;
+    } else if (k == "--save" && a.sub == "auto") {
+      a.save = value();
     } else if (!k.empty() && k[0] == '-') {
       usage("unknown option '" + k + "'");
-    } else if (a.plan.empty()) {
+    } else if (a.plan.empty() && a.sub == "check") {
       a.plan = k;
     } else {
       usage("unexpected argument '" + k + "'");
     }
   }
-  if (a.plan.empty()) usage("missing PLAN.yaml");
+  if (a.plan.empty() && a.sub == "check") usage("missing PLAN.yaml");
+  if (a.sub == "auto" && a.model.empty()) usage("auto needs --model NAME");
   if (a.model.empty() == a.state_dict.empty()) usage("give exactly one of --model and --state-dict");
   if (a.world == 0) usage("missing --world N");
   if (!a.state_dict.empty() && !a.config.empty()) usage("--config applies to --model only");
@@ -191,7 +206,7 @@ int check(const Args& a) {
   shardplan::Plan plan;
   shardplan::PlanCheck result;
   try {
-    plan = shardplan::load_plan(a.plan);
+    if (a.sub == "check") plan = shardplan::load_plan(a.plan);
     if (!a.model.empty()) {
       const auto overrides = ex::parse_overrides(a.config);
       const auto dtype = a.dtype == "float64" ? at::kDouble : at::kFloat;
@@ -208,6 +223,23 @@ int check(const Args& a) {
         if (a.tokens > context)
           usage("--batch BxT: T = " + std::to_string(a.tokens) + " exceeds the model's context " +
                 std::to_string(context));
+      }
+      if (a.sub == "auto") {
+        // The probe: one training loss on the batch the dry run uses.
+        ex::Batch probe = make_batch(m, a);
+        if (probe.input.is_floating_point()) probe.input = probe.input.to(dtype);
+        shardplan::AutoPlanOptions options;
+        options.probe = [&](torch::nn::Module& model) {
+          return ex::as_example(model.shared_from_this()).model->loss(probe);
+        };
+        plan = shardplan::auto_plan(*m.module, a.world, options);
+        const std::string yaml = plan.to_yaml();
+        if (!a.save.empty()) {
+          std::ofstream out(a.save);
+          out << yaml;
+          if (!out.flush()) throw shardplan::Error("cannot write " + a.save);
+        }
+        if (a.format == "table") std::cout << yaml << "\n" << std::flush;
       }
       result = shardplan::check_plan_for_model(*m.module, plan, a.world);
       result.subject = "model " + a.model + " (" + m.model->config_str() + ", " + a.dtype + ")";
@@ -254,7 +286,7 @@ int check(const Args& a) {
     }
   } catch (const std::exception& e) {
     // The plan or the inputs could not be read at all: no report.
-    result.plan_file = a.plan;
+    result.plan_file = a.sub == "auto" ? "(auto_plan)" : a.plan;
     result.world_size = a.world;
     result.subject = a.model.empty() ? "state dict " + a.state_dict : "model " + a.model;
     result.errors.push_back(e.what());

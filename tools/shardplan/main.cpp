@@ -24,7 +24,9 @@ const Command kCommands[] = {
     {"launch", "start the ranks of a job on this node as processes (torchrun-style)",
      shardplan_cli::launch_main},
     {"bench", "benchmark suites, e.g. 'bench comm': every comm backend side by side", shardplan_cli::bench_main},
-    {"plan", "'plan check': what a plan does to a model (shapes, errors, bytes) before running it",
+    {"plan",
+     "'plan check': what a plan does to a model (shapes, errors, bytes) before running it; "
+     "'plan auto': a plan written for it",
      shardplan_cli::plan_main},
     {"ckpt", "sharded checkpoints: 'ckpt convert' (to M ranks, or one plain file), 'ckpt inspect'",
      shardplan_cli::ckpt_main},

@@ -43,6 +43,9 @@ struct Rule {
   // plugins read and validate these, and report errors at option.loc.
   std::map<std::string, RuleOption> options;
   std::shared_ptr<const Matcher> matcher;
+  // Why the rule is there (auto_plan's reasons): to_yaml writes it as
+  // `#` lines above the rule; parsing does not read comments back.
+  std::string comment;
 
   bool matches(const std::string& path) const;
   const RuleOption* option(const std::string& key) const;
@@ -105,6 +108,9 @@ class Plan {
   std::string paths = "torch";
   SourceLoc paths_loc;
   DataParallelSpec data_parallel;
+  // Written by to_yaml as `#` lines at the top (auto_plan: what it left
+  // replicated and why); not parsed back.
+  std::string comment;
 
   // The mesh axis that splits the batch: `batch_axis` when given, else an
   // axis called `data`, else one called `batch`, else "" (no data

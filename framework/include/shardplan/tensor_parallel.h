@@ -77,6 +77,11 @@ ReplicaForward forward_of() {
   };
 }
 
+// auto_plan for the wrapper: probed with `forward` on `example` (no probe
+// when empty), at devices.size() ranks (shardplan/auto_plan.h).
+Plan auto_plan_for(torch::nn::Module& model, size_t devices, const ReplicaForward& forward,
+                   const std::vector<at::Tensor>& example);
+
 }  // namespace detail
 
 class TensorParallelImpl : public torch::nn::Module {
@@ -95,6 +100,16 @@ class TensorParallelImpl : public torch::nn::Module {
   TensorParallelImpl(const torch::nn::ModuleHolder<M>& model, const Plan& plan,
                      const std::vector<std::string>& devices)
       : TensorParallelImpl(model.ptr(), plan, devices) {}
+  // Without a plan: shardplan::auto_plan's, from a probe forward on
+  // `example` (the model's inputs, any values; the output stays whole).
+  // Without an example only self-contained layers (attention, LSTM) are
+  // sharded: pairs need to see which layer feeds which.
+  template <class M, class = decltype(&M::forward)>
+  TensorParallelImpl(const std::shared_ptr<M>& model, const std::vector<std::string>& devices,
+                     const std::vector<at::Tensor>& example = {})
+      : TensorParallelImpl(std::shared_ptr<torch::nn::Module>(model),
+                           detail::auto_plan_for(*model, devices.size(), detail::forward_of<M>(), example), devices,
+                           detail::forward_of<M>()) {}
   ~TensorParallelImpl() override;
 
   // Every replica's forward at once; returns rank 0's output, which takes
@@ -153,6 +168,20 @@ class TensorParallel : public torch::nn::ModuleHolder<TensorParallelImpl> {
   template <class M, class = decltype(&M::forward)>
   TensorParallel(const torch::nn::ModuleHolder<M>& model, const Plan& plan, const std::vector<std::string>& devices)
       : ModuleHolder(std::make_shared<TensorParallelImpl>(model, plan, devices)) {}
+  // No plan: auto_plan's (see TensorParallelImpl), e.g.
+  //   shardplan::TensorParallel tp(model, {"cpu", "cpu"}, {example_input});
+  template <class M, class = decltype(&M::forward)>
+  TensorParallel(const std::shared_ptr<M>& model, const std::vector<std::string>& devices,
+                 const std::vector<at::Tensor>& example = {})
+      : ModuleHolder(std::make_shared<TensorParallelImpl>(model, devices, example)) {}
+  template <class M, class = decltype(&M::forward)>
+  TensorParallel(const torch::nn::ModuleHolder<M>& model, const std::vector<std::string>& devices,
+                 const std::vector<at::Tensor>& example = {})
+      : ModuleHolder(std::make_shared<TensorParallelImpl>(model.ptr(), devices, example)) {}
+  TensorParallel(std::shared_ptr<torch::nn::Module> model, const std::vector<std::string>& devices,
+                 ReplicaForward forward, const std::vector<at::Tensor>& example)
+      : ModuleHolder(std::make_shared<TensorParallelImpl>(
+            model, detail::auto_plan_for(*model, devices.size(), forward, example), devices, forward)) {}
 };
 
 }  // namespace shardplan

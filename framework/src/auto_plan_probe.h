@@ -1,0 +1,95 @@
+#pragma once
+// auto_plan's view of a model: its shardable layers (every path each is
+// registered under) and, after a probe forward, who feeds whom
+// (auto_plan_probe.cpp). auto_plan.cpp turns that into rules.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace torch {
+namespace nn {
+class Module;
+}
+namespace autograd {
+struct Node;
+}
+}  // namespace torch
+
+namespace shardplan {
+namespace auto_detail {
+
+enum class Kind { Linear, Conv, Embedding, Attention, LSTM, CrossEntropy };
+
+struct Layer {
+  Kind kind;
+  torch::nn::Module* module = nullptr;
+  std::vector<std::string> paths;  // every path the module is registered under, "" for the root
+  std::string name() const;        // the first path, or "(root)"
+  // Parameters: name within the module ("weight", "out_proj.weight") and shape.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> params;
+  // From the probe: how many times forward ran, and the first call's
+  // tensors (Linear, Conv and CrossEntropyLoss record; the others only count).
+  int calls = 0;
+  at::Tensor input, output;
+  std::vector<at::Tensor> later_outputs;  // the other calls' outputs
+  // Linear: out_features; Conv: out_channels; Embedding: num_embeddings.
+  int64_t width = 0;
+  int64_t groups = 1;  // Conv
+  bool inside_attention = false;  // MultiheadAttention's out_proj: its own business
+};
+
+// How a layer's input was made from other layers' outputs.
+struct Feed {
+  std::vector<Layer*> producers;  // layers whose outputs reach the input (in probe order)
+  std::vector<std::string> ops;   // operations on the way, in graph order, deduplicated
+  std::string why_not;            // non-empty: the input is not made only that way
+};
+
+class ProbeGraph {
+ public:
+  // Finds the shardable layers; throws shardplan::Error when one already has
+  // a strategy (the model is sharded).
+  explicit ProbeGraph(torch::nn::Module& model);
+  ~ProbeGraph();
+
+  // Runs `probe` with recording strategies installed, in eval mode and with
+  // grad mode on, then restores the model. Keeps the graph of the result.
+  void run(const std::function<at::Tensor(torch::nn::Module&)>& probe);
+  bool probed() const { return root_.defined(); }
+
+  std::vector<Layer>& layers() { return layers_; }
+  const std::vector<Layer>& layers() const { return layers_; }
+  // Layers in the order of their first call in the probe (uncalled ones
+  // last, in module order).
+  std::vector<Layer*> call_order();
+
+  // Which layers of kind `producer_kind` feed `consumer`'s input, through
+  // operations allowed by `allowed_op`, with nothing else consuming the
+  // activations on the way (only `consumer` reads them).
+  Feed feed(const Layer& consumer, Kind producer_kind, const std::function<bool(const std::string&)>& allowed_op);
+
+ private:
+  struct Recording;
+  torch::nn::Module& model_;
+  std::vector<Layer> layers_;
+  at::Tensor root_;
+  std::unique_ptr<Recording> rec_;
+  std::map<torch::autograd::Node*, std::vector<torch::autograd::Node*>> consumers_;
+  std::vector<Layer*> first_called_;
+};
+
+// The operation names the pairings accept, as autograd names them.
+bool is_elementwise_unary(const std::string& op);   // relu, gelu, tanh, scalar mul, ...
+bool is_elementwise_binary(const std::string& op);  // tensor + - * / tensor
+bool is_channel_preserving(const std::string& op);  // pooling over spatial dims
+bool is_view(const std::string& op);                // view / reshape
+std::string op_short(const std::string& op);        // "GeluBackward0" -> "gelu"
+
+}  // namespace auto_detail
+}  // namespace shardplan
