@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -59,7 +60,12 @@ void expect_matches_unsharded(const std::shared_ptr<Impl>& ref, const Plan& plan
                               const std::vector<torch::Tensor>& inputs, const shardplan::ReplicaForward& forward) {
   auto copy = std::dynamic_pointer_cast<Impl>(ref->clone());
   shardplan::TensorParallel tp(std::shared_ptr<torch::nn::Module>(copy), plan, cpus(world), forward);
-  torch::optim::SGD opt_ref(ref->parameters(), 0.01), opt_tp(tp->parameters(), 0.01);
+  // A module registered under two paths lists its parameters twice: step each once.
+  std::vector<torch::Tensor> unique;
+  for (const auto& t : ref->parameters())
+    if (std::none_of(unique.begin(), unique.end(), [&](const torch::Tensor& u) { return u.is_same(t); }))
+      unique.push_back(t);
+  torch::optim::SGD opt_ref(unique, 0.01), opt_tp(tp->parameters(), 0.01);
   for (int step = 0; step < 3; ++step) {
     std::vector<torch::Tensor> a, b;
     for (const auto& x : inputs) {
@@ -427,6 +433,34 @@ TEST(AutoPlan, ExampleModelsUnderTheirAutoPlansMatchUnsharded) {
     };
     expect_matches_unsharded(h.module, p, 2, {batch.input, batch.target}, loss);
   }
+}
+
+}  // namespace
+
+namespace {
+
+// One Linear registered under two paths (a shared submodule): parallelize
+// would cut it once per path, so it stays replicated, and so does its pair.
+struct SharedImpl : torch::nn::Cloneable<SharedImpl> {
+  SharedImpl() { reset(); }
+  void reset() override {
+    enc = register_module("enc", shardplan::nn::Linear(8, 12));
+    register_module("alias", enc);
+    fc2 = register_module("fc2", shardplan::nn::Linear(12, 4));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2->forward(torch::relu(enc->forward(x))); }
+  shardplan::nn::Linear enc{nullptr}, fc2{nullptr};
+};
+
+TEST(AutoPlan, SharedSubmoduleIsPlannedAlikeUnderEveryPath) {
+  torch::manual_seed(13);
+  auto m = std::make_shared<SharedImpl>();
+  m->to(torch::kDouble);
+  auto x = torch::randn({4, 8}, torch::kDouble);
+  const Plan p = planned(m, 2, x);
+  EXPECT_TRUE(p.rules.empty()) << p.to_yaml();
+  EXPECT_NE(p.comment.find("enc: it is registered under 2 paths (enc, alias)"), std::string::npos) << p.comment;
+  for (int world : {2, 4}) expect_matches_unsharded(m, planned(m, world, x), world, {x}, forward_of<SharedImpl>());
 }
 
 }  // namespace

@@ -105,6 +105,17 @@ class Planner {
 
   bool claimed(const Layer* l) const { return claimed_.count(l) > 0; }
   void claim(Unit u) {
+    // parallelize shards a module once per path it is registered under, so
+    // a module shared that way cannot be cut (check_plan would say so less
+    // plainly).
+    for (Layer* l : u.layers)
+      if (l->paths.size() > 1) {
+        for (Layer* m : u.layers)
+          reasons_[m] = ((m == l ? std::string("it is") : l->name() + " is") + " registered under " +
+                            std::to_string(l->paths.size()) + " paths (" + join(l->paths, ", ") +
+                            "): a module shared that way is not sharded automatically");
+        return;
+      }
     for (Layer* l : u.layers) claimed_.insert(l);
     units_.push_back(std::move(u));
   }
