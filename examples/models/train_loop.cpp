@@ -268,6 +268,24 @@ void generate_text(const Args& a, World& world, torch::nn::Module& module, const
 // a time from the same seed so every rank starts from the same weights.
 std::mutex init_mutex;
 
+// --plan auto: shardplan::auto_plan probed with one loss on a batch of 2
+// (only its graph matters).
+Plan plan_automatically(const Args& a, const ModelHandle& m, const Corpus* corpus, int world_size, bool lead) {
+  AutoPlanOptions options;
+  options.probe = [&](torch::nn::Module&) {
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(a.seed);
+    return m.model->loss(m.model->sample(gen, 2, corpus));
+  };
+  Plan plan = auto_plan(*m.module, world_size, options);
+  if (a.report && lead) std::cout << plan.to_yaml() << std::flush;
+  if (lead && plan.rules.empty())
+    std::fprintf(stderr,
+                 "warning: auto_plan found nothing to shard in model %s: every rank computes all of it (--report "
+                 "says why)\n",
+                 a.model.c_str());
+  return plan;
+}
+
 void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_process) {
   // The world already chose the default; intra-op threads are a per-thread
   // setting, so each rank sets its own.
@@ -291,24 +309,8 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
 
   ParallelReport report;
   Plan plan;
-  if (a.plan == "auto") {
-    // The probe is one loss on a batch of 2: only its graph matters.
-    AutoPlanOptions options;
-    options.probe = [&](torch::nn::Module&) {
-      at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(a.seed);
-      return m.model->loss(m.model->sample(gen, 2, corpus));
-    };
-    plan = auto_plan(*m.module, world.size(), options);
-    if (a.report && lead) std::cout << plan.to_yaml() << std::flush;
-    if (lead && plan.rules.empty())
-      std::fprintf(stderr, "warning: auto_plan found nothing to shard in model %s: every rank computes all of it (--report says why)\n",
-                   a.model.c_str());
-    report = parallelize(*m.module, plan, world);
-    if (lead) std::printf("plan auto: mesh %s over %d ranks, %zu rules\n", report.mesh.str().c_str(), world.size(),
-                          plan.rules.size());
-    if (a.report && lead) std::cout << report.table() << std::flush;
-  } else if (!a.plan.empty()) {
-    plan = load_plan(a.plan);
+  if (!a.plan.empty()) {
+    plan = a.plan == "auto" ? plan_automatically(a, m, corpus, world.size(), lead) : load_plan(a.plan);
     report = parallelize(*m.module, plan, world);
     if (lead) std::printf("plan %s: mesh %s over %d ranks\n", a.plan.c_str(), report.mesh.str().c_str(), world.size());
     if (a.report && lead) std::cout << report.table() << std::flush;

@@ -291,6 +291,14 @@ void ProbeGraph::run(const std::function<at::Tensor(torch::nn::Module&)>& probe)
   });
   first_called_ = called;
 
+  // Which layer made each output node, every call's.
+  made_by_.clear();
+  for (Layer& l : layers_) {
+    if (l.calls > 0 && l.output.defined() && l.output.grad_fn()) made_by_[l.output.grad_fn().get()] = &l;
+    for (const auto& out : l.later_outputs)
+      if (out.defined() && out.grad_fn()) made_by_[out.grad_fn().get()] = &l;
+  }
+
   // Who reads each node's outputs, over the whole graph of the result.
   consumers_.clear();
   std::vector<Node*> stack;
@@ -332,12 +340,7 @@ Feed ProbeGraph::feed(const Layer& consumer, Kind producer_kind,
     f.why_not = "its input is not computed from another layer";
     return f;
   }
-  std::unordered_map<Node*, Layer*> made_by;
-  for (Layer& l : layers_) {
-    if (l.calls > 0 && l.output.defined() && l.output.grad_fn()) made_by[l.output.grad_fn().get()] = &l;
-    for (const auto& out : l.later_outputs)
-      if (out.defined() && out.grad_fn()) made_by[out.grad_fn().get()] = &l;
-  }
+  auto& made_by = made_by_;
 
   std::unordered_set<Node*> chain, done;
   std::vector<std::string> ops;

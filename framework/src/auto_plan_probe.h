@@ -63,7 +63,6 @@ class ProbeGraph {
   void run(const std::function<at::Tensor(torch::nn::Module&)>& probe);
   bool probed() const { return root_.defined(); }
 
-  std::vector<Layer>& layers() { return layers_; }
   const std::vector<Layer>& layers() const { return layers_; }
   // Layers in the order of their first call in the probe (uncalled ones
   // last, in module order).
@@ -81,6 +80,7 @@ class ProbeGraph {
   at::Tensor root_;
   std::unique_ptr<Recording> rec_;
   std::map<torch::autograd::Node*, std::vector<torch::autograd::Node*>> consumers_;
+  std::map<torch::autograd::Node*, Layer*> made_by_;
   std::vector<Layer*> first_called_;
 };
 

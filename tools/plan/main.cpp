@@ -16,6 +16,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -224,13 +225,20 @@ int check(const Args& a) {
           usage("--batch BxT: T = " + std::to_string(a.tokens) + " exceeds the model's context " +
                 std::to_string(context));
       }
+      // Drawn once, when first needed: auto's probe and the dry run use the same batch.
+      std::optional<ex::Batch> drawn;
+      auto batch_of = [&]() -> const ex::Batch& {
+        if (!drawn) {
+          drawn = make_batch(m, a);
+          if (drawn->input.is_floating_point()) drawn->input = drawn->input.to(dtype);
+        }
+        return *drawn;
+      };
       if (a.sub == "auto") {
-        // The probe: one training loss on the batch the dry run uses.
-        ex::Batch probe = make_batch(m, a);
-        if (probe.input.is_floating_point()) probe.input = probe.input.to(dtype);
+        // The probe: one training loss on that batch.
         shardplan::AutoPlanOptions options;
         options.probe = [&](torch::nn::Module& model) {
-          return ex::as_example(model.shared_from_this()).model->loss(probe);
+          return ex::as_example(model.shared_from_this()).model->loss(batch_of());
         };
         plan = shardplan::auto_plan(*m.module, a.world, options);
         const std::string yaml = plan.to_yaml();
@@ -244,8 +252,7 @@ int check(const Args& a) {
       result = shardplan::check_plan_for_model(*m.module, plan, a.world);
       result.subject = "model " + a.model + " (" + m.model->config_str() + ", " + a.dtype + ")";
       if (result.ok() && a.comm) {
-        ex::Batch batch = make_batch(m, a);
-        if (batch.input.is_floating_point()) batch.input = batch.input.to(dtype);
+        const ex::Batch& batch = batch_of();
         std::vector<std::shared_ptr<torch::nn::Module>> replicas;
         for (int r = 0; r < a.world; ++r) replicas.push_back(build().module);
         // Some problems only show in a forward (a loss layout of the wrong
