@@ -57,3 +57,11 @@ if(SHARDPLAN_GNUPLOT)
   bench_expect(bench_comm_plot 0 "" "" --backends local --refs roofline --sizes 8B:4KiB --factor 8 --iters 1
     --plot ${_bench_dir}/bench.png)
 endif()
+# Sequence parallelism's activation memory (benchmarks/sp_memory), small: it
+# runs, and the counts it prints are the ones docs/BENCHMARKS.md reads.
+if(TARGET bench_sp_memory)
+  add_test(NAME bench_sp_memory_smoke COMMAND bench_sp_memory --config context=16,embed=32,heads=4,layers=1,mlp=64
+    --batch 2 --ranks 1,2)
+  set_tests_properties(bench_sp_memory_smoke PROPERTIES TIMEOUT 120
+    PASS_REGULAR_EXPRESSION "2 +gpt_sp.yaml +[0-9]+ +[0-9.]+ +0\\.[0-9]+")
+endif()

@@ -21,4 +21,10 @@ if(TARGET train_gpt)
     COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/ckpt_2d.sh $<TARGET_FILE:shardplan_cli> $<TARGET_FILE:train_gpt>
       ${PROJECT_SOURCE_DIR}/plans)
   set_tests_properties(ckpt_2d_mesh_zero_gloo PROPERTIES TIMEOUT 300 LABELS "ckpt;data_parallel")
+  # plans/gpt_sp.yaml -> plans/gpt_async.yaml -> plain: the same parameters
+  # cut alike, so checkpoints move between them.
+  add_test(NAME ckpt_sequence_parallel_gloo
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/ckpt_sp.sh $<TARGET_FILE:shardplan_cli> $<TARGET_FILE:train_gpt>
+      ${PROJECT_SOURCE_DIR}/plans)
+  set_tests_properties(ckpt_sequence_parallel_gloo PROPERTIES TIMEOUT 300 LABELS ckpt)
 endif()

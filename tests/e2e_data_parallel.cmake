@@ -14,10 +14,16 @@ add_test(NAME e2e_dp_gpt_data4_accumulate_gloo_f64 COMMAND ${_e2e} 1e-7 -- ${_gp
      --plan ${PROJECT_SOURCE_DIR}/plans/data_parallel.yaml --micro-batches 2 --check-replicas 10)
 add_test(NAME e2e_dp_gpt_zero_threads4_f64 COMMAND ${_e2e} 1e-7 -- ${_gpt}
   -- ${_gpt} --ranks 4 --plan ${CMAKE_CURRENT_SOURCE_DIR}/e2e/dp_zero.yaml --check-replicas 10)
+# Sequence parallelism composes with it: {data: 2, model: 2}, the sequence
+# split within each model group (replicas, LayerNorms included, checked).
+add_test(NAME e2e_dp_gpt_sp_2d_gloo_f64 COMMAND ${_e2e} 1e-7 -- ${_gpt}
+  -- $<TARGET_FILE:shardplan_cli> launch -n 4 --backend gloo -- ${_gpt}
+     --plan ${CMAKE_CURRENT_SOURCE_DIR}/e2e/gpt_sp_2d.yaml --check-replicas 5)
 # The global batch must divide over the data ranks: a one-line error, nothing trained.
 add_test(NAME e2e_dp_batch_not_divisible COMMAND ${_gpt} --ranks 4 --batch 6
   --plan ${PROJECT_SOURCE_DIR}/plans/data_parallel.yaml)
 set_tests_properties(e2e_dp_batch_not_divisible PROPERTIES
   PASS_REGULAR_EXPRESSION "error: (rank [0-9]: )?--batch 6 \\(the global batch\\) does not divide into 4 data rank\\(s\\) x 1 micro-batch")
 set_tests_properties(e2e_dp_gpt_2d_gloo_f64 e2e_dp_gpt_data4_accumulate_gloo_f64 e2e_dp_gpt_zero_threads4_f64
+  e2e_dp_gpt_sp_2d_gloo_f64
   PROPERTIES TIMEOUT 300 LABELS data_parallel)

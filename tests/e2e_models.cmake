@@ -44,3 +44,24 @@ set_tests_properties(e2e_gpt_generate_empty_prompt PROPERTIES
 set_tests_properties(e2e_gpt_generate_prompt_past_context PROPERTIES
   PASS_REGULAR_EXPRESSION "^train_gpt: error: generate: the prompt has 22 tokens, longer than the context of 8"
   TIMEOUT 60)
+# Sequence parallelism (plans/gpt_sp.yaml) and async tensor parallelism
+# (plans/gpt_async.yaml: the dense layers' gathers and reduce-scatters as
+# rings of point-to-point exchanges): 2 gloo processes give the losses of 1
+# rank unsharded; 4 thread ranks in float64 to the printed precision; and
+# the rings over Open MPI processes.
+set(_gpt_run $<TARGET_FILE:train_model> --model gpt --steps 20 --log-every 1 --batch 8)
+set(_gpt_f64 $<TARGET_FILE:train_gpt> --steps 20 --log-every 1 --batch 8 --dtype float64)
+foreach(plan sp async)
+  add_test(NAME e2e_gpt_${plan}_gloo_launcher COMMAND ${_e2e} float32 -- ${_gpt_run}
+    -- $<TARGET_FILE:shardplan_cli> launch -n 2 --backend gloo -- ${_gpt_run} --plan ${PROJECT_SOURCE_DIR}/plans/gpt_${plan}.yaml)
+  add_test(NAME e2e_gpt_${plan}_threads4_f64 COMMAND ${_e2e} 1e-7 -- ${_gpt_f64}
+    -- ${_gpt_f64} --ranks 4 --plan ${PROJECT_SOURCE_DIR}/plans/gpt_${plan}.yaml)
+  set_tests_properties(e2e_gpt_${plan}_gloo_launcher e2e_gpt_${plan}_threads4_f64 PROPERTIES TIMEOUT 300)
+endforeach()
+find_program(_e2e_mpirun NAMES mpirun mpiexec)
+if(TARGET shardplan_comm_mpi AND _e2e_mpirun)
+  add_test(NAME e2e_gpt_async_mpi_launcher_f64 COMMAND ${_e2e} 1e-7 -- ${_gpt_f64}
+    -- $<TARGET_FILE:shardplan_cli> launch -n 2 --backend mpi -- ${_gpt_f64}
+       --plan ${PROJECT_SOURCE_DIR}/plans/gpt_async.yaml)
+  set_tests_properties(e2e_gpt_async_mpi_launcher_f64 PROPERTIES TIMEOUT 300 LABELS mpi)
+endif()

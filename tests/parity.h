@@ -9,11 +9,13 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <regex>
 #include <string>
 #include <vector>
 
 #include "shardplan/parallelize.h"
 #include "shardplan/plan.h"
+#include "shardplan/shard.h"
 #include "shardplan/world.h"
 
 namespace parity {
@@ -59,6 +61,18 @@ struct Setup {
   // replicated parameters.
   std::function<torch::Tensor(const std::string& name, const torch::Tensor& full, int rank, int world)> local;
 };
+
+// A Setup::local for parameters each cut along one dim: the first regex that
+// fully matches the name gives (dim, blocks); any other parameter is whole.
+using Shards = std::map<std::string, std::pair<int64_t, int64_t>>;
+inline std::function<torch::Tensor(const std::string&, const torch::Tensor&, int, int)> local_by(const Shards& shards) {
+  return [shards](const std::string& name, const torch::Tensor& full, int rank, int world) {
+    for (const auto& kv : shards)
+      if (std::regex_match(name, std::regex(kv.first)))
+        return shardplan::shard_of(full, kv.second.first, world, rank, kv.second.second);
+    return full;
+  };
+}
 
 struct Trace {
   std::vector<torch::Tensor> outputs;

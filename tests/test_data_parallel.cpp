@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <string>
@@ -239,6 +240,21 @@ TEST(DataParallel, GptMatchesOneProcessOnTheGlobalBatch) {
       expect_same_losses(run_dp(task, {plan, adam}, ref), ref.losses);
     }
   }
+}
+
+// Sequence parallelism inside each model group (plans/gpt_sp.yaml on a 2-D
+// mesh): the LayerNorms' gradients are all-reduced over the model axis by
+// the plan, then averaged over the data axis by DataParallel; check_replicas
+// in run_dp compares them across both.
+TEST(DataParallel, SequenceParallelGptMatchesOneProcess) {
+  std::ifstream in(std::string(SHARDPLAN_SOURCE_DIR) + "/tests/e2e/gpt_sp_2d.yaml");
+  const std::string plan((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_NE(plan.find("sequence_parallel: {dim: 0}"), std::string::npos);
+  const Task task = gpt_task(10, 8);
+  const RefRun ref = reference(task, true);
+  expect_same_losses(run_dp(task, {plan, true}, ref), ref.losses);
+  expect_same_losses(run_dp(task, {plan + "data_parallel: {zero: true}\n", true}, ref), ref.losses);
+  expect_same_losses(run_dp(task, {plan, true, 2}, ref), ref.losses);
 }
 
 TEST(DataParallel, MlpMatchesOneProcessOnTheGlobalBatch) {

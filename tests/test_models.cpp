@@ -177,16 +177,8 @@ TEST(Models, GptStepCommunicatesExactlyThePlansMinimum) {
 
 // ------------------------------------------------------------ parity
 
-using Shards = std::map<std::string, std::pair<int64_t, int64_t>>;  // regex -> (dim, blocks)
-
-std::function<torch::Tensor(const std::string&, const torch::Tensor&, int, int)> local_by(const Shards& shards) {
-  return [shards](const std::string& name, const torch::Tensor& full, int rank, int world) {
-    for (const auto& kv : shards)
-      if (std::regex_match(name, std::regex(kv.first)))
-        return shardplan::shard_of(full, kv.second.first, world, rank, kv.second.second);
-    return full;
-  };
-}
+using parity::Shards;
+using parity::local_by;
 
 template <class Impl>
 void expect_parity_at(const std::string& name, const ex::Overrides& config, const Shards& shards, int world) {

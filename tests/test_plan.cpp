@@ -409,7 +409,7 @@ TEST(PlanErrors, EmptyOrNotAMap) {
 
 TEST(PlanErrors, UnknownTopLevelKey) {
   EXPECT_PLAN_ERROR("mesh: {model: auto}\nrule: []\n", 2, 1,
-                    "unknown key 'rule' (expected version, mesh, plugins, strict, paths, batch_axis, data_parallel, rules, name, description)");
+                    "unknown key 'rule' (expected version, mesh, plugins, strict, paths, batch_axis, data_parallel, sequence_parallel, rules, name, description)");
 }
 
 TEST(PlanErrors, DuplicateKey) {
@@ -426,7 +426,7 @@ rules:
     outptu: sharded
 )",
                     5, 5,
-                    "unknown key 'outptu' in rule (expected match, layout, output, input, blocks, plugin)");
+                    "unknown key 'outptu' in rule (expected match, layout, output, input, blocks, plugin, sequence_parallel, sequence_dim, overlap)");
 }
 
 TEST(PlanErrors, MissingMeshOrRules) {

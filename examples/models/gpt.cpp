@@ -44,10 +44,10 @@ GPTBlockImpl::GPTBlockImpl(const GPTConfig& config_) : config(config_) { reset()
 
 void GPTBlockImpl::reset() {
   const int64_t e = config.embed;
-  ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({e})));
+  ln1 = register_module("ln1", shardplan::nn::LayerNorm(torch::nn::LayerNormOptions({e})));
   attn = register_module("attn", shardplan::nn::MultiheadAttention(
                                      torch::nn::MultiheadAttentionOptions(e, config.heads).dropout(config.dropout)));
-  ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({e})));
+  ln2 = register_module("ln2", shardplan::nn::LayerNorm(torch::nn::LayerNormOptions({e})));
   fc1 = register_module("fc1", shardplan::nn::Linear(e, config.mlp));
   fc2 = register_module("fc2", shardplan::nn::Linear(config.mlp, e));
 }
@@ -72,7 +72,7 @@ void GPTImpl::reset() {
   pos_emb = register_module("pos_emb", shardplan::nn::Embedding(config.context, config.embed));
   blocks = register_module("blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.layers; ++i) blocks->push_back(GPTBlock(config));
-  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({config.embed})));
+  ln_f = register_module("ln_f", shardplan::nn::LayerNorm(torch::nn::LayerNormOptions({config.embed})));
   head =
       register_module("head", shardplan::nn::Linear(torch::nn::LinearOptions(config.embed, config.vocab).bias(false)));
   loss_fn = register_module("loss", shardplan::nn::CrossEntropyLoss());

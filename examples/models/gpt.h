@@ -6,7 +6,6 @@
 // named "loss", so a plan can reach it by its path (plans/gpt.yaml).
 #include <torch/nn/cloneable.h>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/normalization.h>
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
@@ -17,6 +16,7 @@
 #include "shardplan/nn/cross_entropy.h"
 #include "shardplan/nn/embedding.h"
 #include "shardplan/nn/kv_cache.h"
+#include "shardplan/nn/layer_norm.h"
 #include "shardplan/nn/linear.h"
 #include "shardplan/nn/multihead_attention.h"
 
@@ -48,7 +48,7 @@ class GPTBlockImpl : public torch::nn::Cloneable<GPTBlockImpl> {
   at::Tensor forward_cached(const at::Tensor& x, const at::Tensor& mask, shardplan::nn::KVCache& cache);
 
   GPTConfig config;
-  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  shardplan::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   shardplan::nn::MultiheadAttention attn{nullptr};
   shardplan::nn::Linear fc1{nullptr}, fc2{nullptr};
 
@@ -89,7 +89,7 @@ class GPTImpl : public torch::nn::Cloneable<GPTImpl>, public ExampleModel {
   GPTConfig config;
   shardplan::nn::Embedding tok_emb{nullptr}, pos_emb{nullptr};
   torch::nn::ModuleList blocks{nullptr};
-  torch::nn::LayerNorm ln_f{nullptr};
+  shardplan::nn::LayerNorm ln_f{nullptr};
   shardplan::nn::Linear head{nullptr};
   shardplan::nn::CrossEntropyLoss loss_fn{nullptr};  // registered as "loss"
 };

@@ -290,6 +290,27 @@ void Communicator::recv(at::Tensor& t, int peer, int tag) {
   if (!c.is_same(t)) t.copy_(c);
 }
 
+std::unique_ptr<Work> Communicator::send_async(const at::Tensor& t, int peer, int tag) {
+  if (!t.is_contiguous()) throw Error("send_async on group '" + name_ + "' needs a contiguous tensor");
+  count(t);
+  sp_buffer b = buffer_of(t);
+  sp_work* w = nullptr;
+  check(api_->send(comm_, &b, peer, tag, &w), "send");
+  return std::make_unique<Work>(api_, w, std::string(api_->name) + " send to rank " + std::to_string(peer) +
+                                             " of group '" + name_ + "'",
+                                std::vector<at::Tensor>{t}, timeout_);
+}
+
+std::unique_ptr<Work> Communicator::recv_async(at::Tensor& t, int peer, int tag) {
+  if (!t.is_contiguous()) throw Error("recv_async on group '" + name_ + "' needs a contiguous tensor");
+  sp_buffer b = buffer_of(t);
+  sp_work* w = nullptr;
+  check(api_->recv(comm_, &b, peer, tag, &w), "recv");
+  return std::make_unique<Work>(api_, w, std::string(api_->name) + " recv from rank " + std::to_string(peer) +
+                                             " of group '" + name_ + "'",
+                                std::vector<at::Tensor>{t}, timeout_);
+}
+
 void Communicator::barrier() {
   if (size_ > 1) stats_.calls += 1;
   check(api_->barrier(comm_, nullptr), "barrier");

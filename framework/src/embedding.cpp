@@ -55,6 +55,11 @@ void EmbeddingImpl::pretty_print(std::ostream& stream) const {
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& indices) {
   if (strategy_) return strategy_->forward(indices, weight, options);
+  return embedding_lookup(indices, weight, options);
+}
+
+at::Tensor embedding_lookup(const at::Tensor& indices, const at::Tensor& weight,
+                            const torch::nn::EmbeddingOptions& options) {
   torch::nn::functional::EmbeddingFuncOptions f;
   f.padding_idx(options.padding_idx());
   f.max_norm(options.max_norm());

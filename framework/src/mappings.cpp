@@ -95,6 +95,12 @@ struct AllGatherFromGroup : torch::autograd::Function<AllGatherFromGroup> {
   }
 };
 
+std::string shape_of(const at::Tensor& x) {
+  std::string s = "[";
+  for (int64_t i = 0; i < x.dim(); ++i) s += (i ? ", " : "") + std::to_string(x.size(i));
+  return s + "]";
+}
+
 int64_t wrap(const at::Tensor& x, int64_t dim) { return at::maybe_wrap_dim(dim, x.dim()); }
 
 }  // namespace
@@ -127,6 +133,43 @@ at::Tensor reduce_scatter_to_group(const at::Tensor& x, Communicator& g, int64_t
 at::Tensor all_gather_from_group(const at::Tensor& x, Communicator& g, int64_t dim) {
   if (g.size() == 1) return x;
   return AllGatherFromGroup::apply(x, handle(g), wrap(x, dim));
+}
+
+int64_t checked_sequence_dim(const at::Tensor& x, Communicator& g, int64_t dim, bool split) {
+  const int64_t n = x.dim();
+  if (dim < -n || dim >= n)
+    throw Error("sequence parallel: sequence dim " + std::to_string(dim) + " does not exist in an activation of " +
+                std::to_string(n) + " dims " + shape_of(x) + " (check the plan's sequence_parallel.dim)");
+  const int64_t d = dim < 0 ? dim + n : dim;
+  if (split && x.size(d) % g.size() != 0)
+    throw Error("sequence parallel: the sequence (dim " + std::to_string(d) + " of " + shape_of(x) + ", length " +
+                std::to_string(x.size(d)) + ") is not divisible by the " + std::to_string(g.size()) +
+                " ranks of group '" + g.name() + "'; uneven sequences are not supported: pad or pick a length "
+                "divisible by " + std::to_string(g.size()));
+  return d;
+}
+
+at::Tensor gather_sequence(const at::Tensor& x, Communicator& g, int64_t dim) {
+  const int64_t d = checked_sequence_dim(x, g, dim, false);
+  if (g.size() == 1) return x;
+  return AllGatherFromGroup::apply(x, handle(g), d);
+}
+
+at::Tensor reduce_scatter_sequence(const at::Tensor& x, Communicator& g, int64_t dim) {
+  const int64_t d = checked_sequence_dim(x, g, dim, true);
+  if (g.size() == 1) return x;
+  return ReduceScatterToGroup::apply(x, handle(g), d);
+}
+
+at::Tensor split_sequence(const at::Tensor& x, Communicator& g, int64_t dim) {
+  const int64_t d = checked_sequence_dim(x, g, dim, true);
+  if (g.size() == 1) return x;
+  return ScatterToGroup::apply(x, handle(g), d);
+}
+
+at::Tensor sequence_parallel_param(const at::Tensor& p, Communicator& g) {
+  if (!p.defined()) return p;
+  return copy_to_group(p, g);
 }
 
 }  // namespace shardplan

@@ -166,6 +166,56 @@ std::vector<ShardSplit> resolve_splits(ParamShard& p, const Mesh& mesh, int rank
   return splits;
 }
 
+// What sequence parallelism means for a module whose parameters (or, for a
+// module without any, whose path) the given rules placed: the plan's
+// setting, unless a rule says `sequence_parallel: false` or names another
+// `sequence_dim`. Rules of one module must agree.
+SequenceShard sequence_of(const Plan& plan, const std::string& axis, const std::vector<const Rule*>& rules,
+                          const std::string& module) {
+  SequenceShard seq;
+  if (!plan.sequence_parallel.enabled) return seq;
+  seq.on = true;
+  seq.axis = axis;
+  seq.dim = plan.sequence_parallel.dim;
+  // Each rule's answer (its option, else the plan's), and where it came from.
+  const Rule* on_from = nullptr;
+  const Rule* dim_from = nullptr;
+  auto where = [](const Rule* r, const char* key) {
+    const RuleOption* o = r->option(key);
+    return o ? o->loc.str() : "the rule at " + r->loc.str() + " (the plan's setting)";
+  };
+  for (const Rule* r : rules) {
+    if (!r) continue;
+    const RuleOption* on = r->option("sequence_parallel");
+    const bool rule_on = on ? on->value == "true" : true;
+    if (on_from && rule_on != seq.on) {
+      const SourceLoc& at = on ? on->loc : r->loc;
+      throw PlanError(at, "module '" + module + "': sequence_parallel is " + (rule_on ? "true" : "false") +
+                              " here but " + (seq.on ? "true" : "false") + " at " +
+                              where(on_from, "sequence_parallel") + " (the rules of one layer must agree)");
+    }
+    if (!on_from) seq.on = rule_on;
+    on_from = r;
+    const RuleOption* d = r->option("sequence_dim");
+    const int64_t rule_dim = d ? std::stoll(d->value) : plan.sequence_parallel.dim;
+    if (dim_from && rule_dim != seq.dim)
+      throw PlanError(d ? d->loc : r->loc, "module '" + module + "': sequence_dim is " + std::to_string(rule_dim) +
+                                               " here but " + std::to_string(seq.dim) + " at " +
+                                               where(dim_from, "sequence_dim") + " (the rules of one layer must agree)");
+    seq.dim = rule_dim;
+    dim_from = r;
+  }
+  if (!seq.on) seq = SequenceShard{};
+  return seq;
+}
+
+bool all_replicated(const ModuleShard& s) {
+  for (const auto& p : s.params)
+    for (const auto& d : p.assignment.layout)
+      if (d) return false;
+  return true;
+}
+
 // With `errors`, a problem found in a module or a tie is appended there and
 // checking goes on with the next one (the plan checker lists them all);
 // without, the first one throws.
@@ -297,13 +347,34 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
   }
 
   PluginCache plugins;
+  const std::string sequence_axis = plan.sequence_axis();
   for (size_t c = 0; c < candidates.size(); ++c) {
     ModuleShard& s = candidates[c];
     const Assignment* first_matched = nullptr;
-    for (const auto& p : s.params)
+    std::vector<const Rule*> module_rules;
+    for (const auto& p : s.params) {
       if (p.assignment.rule && !first_matched) first_matched = &p.assignment;
-    if (!first_matched) continue;  // nothing planned: stays replicated, no plugin needed
+      module_rules.push_back(p.assignment.rule);
+    }
     try {
+      if (!first_matched) {
+        // Nothing planned: stays replicated, no plugin needed. Except under
+        // sequence parallelism, where a layer may see a part of the sequence
+        // (a LayerNorm between blocks, whose gradients would then be this
+        // rank's part only) or the whole of it (after a gather), and guessing
+        // wrong is silent: the plan must say which.
+        if (!plan.sequence_parallel.enabled) continue;
+        throw PlanError(plan.sequence_parallel.loc,
+                        "under sequence_parallel every layer with parameters needs a rule, and module '" + s.path +
+                            "' (" + s.type + ", parameter '" + s.params.front().assignment.path +
+                            "') has none: add one with its layout (e.g. [null] for a LayerNorm's weight and bias: "
+                            "replicated, run on this rank's part of the sequence, gradients all-reduced) or with "
+                            "sequence_parallel: false if it sees whole activations");
+      }
+      s.sequence = sequence_of(plan, sequence_axis, module_rules, s.path);
+      // A vanilla layer outside the sequence-parallel region that a rule
+      // only confirms as replicated has nothing to be done to it.
+      if (is_vanilla_torch(s.type) && plan.sequence_parallel.enabled && !s.sequence.on && all_replicated(s)) continue;
       if (is_vanilla_torch(s.type))
         throw Error("parameter '" + first_matched->path + "'" + where(*first_matched) + " belongs to a " + s.type +
                     ", which cannot be sharded: build the model with " + shardable_twin(s.type) +
@@ -316,7 +387,13 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
         throw Error("parameter '" + first_matched->path + "'" + where(*first_matched) + " belongs to a module of type " +
                     s.type + " that no layer plugin handles (searched: " + dirs + ")");
       }
+      if (s.sequence.on && !plugin->supports_sequence_parallel())
+        throw PlanError(first_matched->rule->loc, "module '" + s.path + "' (" + s.type + ") is in the sequence-parallel "
+                                                  "region, but layer plugin '" + plugin_name +
+                                                  "' does not support sequence parallelism: give it "
+                                                  "sequence_parallel: false if it sees whole activations");
       plugin->check(s);
+      for (const auto& w : s.warnings) out.warnings.push_back(w);
       for (size_t k = 0; k < s.params.size(); ++k) {
         ParamShard& p = s.params[k];
         ReportRow& row = out.rows[candidate_rows[c][k]];
@@ -391,7 +468,25 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
   // a mistake worth reporting.
   for (size_t i = 0; i < bare.size(); ++i) {
     Assignment& a = match.modules[i];
-    if (!a.rule) continue;
+    if (!a.rule) {
+      // Under sequence parallelism a parameterless layer whose plugin acts
+      // on the region (a dropout: one mask per part, or one for all) is as
+      // ambiguous as a LayerNorm without a rule.
+      if (!plan.sequence_parallel.enabled) continue;
+      ModuleShard probe;
+      probe.type = type_of(*bare[i].first);
+      std::string plugin_name;
+      LayerPlugin* plugin = is_vanilla_torch(probe.type) ? nullptr : plugin_for(probe.type, probe, plugins, &plugin_name);
+      if (!plugin || !plugin->supports_sequence_parallel()) continue;
+      const PlanError err(plan.sequence_parallel.loc,
+                          "under sequence_parallel module '" + a.path + "' (" + probe.type +
+                              ") needs a rule over its path: its layout describes its input ([null, ...] and "
+                              "in the region: masks per sequence part) or sequence_parallel: false if it sees "
+                              "whole activations");
+      if (!errors) throw err;
+      errors->push_back(err.what());
+      continue;
+    }
     const bool param_rule = matched_params[static_cast<size_t>(a.rule - plan.rules.data())];
     torch::nn::Module* m = bare[i].first;
     auto type = type_names.find(std::type_index(typeid(*m)));
@@ -406,6 +501,7 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
     s.layout = a.layout;
     const std::string what = "module '" + (a.path.empty() ? std::string("<root>") : a.path) + "'";
     try {
+      s.sequence = sequence_of(plan, sequence_axis, {a.rule}, s.path);
       if (is_vanilla_torch(s.type)) {
         if (param_rule) continue;
         throw PlanError(a.rule->pattern_loc, what + " is a " + s.type + ", which cannot be sharded: build the model with " +
@@ -425,6 +521,7 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
         throw PlanError(a.rule->pattern_loc, what + " matched by this rule has no parameters and is of type " + s.type +
                                                  ", which no layer plugin handles (searched: " + dirs + ")");
       }
+      if (s.sequence.on && !plugin->supports_sequence_parallel()) s.sequence = SequenceShard{};
       plugin->check(s);
       ReportRow row;
       row.path = a.path;

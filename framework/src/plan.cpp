@@ -1,6 +1,7 @@
 #include "shardplan/plan.h"
 
 #include "plan_data_parallel.h"
+#include "plan_sequence_parallel.h"
 
 #include <algorithm>
 #include <cctype>
@@ -19,6 +20,11 @@ std::string join(const std::vector<std::string>& items, const std::string& sep) 
   std::string out;
   for (size_t i = 0; i < items.size(); ++i) out += (i ? sep : "") + items[i];
   return out;
+}
+
+SourceLoc loc_of(const YAML::Node& n, const SourceLoc& fallback) {
+  if (n.IsNull() || n.Mark().is_null()) return fallback;
+  return SourceLoc{fallback.file, n.Mark().line + 1, n.Mark().column + 1};
 }
 
 std::optional<int> parse_positive_int(const std::string& s) {
@@ -232,6 +238,7 @@ std::string Plan::to_yaml() const {
   y << "strict: " << (strict ? "true" : "false") << "\n";
   if (paths != "torch") y << "paths: " << paths << "\n";
   y << detail::data_parallel_yaml(*this);
+  y << detail::sequence_parallel_yaml(*this);
   if (rules.empty()) {
     y << "rules: []\n";
     return y.str();

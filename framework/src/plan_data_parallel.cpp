@@ -9,12 +9,9 @@
 
 namespace shardplan {
 namespace detail {
-namespace {
+using plan_detail::loc_of;
 
-SourceLoc loc_of(const YAML::Node& n, const SourceLoc& fallback) {
-  if (n.IsNull() || n.Mark().is_null()) return fallback;
-  return SourceLoc{fallback.file, n.Mark().line + 1, n.Mark().column + 1};
-}
+namespace {
 
 bool as_bool(const YAML::Node& n, bool& out) { return n.IsScalar() && YAML::convert<bool>::decode(n, out); }
 

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "plan_data_parallel.h"
+#include "plan_sequence_parallel.h"
 #include "plan_internal.h"
 #include "shardplan/plugin_loader.h"
 #include "utf8.h"
@@ -78,6 +79,8 @@ class Parser {
         detail::parse_batch_axis(e.value, at(e.value, e.key_loc), plan);
       else if (e.key == "data_parallel")
         detail::parse_data_parallel(e.value, at(e.value, e.key_loc), plan);
+      else if (e.key == "sequence_parallel")
+        detail::parse_sequence_parallel(e.value, at(e.value, e.key_loc), plan);
       else if (!e.value.IsScalar() && !e.value.IsNull())  // name, description
         throw PlanError(at(e.value, e.key_loc), e.key + " must be text, got " + kind_name(e.value));
       else if (e.value.IsScalar())
@@ -89,6 +92,7 @@ class Parser {
     parse_mesh(*mesh, plan);
     detail::check_batch_axis(plan);
     parse_rules(*rules, plan);
+    detail::check_sequence_parallel(plan);
     return plan;
   }
 
@@ -100,9 +104,11 @@ class Parser {
   };
 
   inline static const std::vector<std::string> kTopKeys = {
-      "version", "mesh", "plugins", "strict", "paths", "batch_axis", "data_parallel", "rules", "name", "description"};
+      "version", "mesh",         "plugins",           "strict", "paths",      "batch_axis",
+      "data_parallel", "sequence_parallel", "rules",  "name",       "description"};
   inline static const std::vector<std::string> kRuleKeys = {"match", "layout", "output",
-                                                            "input", "blocks", "plugin"};
+                                                            "input", "blocks", "plugin",
+                                                            "sequence_parallel", "sequence_dim", "overlap"};
 
   // A scalar's text. YAML is UTF-8, and yaml-cpp writes anything else back
   // as U+FFFD, so a name that is not would change in the plan's canonical
@@ -307,11 +313,18 @@ class Parser {
       require(value == "sharded" || value == "replicated", "sharded or replicated");
     else if (e.key == "blocks")
       require(parse_positive_int(value).has_value(), "an integer >= 1");
+    else if (e.key == "overlap")
+      require(value == "none" || value == "ring" || value == "ring_bidirectional",
+              "none, ring or ring_bidirectional");
     else if (e.key == "plugin")
       // A name, never a path: which libraries a plan may load is the user's
       // choice (PluginLoader), not the plan's.
       require(e.value.IsScalar() && is_plugin_name(value),
               "a plugin name (letters, digits, '_', '-', '.'), e.g. dense");
+    else if (e.key == "sequence_parallel" || e.key == "sequence_dim") {
+      const std::string expected = detail::sequence_option_error(e.key, value);
+      require(e.value.IsScalar() && expected.empty(), expected);
+    }
     rule.options[e.key] = RuleOption{value, loc};
   }
 

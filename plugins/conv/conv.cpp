@@ -153,6 +153,7 @@ Decision decide(const ModuleShard& shard) {
   Decision d;
   d.groups = groups_of(shard.module);
   reject_option(rule, "blocks", "applies to Linear layers; a convolution has no stacked blocks");
+  reject_option(rule, "overlap", "applies to Linear layers (dense rules)");
   if (wl.size() < 3) fail_param(*w, what + " weight has at least 3 dims, the layout has " + std::to_string(wl.size()));
   for (size_t i = 2; i < wl.size(); ++i)
     if (wl[i])

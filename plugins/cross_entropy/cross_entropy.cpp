@@ -63,7 +63,7 @@ Decision decide(const ModuleShard& s) {
     throw Error("module '" + s.path + "' of type " + s.type +
                 " has no parameters to match; give it a rule over its module path whose layout describes its input");
   const Rule& rule = *s.rule;
-  for (const char* key : {"output", "blocks"})
+  for (const char* key : {"output", "blocks", "overlap"})
     reject_option(&rule, key, "does not apply to a loss; its layout describes its input");
   if (const RuleOption* o = rule.option("input"); o && o->value != "sharded")
     throw PlanError(o->loc, "a loss's input is described by its layout; 'input: " + o->value + "' contradicts it");

@@ -12,6 +12,20 @@
 // `blocks: k` reads the split dim as k stacked blocks (a fused QKV
 // projection) and splits each block, so every rank holds whole heads of q, k
 // and v rather than all of q on one rank.
+//
+// Under sequence parallelism (Megatron's): the input arrives split along the
+// sequence. Column-parallel all-gathers the sequence on entry (its backward
+// reduce-scatters the input gradient, which replaces the all-reduce);
+// row-parallel reduce-scatters its partial sums onto the sequence instead of
+// all-reducing them, and its bias, added per sequence part, has its gradient
+// all-reduced; a replicated Linear runs on the part with weight and bias
+// gradients all-reduced.
+//
+// `overlap: ring | ring_bidirectional` (async tensor parallelism, needs
+// sequence parallelism): the column-parallel entry's gather and the
+// row-parallel exit's reduce-scatter are computed with the matmul over a
+// ring of point-to-point exchanges (shardplan/ring.h), each part's matmul
+// while the next part travels, forward and backward.
 #include <ATen/ATen.h>
 #include <torch/nn/functional/linear.h>
 
@@ -20,6 +34,7 @@
 #include "shardplan/mappings.h"
 #include "shardplan/nn/linear.h"
 #include "shardplan/plugin_support.h"
+#include "shardplan/ring.h"
 #include "shardplan/shard.h"
 
 namespace shardplan {
@@ -39,19 +54,39 @@ at::Tensor block_major(const at::Tensor& y, int64_t ranks, int64_t blocks) {
   return moved.reshape(y.sizes());
 }
 
+std::string sequence_note(const SequenceShard& seq) {
+  return seq.on ? ", sequence-parallel (dim " + std::to_string(seq.dim) + ")" : "";
+}
+
+// `overlap:` none, or the ring's direction.
+struct Overlap {
+  bool on = false;
+  RingDirection direction = RingDirection::Unidirectional;
+  std::string name = "none";
+};
+
+std::string overlap_note(const Overlap& o) { return o.on ? ", overlap " + o.name : ""; }
+
 class ColumnParallel : public nn::LinearStrategy {
  public:
-  ColumnParallel(std::shared_ptr<Communicator> group, bool gather, int64_t blocks)
-      : group_(std::move(group)), gather_(gather), blocks_(blocks) {}
+  ColumnParallel(std::shared_ptr<Communicator> group, bool gather, int64_t blocks, SequenceShard seq, Overlap overlap)
+      : group_(std::move(group)), gather_(gather), blocks_(blocks), seq_(std::move(seq)), overlap_(overlap) {}
   at::Tensor forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) override {
-    at::Tensor y = torch::nn::functional::linear(copy_to_group(x, *group_), w, b);
+    at::Tensor y;
+    if (overlap_.on) {
+      y = ring_gather_linear(x, w, b, *group_, seq_.dim, overlap_.direction);
+    } else {
+      const at::Tensor in = seq_.on ? gather_sequence(x, *group_, seq_.dim) : copy_to_group(x, *group_);
+      y = torch::nn::functional::linear(in, w, b);
+    }
     if (!gather_) return y;
     y = gather_from_group(y, *group_, -1);
     return blocks_ > 1 && group_->size() > 1 ? block_major(y, group_->size(), blocks_) : y;
   }
   std::string describe() const override {
     return "column-parallel over '" + group_->name() + "' (" + std::to_string(group_->size()) + "), output " +
-           (gather_ ? "gathered" : "sharded") + (blocks_ > 1 ? ", " + std::to_string(blocks_) + " blocks" : "");
+           (gather_ ? "gathered" : "sharded") + (blocks_ > 1 ? ", " + std::to_string(blocks_) + " blocks" : "") +
+           sequence_note(seq_) + overlap_note(overlap_);
   }
   Communicator* sharded_output_group() const override { return gather_ ? nullptr : group_.get(); }
 
@@ -59,26 +94,54 @@ class ColumnParallel : public nn::LinearStrategy {
   std::shared_ptr<Communicator> group_;
   bool gather_;
   int64_t blocks_;
+  SequenceShard seq_;
+  Overlap overlap_;
 };
 
 class RowParallel : public nn::LinearStrategy {
  public:
-  RowParallel(std::shared_ptr<Communicator> group, bool input_sharded)
-      : group_(std::move(group)), input_sharded_(input_sharded) {}
+  RowParallel(std::shared_ptr<Communicator> group, bool input_sharded, SequenceShard seq, Overlap overlap)
+      : group_(std::move(group)), input_sharded_(input_sharded), seq_(std::move(seq)), overlap_(overlap) {}
   at::Tensor forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) override {
     at::Tensor xs = input_sharded_ ? x : scatter_to_group(x, *group_, -1);
-    at::Tensor y = reduce_from_group(torch::nn::functional::linear(xs, w, at::Tensor()), *group_);
+    if (overlap_.on) {
+      at::Tensor y = ring_linear_reduce_scatter(xs, w, *group_, seq_.dim, overlap_.direction);
+      return b.defined() ? y + sequence_parallel_param(b, *group_) : y;
+    }
+    at::Tensor partial = torch::nn::functional::linear(xs, w, at::Tensor());
+    if (seq_.on) {
+      at::Tensor y = reduce_scatter_sequence(partial, *group_, seq_.dim);
+      return b.defined() ? y + sequence_parallel_param(b, *group_) : y;
+    }
+    at::Tensor y = reduce_from_group(partial, *group_);
     return b.defined() ? y + b : y;
   }
   std::string describe() const override {
     return "row-parallel over '" + group_->name() + "' (" + std::to_string(group_->size()) + "), input " +
-           (input_sharded_ ? "sharded" : "split on entry");
+           (input_sharded_ ? "sharded" : "split on entry") + sequence_note(seq_) + overlap_note(overlap_);
   }
   Communicator* sharded_input_group() const override { return input_sharded_ ? group_.get() : nullptr; }
 
  private:
   std::shared_ptr<Communicator> group_;
   bool input_sharded_;
+  SequenceShard seq_;
+  Overlap overlap_;
+};
+
+// Replicated weights on this rank's part of the sequence.
+class ReplicatedSequence : public nn::LinearStrategy {
+ public:
+  ReplicatedSequence(std::shared_ptr<Communicator> group, SequenceShard seq)
+      : group_(std::move(group)), seq_(std::move(seq)) {}
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) override {
+    return torch::nn::functional::linear(x, sequence_parallel_param(w, *group_), sequence_parallel_param(b, *group_));
+  }
+  std::string describe() const override { return "replicated" + sequence_note(seq_) + " over '" + group_->name() + "'"; }
+
+ private:
+  std::shared_ptr<Communicator> group_;
+  SequenceShard seq_;
 };
 
 enum class Mode { Replicated, Column, Row };
@@ -90,6 +153,7 @@ struct Decision {
   int64_t blocks = 1;
   bool gather = true;
   bool input_sharded = false;
+  Overlap overlap;
 };
 
 Decision decide(const ModuleShard& shard) {
@@ -106,9 +170,23 @@ Decision decide(const ModuleShard& shard) {
       fail_param(*b, "the bias of a replicated Linear cannot be split");
     reject_option(rule, "output", "applies to a column-parallel Linear (weight [axis, null])");
     reject_option(rule, "input", "applies to a row-parallel Linear (weight [null, axis])");
+    if (rule && rule->option_or("overlap", "none") != "none")
+      reject_option(rule, "overlap", "applies to a column- or row-parallel Linear; this one is replicated");
     return d;
   }
   d.axis = wl[0] ? *wl[0] : *wl[1];
+  if (rule) {
+    d.overlap.name = rule->option_or("overlap", "none");
+    d.overlap.on = d.overlap.name != "none";
+    if (d.overlap.name == "ring_bidirectional") d.overlap.direction = RingDirection::Bidirectional;
+  }
+  if (d.overlap.on && !shard.sequence.on)
+    reject_option(rule, "overlap",
+                  "needs sequence parallelism (the plan's sequence_parallel): the ring passes parts of the sequence");
+  if (shard.sequence.on && d.axis != shard.sequence.axis)
+    fail_param(*w, "split over '" + d.axis + "' but the sequence is split over '" + shard.sequence.axis +
+                       "': under sequence parallelism a Linear must be split over the sequence axis (or have "
+                       "sequence_parallel: false)");
   d.parts = shard.mesh->axis_size(d.axis);
   if (rule) d.blocks = std::stoll(rule->option_or("blocks", "1"));
   const int64_t out_f = w->assignment.shape[0], in_f = w->assignment.shape[1];
@@ -117,6 +195,10 @@ Decision decide(const ModuleShard& shard) {
     d.mode = Mode::Column;
     reject_option(rule, "input", "applies to a row-parallel Linear (weight [null, axis]); this one is column-parallel");
     d.gather = output_option_gathered(rule);
+    if (shard.sequence.on && d.gather)
+      fail_param(*w, "a column-parallel Linear in the sequence-parallel region gathers the whole sequence on entry, "
+                     "so its output must stay split by features (output: sharded) for a row-parallel Linear, a "
+                     "vocab-parallel loss or a sampler to take; or give it sequence_parallel: false");
     if (out_f % (d.blocks * d.parts) != 0)
       fail_param(*w, "out_features " + std::to_string(out_f) +
                          (d.blocks > 1 ? " in " + std::to_string(d.blocks) + " blocks" : "") +
@@ -132,6 +214,10 @@ Decision decide(const ModuleShard& shard) {
     reject_option(rule, "output", "applies to a column-parallel Linear (weight [axis, null]); this one is row-parallel");
     if (d.blocks != 1) reject_option(rule, "blocks", "applies to column-parallel layers only");
     d.input_sharded = input_option_sharded(rule);
+    if (shard.sequence.on && !d.input_sharded)
+      fail_param(*w, "a row-parallel Linear in the sequence-parallel region needs its input split by features "
+                     "(input: sharded, from a column-parallel Linear), since what arrives is split along the "
+                     "sequence; or give it sequence_parallel: false");
     if (in_f % d.parts != 0)
       fail_param(*w, "in_features " + std::to_string(in_f) + " is not divisible by mesh axis '" + d.axis + "' of size " +
                          std::to_string(d.parts));
@@ -150,30 +236,67 @@ class DensePlugin : public LayerPlugin {
     Decision d = decide(shard);
     ParamShard* w = shard.param("weight");
     ParamShard* b = shard.param("bias");
-    if (d.mode == Mode::Replicated)
+    const std::string seq = sequence_note(shard.sequence);
+    if (d.mode == Mode::Replicated) {
       note_replicated(*w, b);
-    else if (d.mode == Mode::Column)
+      if (shard.sequence.on) {
+        w->note += seq + ", gradient all-reduced";
+        if (b) b->note = w->note;
+      }
+    } else if (d.mode == Mode::Column) {
       note_output_split(*w, b, d.axis, d.parts, "column-parallel",
-                        std::string("column-parallel, output ") + (d.gather ? "gathered" : "sharded"), d.blocks);
-    else
+                        std::string("column-parallel, output ") + (d.gather ? "gathered" : "sharded") + seq +
+                            overlap_note(d.overlap),
+                        d.blocks);
+    } else {
       note_input_split(*w, b, d.axis, d.parts,
-                       std::string("row-parallel, input ") + (d.input_sharded ? "sharded" : "split on entry"));
+                       std::string("row-parallel, input ") + (d.input_sharded ? "sharded" : "split on entry") + seq +
+                           overlap_note(d.overlap));
+      if (b && shard.sequence.on) b->note = "replicated, added per sequence part, gradient all-reduced";
+    }
+    warn_overlap(shard, d, *w);
   }
+
+  bool supports_sequence_parallel() const override { return true; }
+
+  // When a ring cannot hide anything: docs/BENCHMARKS.md, "async tensor
+  // parallelism", has the measurements behind the threshold.
+  static void warn_overlap(ModuleShard& shard, const Decision& d, const ParamShard& w) {
+    if (!d.overlap.on) return;
+    const std::string where = "module '" + shard.path + "' (overlap: " + d.overlap.name + "): ";
+    if (d.parts == 1) {
+      shard.warnings.push_back(where + "mesh axis '" + d.axis + "' has one rank, nothing to overlap");
+      return;
+    }
+    if (d.overlap.direction == RingDirection::Bidirectional && d.parts == 2)
+      shard.warnings.push_back(where + "at 2 ranks a bidirectional ring is a ring (one step either way)");
+    const int64_t local = w.local_shape[0] * w.local_shape[1];
+    if (local < kRingWorthElements)
+      shard.warnings.push_back(where + "its weight shard has " + std::to_string(local) + " elements, under " +
+                               std::to_string(kRingWorthElements) +
+                               ": each ring step's matmul is likely shorter than the exchange's latency, so the "
+                               "ring is slower than one collective");
+  }
+  static constexpr int64_t kRingWorthElements = 1 << 18;
 
   void apply(ModuleShard& shard) const override {
     Decision d = decide(shard);
-    if (d.mode == Mode::Replicated) return;
     auto& linear = dynamic_cast<nn::LinearImpl&>(*shard.module);
+    if (d.mode == Mode::Replicated) {
+      if (shard.sequence.on)
+        linear.set_strategy(std::make_shared<ReplicatedSequence>(shard.group(shard.sequence.axis), shard.sequence));
+      return;
+    }
     auto group = shard.group(d.axis);
     const int64_t index = group->rank();
     if (d.mode == Mode::Column) {
       replace_parameter(linear, "weight", shard_of(linear.weight, 0, d.parts, index, d.blocks));
       if (linear.bias.defined())
         replace_parameter(linear, "bias", shard_of(linear.bias, 0, d.parts, index, d.blocks));
-      linear.set_strategy(std::make_shared<ColumnParallel>(group, d.gather, d.blocks));
+      linear.set_strategy(std::make_shared<ColumnParallel>(group, d.gather, d.blocks, shard.sequence, d.overlap));
     } else {
       replace_parameter(linear, "weight", shard_of(linear.weight, 1, d.parts, index));
-      linear.set_strategy(std::make_shared<RowParallel>(group, d.input_sharded));
+      linear.set_strategy(std::make_shared<RowParallel>(group, d.input_sharded, shard.sequence, d.overlap));
     }
   }
 };

@@ -14,6 +14,12 @@
 //                        sharded (`output: sharded`).
 //   weight [null, null]  replicated (explicitly planned, nothing to do).
 //
+// Under sequence parallelism the ids come whole and the output leaves split
+// along the sequence: vocab-parallel reduce-scatters the partial rows onto
+// it (instead of all-reducing them), replicated and embedding-dim-parallel
+// (gathered) keep this rank's part, whose backward all-gathers the gradient,
+// so the weight's gradient is whole without further communication.
+//
 // padding_idx works in both (the padding row gets no gradient wherever it
 // lives); scale_grad_by_freq too (vocab-parallel counts each id over the
 // whole input, as torch does, not over the masked local ids). max_norm works
@@ -42,10 +48,15 @@ std::string range_str(std::pair<int64_t, int64_t> r) {
   return "[" + std::to_string(r.first) + ", " + std::to_string(r.second) + ")";
 }
 
+std::string sequence_note(const SequenceShard& seq) {
+  return seq.on ? ", sequence-parallel (dim " + std::to_string(seq.dim) + ")" : "";
+}
+
 class VocabParallel : public nn::EmbeddingStrategy {
  public:
-  VocabParallel(std::shared_ptr<Communicator> group, int64_t vocab, std::pair<int64_t, int64_t> range)
-      : group_(std::move(group)), vocab_(vocab), begin_(range.first), end_(range.second) {}
+  VocabParallel(std::shared_ptr<Communicator> group, int64_t vocab, std::pair<int64_t, int64_t> range,
+                SequenceShard seq)
+      : group_(std::move(group)), vocab_(vocab), begin_(range.first), end_(range.second), seq_(std::move(seq)) {}
 
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& w, const torch::nn::EmbeddingOptions& o) override {
     const int64_t rows = end_ - begin_;
@@ -81,39 +92,61 @@ class VocabParallel : public nn::EmbeddingStrategy {
       }
       y = y.masked_fill(outside.unsqueeze(-1), 0);
     }
-    return reduce_from_group(y, *group_);
+    return seq_.on ? reduce_scatter_sequence(y, *group_, seq_.dim) : reduce_from_group(y, *group_);
   }
 
   std::string describe() const override {
     return "vocab-parallel over '" + group_->name() + "' (" + std::to_string(group_->size()) + "), rows " +
-           range_str({begin_, end_}) + " of " + std::to_string(vocab_);
+           range_str({begin_, end_}) + " of " + std::to_string(vocab_) + sequence_note(seq_);
   }
 
  private:
   std::shared_ptr<Communicator> group_;
   int64_t vocab_, begin_, end_;
+  SequenceShard seq_;
+};
+
+// A replicated table whose output enters the sequence-parallel region.
+class ReplicatedSequence : public nn::EmbeddingStrategy {
+ public:
+  ReplicatedSequence(std::shared_ptr<Communicator> group, SequenceShard seq)
+      : group_(std::move(group)), seq_(std::move(seq)) {}
+
+  at::Tensor forward(const at::Tensor& ids, const at::Tensor& w, const torch::nn::EmbeddingOptions& o) override {
+    return split_sequence(nn::embedding_lookup(ids, w, o), *group_, seq_.dim);
+  }
+
+  std::string describe() const override { return "replicated" + sequence_note(seq_) + " over '" + group_->name() + "'"; }
+
+ private:
+  std::shared_ptr<Communicator> group_;
+  SequenceShard seq_;
 };
 
 class DimParallel : public nn::EmbeddingStrategy {
  public:
-  DimParallel(std::shared_ptr<Communicator> group, bool gather) : group_(std::move(group)), gather_(gather) {}
+  DimParallel(std::shared_ptr<Communicator> group, bool gather, SequenceShard seq)
+      : group_(std::move(group)), gather_(gather), seq_(std::move(seq)) {}
 
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& w, const torch::nn::EmbeddingOptions& o) override {
     // Ids carry no gradient, so unlike a column-parallel Linear no
     // copy_to_group is needed on entry.
     const int64_t pad = o.padding_idx().value_or(-1);
     at::Tensor y = at::embedding(w, ids, pad, o.scale_grad_by_freq(), /*sparse=*/false);
-    return gather_ ? gather_from_group(y, *group_, -1) : y;
+    if (!gather_) return y;
+    y = gather_from_group(y, *group_, -1);
+    return seq_.on ? split_sequence(y, *group_, seq_.dim) : y;
   }
 
   std::string describe() const override {
     return "embedding-dim-parallel over '" + group_->name() + "' (" + std::to_string(group_->size()) + "), output " +
-           (gather_ ? "gathered" : "sharded");
+           (gather_ ? "gathered" : "sharded") + sequence_note(seq_);
   }
 
  private:
   std::shared_ptr<Communicator> group_;
   bool gather_;
+  SequenceShard seq_;
 };
 
 enum class Mode { Replicated, Vocab, Dim };
@@ -134,6 +167,7 @@ Decision decide(const ModuleShard& shard) {
   if (wl[0] && wl[1]) fail_param(*w, "an Embedding weight can be split along one dim only, got " + layout_str(wl));
   reject_option(rule, "input", "does not apply to an Embedding (its input is ids, never sharded)");
   reject_option(rule, "blocks", "does not apply to an Embedding");
+  reject_option(rule, "overlap", "applies to Linear layers (dense rules)");
   if (!wl[0] && !wl[1]) {
     reject_option(rule, "output", "applies to an embedding-dim-parallel Embedding (weight [null, axis])");
     return d;
@@ -141,6 +175,10 @@ Decision decide(const ModuleShard& shard) {
   d.axis = wl[0] ? *wl[0] : *wl[1];
   d.parts = shard.mesh->axis_size(d.axis);
   d.mode = wl[0] ? Mode::Vocab : Mode::Dim;
+  if (shard.sequence.on && d.axis != shard.sequence.axis)
+    fail_param(*w, "split over '" + d.axis + "' but the sequence is split over '" + shard.sequence.axis +
+                       "': under sequence parallelism an Embedding must be split over the sequence axis (or have "
+                       "sequence_parallel: false)");
 
   // The options live on the module; check() reads them when it has one.
   if (const auto* m = dynamic_cast<const nn::EmbeddingImpl*>(shard.module)) {
@@ -156,6 +194,9 @@ Decision decide(const ModuleShard& shard) {
                   "all-reduced, always whole");
   } else {
     d.gather = output_option_gathered(rule);
+    if (shard.sequence.on && !d.gather)
+      fail_param(*w, "output: sharded would split the features of an output that sequence parallelism splits "
+                     "along the sequence; use output: gathered, or sequence_parallel: false");
     const int64_t dim = w->assignment.shape[1];
     if (dim % d.parts != 0)
       fail_param(*w, "embedding_dim " + std::to_string(dim) + " is not divisible by mesh axis '" + d.axis + "' of size " +
@@ -172,37 +213,44 @@ class EmbeddingPlugin : public LayerPlugin {
   void check(ModuleShard& shard) const override {
     Decision d = decide(shard);
     ParamShard* w = shard.param("weight");
+    const std::string seq = sequence_note(shard.sequence);
     if (d.mode == Mode::Replicated) {
-      w->note = "replicated";
+      w->note = "replicated" + seq;
     } else if (d.mode == Mode::Vocab) {
       // Uneven vocabularies give ranks different shapes: report this rank's.
       const int64_t vocab = w->assignment.shape[0];
       const auto range = shard_range(vocab, d.parts, shard.mesh->coord(shard.rank, d.axis));
       w->local_shape[0] = range.second - range.first;
       w->note = "vocab-parallel, rows " + range_str(range) + " of " + std::to_string(vocab) +
-                (vocab % d.parts ? " (uneven)" : "") + ", output all-reduced";
+                (vocab % d.parts ? " (uneven)" : "") + (shard.sequence.on ? ", output reduce-scattered" + seq : ", output all-reduced");
     } else {
       w->local_shape[1] /= d.parts;
-      w->note = std::string("embedding-dim-parallel, output ") + (d.gather ? "gathered" : "sharded");
+      w->note = std::string("embedding-dim-parallel, output ") + (d.gather ? "gathered" : "sharded") + seq;
     }
   }
+
+  bool supports_sequence_parallel() const override { return true; }
 
   void apply(ModuleShard& shard) const override {
     Decision d = decide(shard);
     // An axis of one rank splits nothing: torch's own lookup is then exact and
     // cheaper than masking ids for a vocabulary range that is all of it.
-    if (d.mode == Mode::Replicated || d.parts == 1) return;
     auto& emb = dynamic_cast<nn::EmbeddingImpl&>(*shard.module);
+    if (d.mode == Mode::Replicated && shard.sequence.on) {
+      emb.set_strategy(std::make_shared<ReplicatedSequence>(shard.group(shard.sequence.axis), shard.sequence));
+      return;
+    }
+    if (d.mode == Mode::Replicated || d.parts == 1) return;
     auto group = shard.group(d.axis);
     const int64_t index = group->rank();
     if (d.mode == Mode::Vocab) {
       const int64_t vocab = emb.weight.size(0);
       const auto range = shard_range(vocab, d.parts, index);
       replace_parameter(emb, "weight", emb.weight.narrow(0, range.first, range.second - range.first));
-      emb.set_strategy(std::make_shared<VocabParallel>(group, vocab, range));
+      emb.set_strategy(std::make_shared<VocabParallel>(group, vocab, range, shard.sequence));
     } else {
       replace_parameter(emb, "weight", shard_of(emb.weight, 1, d.parts, index));
-      emb.set_strategy(std::make_shared<DimParallel>(group, d.gather));
+      emb.set_strategy(std::make_shared<DimParallel>(group, d.gather, shard.sequence));
     }
   }
 };

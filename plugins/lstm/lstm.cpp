@@ -189,6 +189,7 @@ Decision decide(const ModuleShard& shard) {
   for (const Rule* rule : rules) {
     reject_option(rule, "output", "does not apply to an LSTM: its output and (h_n, c_n) are always returned whole");
     reject_option(rule, "input", "does not apply to an LSTM: its input is always whole");
+    reject_option(rule, "overlap", "applies to Linear layers (dense rules)");
     if (const RuleOption* b = rule->option("blocks"))
       if (b->value != "4")
         throw PlanError(b->loc, "option 'blocks' of an LSTM weight can only be 4 (its gates i, f, g, o, each split "

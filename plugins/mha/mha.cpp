@@ -17,6 +17,11 @@
 // context gathered first, which is correct but moves more bytes.
 // Attention weights, when asked for, are averaged over all heads (the local
 // sums all-reduced, divided by num_heads) or gathered per head.
+// Under sequence parallelism query, key and value arrive split along the
+// sequence (dim 0 of [L, N, E]): each is all-gathered on entry (one gather
+// when they are the same tensor, as in self-attention), whose backward
+// reduce-scatters their gradients, and out_proj must be row-parallel on the
+// split context: it reduce-scatters the output back onto the sequence.
 // Incremental decoding (MultiheadAttentionImpl::forward_cached) needs nothing
 // here: attend() appends to the key/value cache what it computes, this
 // rank's heads, so each rank's cache holds 1/N of the keys and values.
@@ -37,8 +42,13 @@ const char* kAttentionType = "shardplan::nn::MultiheadAttentionImpl";
 
 class HeadParallel : public nn::MultiheadAttentionStrategy {
  public:
-  HeadParallel(std::shared_ptr<Communicator> group, std::string axis, int64_t num_heads, std::string path)
-      : group_(std::move(group)), axis_(std::move(axis)), num_heads_(num_heads), path_(std::move(path)) {}
+  HeadParallel(std::shared_ptr<Communicator> group, std::string axis, int64_t num_heads, std::string path,
+               SequenceShard seq)
+      : group_(std::move(group)),
+        axis_(std::move(axis)),
+        num_heads_(num_heads),
+        path_(std::move(path)),
+        seq_(std::move(seq)) {}
 
   std::tuple<at::Tensor, at::Tensor> forward(nn::MultiheadAttentionImpl& m, const at::Tensor& query,
                                              const at::Tensor& key, const at::Tensor& value,
@@ -48,11 +58,22 @@ class HeadParallel : public nn::MultiheadAttentionStrategy {
     const int64_t local_heads = num_heads_ / g.size();
     // Every rank's partial result depends on the whole query, key, value and
     // mask, so each of their gradients is the sum over the group.
-    at::Tensor q = copy_to_group(query, g), k = copy_to_group(key, g), v = copy_to_group(value, g);
+    at::Tensor q, k, v;
+    if (seq_.on) {
+      if (query.dim() < 2 || (seq_.dim != 0 && seq_.dim != -query.dim()))
+        throw Error("MultiheadAttention '" + path_ + "' takes [L, N, E] (sequence first), but the plan's sequence "
+                    "dim is " + std::to_string(seq_.dim) + " for a " + std::to_string(query.dim()) +
+                    "-dim query: give its rule sequence_dim: 0");
+      q = gather_sequence(query, g, 0);
+      k = key.is_same(query) ? q : gather_sequence(key, g, 0);
+      v = value.is_same(query) ? q : value.is_same(key) ? k : gather_sequence(value, g, 0);
+    } else {
+      q = copy_to_group(query, g), k = copy_to_group(key, g), v = copy_to_group(value, g);
+    }
     at::Tensor mask = attn_mask;
     if (mask.defined() && mask.is_floating_point()) mask = copy_to_group(mask, g);
     if (mask.defined() && mask.dim() == 3) {
-      const int64_t bsz = query.dim() == 3 ? query.size(1) : 0;
+      const int64_t bsz = q.dim() == 3 ? q.size(1) : 0;
       if (mask.size(0) != bsz * num_heads_)
         throw Error("MultiheadAttention '" + path_ + "': a 3-D attn_mask must be [N * num_heads, L, S] with N = " +
                     std::to_string(bsz) + " and num_heads = " + std::to_string(num_heads_) + ", got first dim " +
@@ -73,6 +94,9 @@ class HeadParallel : public nn::MultiheadAttentionStrategy {
     at::Tensor output;
     if (wanted == group_.get()) {
       output = m.out_proj->forward(context);
+    } else if (seq_.on) {
+      throw Error("MultiheadAttention '" + path_ + "' is sequence-parallel, so out_proj must be row-parallel on its "
+                  "heads: give out_proj.weight the layout [null, " + axis_ + "] and input: sharded");
     } else if (wanted && wanted->size() > 1) {
       throw Error("MultiheadAttention '" + path_ + "': its heads are split over '" + g.name() +
                   "' but out_proj expects its input split over '" + wanted->name() +
@@ -81,7 +105,7 @@ class HeadParallel : public nn::MultiheadAttentionStrategy {
       output = m.out_proj->forward(gather_from_group(context, g, -1));
     }
     if (!need_weights) return std::make_tuple(output, at::Tensor());
-    weights = weights.view({query.size(1), local_heads, query.size(0), weights.size(-1)});
+    weights = weights.view({q.size(1), local_heads, q.size(0), weights.size(-1)});
     if (average_attn_weights)
       weights = reduce_from_group(weights.sum(/*dim=*/1), g) / num_heads_;
     else
@@ -91,7 +115,8 @@ class HeadParallel : public nn::MultiheadAttentionStrategy {
 
   std::string describe() const override {
     return "head-parallel over '" + group_->name() + "' (" + std::to_string(group_->size()) + "): " +
-           std::to_string(num_heads_ / group_->size()) + " of " + std::to_string(num_heads_) + " heads per rank";
+           std::to_string(num_heads_ / group_->size()) + " of " + std::to_string(num_heads_) + " heads per rank" +
+           (seq_.on ? ", sequence-parallel" : "");
   }
 
  private:
@@ -99,6 +124,7 @@ class HeadParallel : public nn::MultiheadAttentionStrategy {
   std::string axis_;
   int64_t num_heads_;
   std::string path_;
+  SequenceShard seq_;
 };
 
 struct Decision {
@@ -135,6 +161,8 @@ Decision decide(const ModuleShard& shard) {
                   "does not apply to MultiheadAttention: its output is whole on every rank (out_proj's own rule "
                   "says how out_proj is split)");
     reject_option(rule, "input", "does not apply to MultiheadAttention: query, key and value enter whole");
+    reject_option(rule, "overlap",
+                  "applies to Linear layers (dense rules): give it to out_proj's rule; q, k and v are gathered once");
     const RuleOption* blocks = rule ? rule->option("blocks") : nullptr;
     if (blocks && !((p.name == "in_proj_weight" || p.name == "in_proj_bias") && blocks->value == "3"))
       throw PlanError(blocks->loc, "option 'blocks' does not apply to '" + p.assignment.path +
@@ -155,6 +183,10 @@ Decision decide(const ModuleShard& shard) {
   }
 
   if (!d.split_by) {
+    if (shard.sequence.on)
+      fail_param(*d.weights[0], "attention needs the whole sequence: in the sequence-parallel region it must be "
+                                "head-parallel over '" + shard.sequence.axis + "' (layout [" + shard.sequence.axis +
+                                    ", null]), or have sequence_parallel: false");
     for (const auto& p : shard.params)
       if (is_split(p.assignment.layout))
         fail_param(p, "cannot be split while the attention heads are not: give " + d.weights[0]->assignment.path +
@@ -164,6 +196,9 @@ Decision decide(const ModuleShard& shard) {
 
   d.split = true;
   d.parts = shard.mesh->axis_size(d.axis);
+  if (shard.sequence.on && d.axis != shard.sequence.axis)
+    fail_param(*d.split_by, "heads split over '" + d.axis + "' but the sequence is split over '" +
+                                shard.sequence.axis + "': they must be one axis (or sequence_parallel: false)");
   for (const ParamShard* w : d.weights)
     if (!w->assignment.layout[0] || *w->assignment.layout[0] != d.axis)
       fail_param(*w, "the heads are split over '" + d.axis + "' by " + d.split_by->assignment.path + ", so " +
@@ -201,6 +236,8 @@ class MhaPlugin : public LayerPlugin {
   std::string name() const override { return "mha"; }
   std::vector<std::string> module_types() const override { return {kAttentionType}; }
 
+  bool supports_sequence_parallel() const override { return true; }
+
   void check(ModuleShard& shard) const override {
     Decision d = decide(shard);
     if (!d.split) {
@@ -220,7 +257,8 @@ class MhaPlugin : public LayerPlugin {
         declare_split(p, 0, d.axis, p.name == "in_proj_weight" || p.name == "in_proj_bias" ? 3 : 1);
       }
       if (p.name == "in_proj_weight")
-        p.note = "head-parallel, " + heads + " (rows of q, k and v)";
+        p.note = "head-parallel, " + heads + " (rows of q, k and v)" +
+                 (shard.sequence.on ? ", sequence gathered on entry" : "");
       else if (p.name == "q_proj_weight" || p.name == "k_proj_weight" || p.name == "v_proj_weight")
         p.note = "head-parallel, " + heads;
       else
@@ -246,7 +284,7 @@ class MhaPlugin : public LayerPlugin {
     if (attention.bias_k.defined()) replace_parameter(attention, "bias_k", shard_of(attention.bias_k, 2, d.parts, index));
     if (attention.bias_v.defined()) replace_parameter(attention, "bias_v", shard_of(attention.bias_v, 2, d.parts, index));
     attention.set_strategy(
-        std::make_shared<HeadParallel>(group, d.axis, attention.options.num_heads(), shard.path));
+        std::make_shared<HeadParallel>(group, d.axis, attention.options.num_heads(), shard.path, shard.sequence));
   }
 };
 

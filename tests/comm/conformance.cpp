@@ -563,6 +563,39 @@ class Suite {
         }
       }
     }
+    // Both ways at once, as a bidirectional ring step does (shardplan/ring.h):
+    // to the right and from the left on one tag, to the left and from the
+    // right on another, all four posted before any wait. With two ranks both
+    // neighbours are one rank, told apart by the tags.
+    if (n_ > 1) {
+      const uint64_t salt = ++salt_;
+      const int32_t dt = SP_FLOAT64;
+      const uint64_t c = 1000;
+      const int tag_r = 11, tag_l = 12;
+      Buf out_r(dt, c), out_l(dt, c), in_l(dt, c), in_r(dt, c);
+      out_r.fill(0, c, [&](uint64_t i) { return value(dt, SP_SUM, rank_ * 31 + tag_r, i, salt); });
+      out_l.fill(0, c, [&](uint64_t i) { return value(dt, SP_SUM, rank_ * 31 + tag_l, i, salt); });
+      sp_buffer a = out_r.desc(), b = out_l.desc(), from_left = in_l.desc(), from_right = in_r.desc();
+      sp_work* w[4] = {nullptr, nullptr, nullptr, nullptr};
+      int st = api_->recv(comm_, &from_left, prev, tag_r, &w[0]);
+      if (st == SP_OK) st = api_->recv(comm_, &from_right, next, tag_l, &w[1]);
+      if (st == SP_OK) st = api_->send(comm_, &a, next, tag_r, &w[2]);
+      if (st == SP_OK) st = api_->send(comm_, &b, prev, tag_l, &w[3]);
+      int ws = SP_OK;
+      for (sp_work* x : w) {
+        if (!x) continue;
+        int s2 = api_->wait(x, o_.wait_timeout_ms);
+        if (ws == SP_OK && s2 != SP_OK) ws = s2;
+        api_->release(x);
+      }
+      const std::string what = "async send/recv both ways";
+      if (st != SP_OK || ws != SP_OK) {
+        fail(what, status_error(st != SP_OK ? st : ws));
+      } else {
+        check_message(what + " (from the left)", in_l, prev, tag_r, salt);
+        check_message(what + " (from the right)", in_r, next, tag_l, salt);
+      }
+    }
     // Matching by (peer, tag), in order within a tag: sends go out as tags
     // 1, 2, 1 and are received as 2, 1, 1.
     if (o_.p2p_tag_matching) {

@@ -75,6 +75,12 @@ if(PART STREQUAL "golden")
     fail("plans/gpt.yaml at 3 ranks: exit ${RC} with ${_n} errors, expected exit 1 with 9:\n${OUT}")
   endif()
   compare_golden(gpt_world3.table "${OUT}")
+  # Sequence parallelism: what each layer does in the region, and the dry run.
+  run_check(plans/gpt_sp.yaml --model gpt --world 2 --batch 4)
+  if(NOT RC EQUAL 0)
+    fail("plans/gpt_sp.yaml: exit ${RC}, expected 0:\n${OUT}")
+  endif()
+  compare_golden(gpt_sp.table "${OUT}")
 elseif(PART STREQUAL "broken")
   # One plan per problem class; each file says how to run it (# args:) and
   # what its error says (# expect:). Exit 1, and an error line naming the

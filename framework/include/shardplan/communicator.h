@@ -91,6 +91,12 @@ class Communicator {
   at::Tensor all_to_all(const at::Tensor& t);
   void send(const at::Tensor& t, int peer, int tag = 0);
   void recv(at::Tensor& t, int peer, int tag = 0);
+  // Posted at once, completed by Work::wait(): a ring step sends to one
+  // neighbour and receives from the other while the caller computes. `t`
+  // must be contiguous (recv writes it in place). Messages between two ranks
+  // with one tag arrive in the order they were sent.
+  std::unique_ptr<Work> send_async(const at::Tensor& t, int peer, int tag = 0);
+  std::unique_ptr<Work> recv_async(at::Tensor& t, int peer, int tag = 0);
   void barrier();
 
   CommStats stats() const { return stats_; }

@@ -14,7 +14,7 @@
 #include "shardplan/plan.h"
 #include "shardplan/split.h"
 
-#define SHARDPLAN_LAYER_ABI_VERSION 3u
+#define SHARDPLAN_LAYER_ABI_VERSION 4u
 
 namespace torch {
 namespace nn {
@@ -40,6 +40,20 @@ struct ParamShard {
   std::vector<ShardSplit> splits;
 };
 
+// Sequence parallelism for one module (the plan's `sequence_parallel` map,
+// refined by its rules' `sequence_parallel` and `sequence_dim` options):
+// when `on`, the activations the module reads and writes between
+// tensor-parallel layers are split along `dim` (negative: from the end) over
+// mesh axis `axis`, and the plugin must keep them so: gather the sequence on
+// entry where it needs it whole, reduce-scatter partial sums back onto it,
+// and all-reduce over `axis` the gradients of replicated parameters that see
+// only this rank's part of the sequence.
+struct SequenceShard {
+  bool on = false;
+  std::string axis;
+  int64_t dim = 0;
+};
+
 // One module the plan touches, handed to its plugin: either through its
 // parameters (params filled, rule == nullptr) or, for a module with no
 // parameters of its own such as a loss, through a rule matching the module's
@@ -53,6 +67,10 @@ struct ModuleShard {
   const Rule* rule = nullptr;          // module-path match only
   Layout layout;                       // module-path match only: layout of the input
   std::string note;                    // module-path match only, filled by the plugin
+  SequenceShard sequence;
+  // Filled by check(): what the user should know but is not an error (an
+  // option that cannot pay off here); parallelize adds them to the report.
+  std::vector<std::string> warnings;
   const Mesh* mesh = nullptr;
   int rank = 0;                        // this rank in the world (checking: any)
   // Process group along a mesh axis (nullptr when only checking).
@@ -77,6 +95,10 @@ class LayerPlugin {
   // Replace each parameter with this rank's shard and install the strategy.
   // Called after check() on the same object.
   virtual void apply(ModuleShard& shard) const = 0;
+  // Whether check()/apply() honour ModuleShard::sequence. parallelize refuses
+  // to hand a sequence-parallel module to a plugin that does not, since it
+  // would compute on a sequence shard as if it were whole.
+  virtual bool supports_sequence_parallel() const { return false; }
 };
 
 }  // namespace shardplan

@@ -28,4 +28,29 @@ at::Tensor reduce_scatter_to_group(const at::Tensor& x, Communicator& group, int
 // entry of a column-parallel layer).
 at::Tensor all_gather_from_group(const at::Tensor& x, Communicator& group, int64_t dim = 0);
 
+// Sequence parallelism (layer_plugin.h, SequenceShard): activations between
+// tensor-parallel layers are split along the sequence dim `dim` (negative:
+// from the end). These are the pairs above under the names a layer uses at
+// the region's edges, with the sequence checked first so an activation that
+// cannot be split fails with one line naming the sizes rather than inside a
+// collective.
+//
+// Entering a layer that needs the whole sequence (a column-parallel Linear,
+// attention): all-gather forward, reduce-scatter backward.
+at::Tensor gather_sequence(const at::Tensor& x, Communicator& group, int64_t dim);
+// Leaving a layer whose output is a partial sum over the group (row-parallel
+// Linear, vocab-parallel embedding): reduce-scatter forward, all-gather
+// backward.
+at::Tensor reduce_scatter_sequence(const at::Tensor& x, Communicator& group, int64_t dim);
+// Leaving a layer whose output is whole and identical on every rank (a
+// replicated embedding): keep this rank's part forward, all-gather backward.
+at::Tensor split_sequence(const at::Tensor& x, Communicator& group, int64_t dim);
+// A replicated parameter used on this rank's part of the sequence: identity
+// forward, gradient all-reduced backward, so it is the gradient over the
+// whole sequence (copy_to_group, named for what it guards against).
+at::Tensor sequence_parallel_param(const at::Tensor& p, Communicator& group);
+// `dim` of `x` wrapped to [0, x.dim()), after the checks the functions above
+// make: the dim exists, and with `split` the sequence divides over the group.
+int64_t checked_sequence_dim(const at::Tensor& x, Communicator& group, int64_t dim, bool split);
+
 }  // namespace shardplan

@@ -92,6 +92,17 @@ struct DataParallelSpec {
   SourceLoc loc;               // the data_parallel map
 };
 
+// Sequence parallelism (docs/PLAN_FORMAT.md, "Sequence parallelism"): the
+// top-level `sequence_parallel` map. Between tensor-parallel layers the
+// activations are split along `dim` over `axis`.
+struct SequenceParallelSpec {
+  bool enabled = false;        // the key is present
+  int64_t dim = 0;             // the sequence dim of activations; negative counts from the end
+  std::string axis;            // as written; "" when absent (see Plan::sequence_axis)
+  SourceLoc loc;               // the sequence_parallel map
+  SourceLoc axis_loc;
+};
+
 class Plan {
  public:
   std::string source;                    // file path, or "<string>"
@@ -108,6 +119,7 @@ class Plan {
   std::string paths = "torch";
   SourceLoc paths_loc;
   DataParallelSpec data_parallel;
+  SequenceParallelSpec sequence_parallel;
   // Written by to_yaml as `#` lines at the top (auto_plan: what it left
   // replicated and why); not parsed back.
   std::string comment;
@@ -116,6 +128,11 @@ class Plan {
   // axis called `data`, else one called `batch`, else "" (no data
   // parallelism).
   std::string batch_axis() const;
+  // The mesh axis sequence parallelism splits activations over:
+  // `sequence_parallel.axis` when given, else the one mesh axis that is not
+  // the batch axis; "" when sequence parallelism is off. Throws PlanError at
+  // the map when the choice is ambiguous (checked at parse time).
+  std::string sequence_axis() const;
 
   // First rule whose pattern fully matches `path`, or nullptr.
   const Rule* match(const std::string& path) const;

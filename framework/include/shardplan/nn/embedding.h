@@ -47,5 +47,10 @@ class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl> {
 
 TORCH_MODULE(Embedding);
 
+// torch::nn::Embedding's lookup with `options`: what EmbeddingImpl::forward
+// does without a strategy, for strategies that look up a whole table.
+at::Tensor embedding_lookup(const at::Tensor& indices, const at::Tensor& weight,
+                            const torch::nn::EmbeddingOptions& options);
+
 }  // namespace nn
 }  // namespace shardplan
