@@ -40,9 +40,9 @@ std::string first(const std::vector<std::string>& f) { return f.empty() ? "" : f
 TEST(Ring, GatherAndReduceScatterEqualTheCollectives) {
   for (const char* backend : {"local", "gloo"})
     for (int n : {2, 3, 4})
-      for (auto dir : {RingDirection::Unidirectional, RingDirection::Bidirectional}) {
-        SCOPED_TRACE(std::string(backend) + " n=" + std::to_string(n) +
-                     (dir == RingDirection::Bidirectional ? " bidirectional" : ""));
+      for (auto dir : {RingDirection::Unidirectional, RingDirection::Bidirectional, RingDirection::Split}) {
+        SCOPED_TRACE(std::string(backend) + " n=" + std::to_string(n) + " direction " +
+                     std::to_string(static_cast<int>(dir)));
         std::mutex mu;
         std::vector<std::string> bad;
         shardplan::run_ranks_in_threads(
@@ -51,21 +51,31 @@ TEST(Ring, GatherAndReduceScatterEqualTheCollectives) {
               auto& g = w.comm();
               const int r = g.rank();
               auto mine = torch::arange(6, torch::kDouble).view({2, 3}) + 100 * r;
-              std::vector<int> seen(n, 0);
+              // Every owner's features exactly once, whole or in halves.
               std::vector<torch::Tensor> got(n);
-              shardplan::ring_gather(mine, g, dir, [&](const torch::Tensor& part, int owner) {
-                seen[owner] += 1;
-                got[owner] = part.clone();
+              std::vector<int> covered(n, 0);
+              shardplan::ring_gather(mine, g, dir, [&](const shardplan::RingPart& p) {
+                if (!got[p.owner].defined()) got[p.owner] = torch::full({2, 3}, -1.0, torch::kDouble);
+                got[p.owner].narrow(-1, p.begin, p.end - p.begin).copy_(p.data);
+                covered[p.owner] += static_cast<int>(p.end - p.begin);
               });
               std::string why;
               for (int k = 0; k < n; ++k)
-                if (seen[k] != 1 || !got[k].equal(torch::arange(6, torch::kDouble).view({2, 3}) + 100 * k))
+                if (covered[k] != 3 || !got[k].equal(torch::arange(6, torch::kDouble).view({2, 3}) + 100 * k))
                   why += " gather owner " + std::to_string(k);
-              // Partials that differ by owner and rank, summed exactly.
-              auto partial = [&](int owner) { return torch::full({3, 2}, double(1 << owner) * (r + 1)); };
-              auto rs = shardplan::ring_reduce_scatter(g, dir, partial);
-              auto want = torch::full({3, 2}, double(1 << r) * n * (n + 1) / 2);
+              // Partials that differ by owner, rank and feature, summed exactly.
+              std::vector<int> asked(n, 0);
+              auto partial = [&](int owner, int64_t b, int64_t e) {
+                asked[owner] += static_cast<int>(e - b);
+                return torch::full({3, e - b}, double(1 << owner) * (r + 1)) +
+                       torch::arange(b, e, torch::kDouble).view({1, e - b}) * (r + 1);
+              };
+              auto rs = shardplan::ring_reduce_scatter(g, dir, 4, partial);
+              auto want = (torch::full({3, 4}, double(1 << r)) + torch::arange(4, torch::kDouble).view({1, 4})) *
+                          (n * (n + 1) / 2);
               if (!rs.equal(want)) why += " reduce_scatter";
+              for (int k = 0; k < n; ++k)
+                if (asked[k] != 4) why += " partial of owner " + std::to_string(k) + " asked for " + std::to_string(asked[k]) + " features";
               std::lock_guard<std::mutex> lock(mu);
               if (!why.empty()) bad.push_back("rank " + std::to_string(r) + ":" + why);
             },
@@ -139,7 +149,7 @@ TEST(Ring, DensePairEqualsTheCollectivePathInEveryMode) {
       torch::manual_seed(9);
       auto x = dim == 0 ? torch::randn({12, 2, 8}, torch::kDouble) : torch::randn({2, 12, 8}, torch::kDouble);
       const PairRun sync = run_pair(pair_plan(dim, "none"), n, dim, x, "local");
-      for (const char* mode : {"ring", "ring_bidirectional"}) {
+      for (const char* mode : {"ring", "ring_bidirectional", "ring_split"}) {
         SCOPED_TRACE(std::string(mode) + " n=" + std::to_string(n) + " dim=" + std::to_string(dim));
         const PairRun ring = run_pair(pair_plan(dim, mode), n, dim, x, "local");
         for (int r = 0; r < n; ++r) {
@@ -155,17 +165,19 @@ TEST(Ring, DensePairOverGlooEqualsTheCollectivePath) {
   torch::manual_seed(9);
   auto x = torch::randn({12, 2, 8}, torch::kDouble);
   const PairRun sync = run_pair(pair_plan(0, "none"), 3, 0, x, "gloo");
-  const PairRun ring = run_pair(pair_plan(0, "ring_bidirectional"), 3, 0, x, "gloo");
-  for (int r = 0; r < 3; ++r) {
-    EXPECT_LT(max_err(ring.outputs[r], sync.outputs[r]), 1e-12);
-    EXPECT_LT(max_err(ring.input_grads[r], sync.input_grads[r]), 1e-12);
+  for (const char* mode : {"ring_bidirectional", "ring_split"}) {
+    const PairRun ring = run_pair(pair_plan(0, mode), 3, 0, x, "gloo");
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_LT(max_err(ring.outputs[r], sync.outputs[r]), 1e-12) << mode;
+      EXPECT_LT(max_err(ring.input_grads[r], sync.input_grads[r]), 1e-12) << mode;
+    }
+    for (const auto& [name, g] : sync.grads) EXPECT_LT(max_err(ring.grads.at(name), g), 1e-12) << mode << " " << name;
   }
-  for (const auto& [name, g] : sync.grads) EXPECT_LT(max_err(ring.grads.at(name), g), 1e-12) << name;
 }
 
 // Against the model unsharded: outputs gathered along the sequence.
 TEST(Ring, DensePairMatchesUnsharded) {
-  for (const char* mode : {"ring", "ring_bidirectional"})
+  for (const char* mode : {"ring", "ring_bidirectional", "ring_split"})
     for (int n : {2, 3, 4}) {
       SCOPED_TRACE(std::string(mode) + " n=" + std::to_string(n));
       torch::manual_seed(4);
@@ -209,10 +221,10 @@ TEST(Ring, GptAsyncMatchesUnsharded) {
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   }();
   ASSERT_NE(text.find("overlap: ring"), std::string::npos);
-  const std::string bidirectional = std::regex_replace(text, std::regex("overlap: ring"), "overlap: ring_bidirectional");
-  for (const std::string& yaml : {text, bidirectional})
+  for (const std::string mode : {"ring", "ring_bidirectional", "ring_split"})
     for (int n : {2, 3, 4}) {
-      SCOPED_TRACE((yaml == text ? "ring n=" : "bidirectional n=") + std::to_string(n));
+      SCOPED_TRACE(mode + " n=" + std::to_string(n));
+      const std::string yaml = std::regex_replace(text, std::regex("overlap: ring"), "overlap: " + mode);
       torch::manual_seed(3);
       auto ref = std::dynamic_pointer_cast<ex::GPTImpl>(ex::make_model("gpt", config).module);
       ref->to(torch::kDouble);
@@ -270,7 +282,7 @@ TEST(Ring, OverlapOptionErrorsAndWarnings) {
     shardplan::parse_plan("mesh: {model: 2}\nrules:\n  - match: 'a'\n    layout: [null]\n    overlap: yes\n", "p.yaml");
     ADD_FAILURE() << "no error";
   } catch (const shardplan::PlanError& e) {
-    expect_has(e.what(), "p.yaml:5:14: overlap must be none, ring or ring_bidirectional, got 'yes'");
+    expect_has(e.what(), "p.yaml:5:14: overlap must be none, ring, ring_bidirectional or ring_split, got 'yes'");
   }
   // Warnings: the pair's shards are small, and bidirectional at 2 ranks is a ring.
   std::vector<std::string> warnings;

@@ -1,8 +1,9 @@
 // Async tensor parallelism (issue 11's overlap benchmark): forward + backward
 // of a column + row dense pair (x + fc2(gelu(fc1(x))), fc1 [4E, E]) under
 // sequence parallelism, with the sequence gathers and reduce-scatters as
-// collectives ("sync", overlap: none), over a ring ("ring") and over a
-// bidirectional ring ("bidir"), from latency-bound to compute-bound sizes.
+// collectives ("sync", overlap: none), over a ring ("ring"), a
+// bidirectional ring ("bidir") and a feature-split ring ("split"), from
+// latency-bound to compute-bound sizes.
 //
 //   bench_async_tp --threads 2                    # local backend, ranks as threads
 //   shardplan launch -n 2 --backend gloo -- bench_async_tp
@@ -12,7 +13,7 @@
 // round, so machine noise hits them alike; medians over rounds, slowest rank.
 // "comm" is the sync path's communication alone (all-gather [T/N, B, E] and
 // reduce-scatter [T, B, E] forward, the same backward) on the same group, and
-// the fraction of it hidden is (t_sync - t_ring) / t_comm: 100% when the
+// the fraction of it hidden is (t_sync - t_mode) / t_comm: 100% when the
 // ring takes no longer than the matmuls alone, negative when it loses.
 // It checks what it measures: all three modes give the same output (1e-9).
 #include <torch/torch.h>
@@ -106,12 +107,13 @@ double median(std::vector<double> v) {
 
 void run(shardplan::World& world, const Args& a) {
   const int n = world.size();
-  const char* modes[] = {"none", "ring", "ring_bidirectional"};
+  const char* modes[] = {"none", "ring", "ring_bidirectional", "ring_split"};
+  constexpr int kModes = 4;  // plus the communication alone
   if (world.rank() == 0) {
     std::printf("backend %s, %d ranks, median of %d rounds x %d steps (forward + backward), float32\n",
                 world.comm().backend().c_str(), n, a.rounds, a.steps);
-    std::printf("%8s %6s %12s %12s %12s %12s %9s %9s\n", "tokens", "embed", "sync ms", "ring ms", "bidir ms",
-                "comm ms", "hid ring", "hid bidir");
+    std::printf("%8s %6s %10s %10s %10s %10s %10s %9s %9s %9s\n", "tokens", "embed", "sync ms", "ring ms",
+                "bidir ms", "split ms", "comm ms", "hid ring", "hid bidir", "hid split");
   }
   for (const Size& sz : a.sizes) {
     torch::manual_seed(1);
@@ -145,13 +147,13 @@ void run(shardplan::World& world, const Args& a) {
         group->reduce_scatter(whole, 0);
       }
     };
-    std::vector<std::vector<double>> times(4);
+    std::vector<std::vector<double>> times(kModes + 1);
     for (int round = 0; round < a.rounds; ++round)
-      for (int j = 0; j < 4; ++j) {
-        const int mode = (round + j) % 4;
+      for (int j = 0; j <= kModes; ++j) {
+        const int mode = (round + j) % (kModes + 1);
         world.comm().barrier();
         const double t0 = now();
-        for (int s = 0; s < a.steps; ++s) mode < 3 ? step(*models[mode]) : comm_only();
+        for (int s = 0; s < a.steps; ++s) mode < kModes ? step(*models[mode]) : comm_only();
         double dt = (now() - t0) / a.steps;
         // The slowest rank's time.
         auto v = torch::tensor({dt}, torch::kDouble);
@@ -159,11 +161,12 @@ void run(shardplan::World& world, const Args& a) {
         times[mode].push_back(v.item<double>());
       }
     const double sync = median(times[0]), ring = median(times[1]), bidir = median(times[2]),
-                 comm = median(times[3]);
+                 split = median(times[3]), comm = median(times[kModes]);
     if (world.rank() == 0)
-      std::printf("%8lld %6lld %12.3f %12.3f %12.3f %12.3f %8.0f%% %8.0f%%\n", static_cast<long long>(sz.tokens),
-                  static_cast<long long>(sz.embed), sync * 1e3, ring * 1e3, bidir * 1e3, comm * 1e3,
-                  100 * (sync - ring) / comm, 100 * (sync - bidir) / comm);
+      std::printf("%8lld %6lld %10.3f %10.3f %10.3f %10.3f %10.3f %8.0f%% %8.0f%% %8.0f%%\n",
+                  static_cast<long long>(sz.tokens), static_cast<long long>(sz.embed), sync * 1e3, ring * 1e3,
+                  bidir * 1e3, split * 1e3, comm * 1e3, 100 * (sync - ring) / comm, 100 * (sync - bidir) / comm,
+                  100 * (sync - split) / comm);
   }
 }
 

@@ -314,8 +314,8 @@ class Parser {
     else if (e.key == "blocks")
       require(parse_positive_int(value).has_value(), "an integer >= 1");
     else if (e.key == "overlap")
-      require(value == "none" || value == "ring" || value == "ring_bidirectional",
-              "none, ring or ring_bidirectional");
+      require(value == "none" || value == "ring" || value == "ring_bidirectional" || value == "ring_split",
+              "none, ring, ring_bidirectional or ring_split");
     else if (e.key == "plugin")
       // A name, never a path: which libraries a plan may load is the user's
       // choice (PluginLoader), not the plan's.

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -23,14 +24,27 @@ using torch::autograd::variable_list;
 constexpr int kTagRight = 0x5201;
 constexpr int kTagLeft = 0x5202;
 
-// Hops each way: a part reaches the ranks 1..right to its right and 1..left
-// to its left, right + left = N - 1.
+// Hops each way: what moves right reaches the ranks 1..right to its right,
+// what moves left 1..left to its left. Right + left = N - 1, except in Split
+// mode, where each half goes all the way round.
 struct Hops {
   int right, left;
 };
 Hops hops(int n, RingDirection d) {
   if (d == RingDirection::Unidirectional) return {n - 1, 0};
+  if (d == RingDirection::Split) return {n - 1, n - 1};
   return {n / 2, (n - 1) / 2};
+}
+
+// The features each direction carries: all of them, or in Split mode the
+// first half rightwards and the rest leftwards.
+struct Ranges {
+  int64_t right_begin, right_end, left_begin, left_end;
+};
+Ranges ranges(int64_t features, RingDirection d) {
+  if (d != RingDirection::Split) return {0, features, 0, features};
+  const int64_t half = features / 2;
+  return {0, half, half, features};
 }
 
 int mod(int a, int n) { return ((a % n) + n) % n; }
@@ -65,21 +79,42 @@ std::vector<at::Tensor> parts(const at::Tensor& t, int n, int64_t dim) {
   return out;
 }
 
+// Each rank's whole tensor from the parts ring_gather handed over (in Split
+// mode two halves of the features per rank).
+struct Assembled {
+  std::vector<std::vector<std::pair<int64_t, at::Tensor>>> pieces;  // per owner: (begin, part)
+  explicit Assembled(int n) : pieces(n) {}
+  void add(const RingPart& p) { pieces[p.owner].emplace_back(p.begin, p.data); }
+  at::Tensor whole(int owner) {
+    auto& v = pieces[owner];
+    if (v.size() == 1) return v[0].second;
+    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<at::Tensor> t;
+    for (auto& [b, x] : v) t.push_back(x);
+    return at::cat(t, -1);
+  }
+};
+
 struct RingGatherLinear : torch::autograd::Function<RingGatherLinear> {
   // The bias is added outside (autograd takes no undefined inputs here).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, int64_t group,
                             int64_t dim, int64_t direction) {
     Communicator& g = *reinterpret_cast<Communicator*>(group);
     const auto dir = static_cast<RingDirection>(direction);
-    std::vector<at::Tensor> out(g.size()), seen(g.size());
-    ring_gather(x, g, dir, [&](const at::Tensor& part, int owner) {
-      out[owner] = at::linear(part, w);
-      seen[owner] = part;
+    std::vector<at::Tensor> out(g.size());
+    Assembled seen(g.size());
+    ring_gather(x, g, dir, [&](const RingPart& p) {
+      // A half of the input features meets the same half of w's columns.
+      at::Tensor y = at::linear(p.data, w.narrow(1, p.begin, p.end - p.begin));
+      out[p.owner] = out[p.owner].defined() ? out[p.owner] + y : y;
+      seen.add(p);
     });
     // The gathered input is kept for the weight's gradient, as the
     // collective path keeps it: gathering it again in backward would move
     // half as many bytes again.
-    ctx->save_for_backward({at::cat(seen, dim), w});
+    std::vector<at::Tensor> whole;
+    for (int o = 0; o < g.size(); ++o) whole.push_back(seen.whole(o));
+    ctx->save_for_backward({at::cat(whole, dim), w});
     ctx->saved_data["group"] = group;
     ctx->saved_data["dim"] = dim;
     ctx->saved_data["direction"] = direction;
@@ -95,11 +130,12 @@ struct RingGatherLinear : torch::autograd::Function<RingGatherLinear> {
     const std::vector<at::Tensor> gy = parts(grads[0], g.size(), dim);
     const std::vector<at::Tensor> xs = parts(saved[0], g.size(), dim);
     // d x_r = sum over ranks of gy[r] w, reduced on the ring; d w = sum over
-    // parts of gy[p]^T x_p, accumulated as the ring visits each part.
+    // parts of gy[p]^T x_p, accumulated as the ring visits each part (each
+    // owner's features once).
     at::Tensor gw = at::zeros_like(w);
-    at::Tensor gx = ring_reduce_scatter(g, dir, [&](int owner) {
-      gw.addmm_(flat(gy[owner]).t(), flat(xs[owner]));
-      return at::matmul(gy[owner], w);
+    at::Tensor gx = ring_reduce_scatter(g, dir, w.size(1), [&](int owner, int64_t b, int64_t e) {
+      gw.narrow(1, b, e - b).addmm_(flat(gy[owner]).t(), flat(xs[owner].narrow(-1, b, e - b)));
+      return at::matmul(gy[owner], w.narrow(1, b, e - b));
     });
     return {gx, gw, at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -111,7 +147,9 @@ struct RingLinearReduceScatter : torch::autograd::Function<RingLinearReduceScatt
     Communicator& g = *reinterpret_cast<Communicator*>(group);
     const auto dir = static_cast<RingDirection>(direction);
     const std::vector<at::Tensor> xs = parts(x, g.size(), dim);
-    at::Tensor y = ring_reduce_scatter(g, dir, [&](int owner) { return at::linear(xs[owner], w); });
+    at::Tensor y = ring_reduce_scatter(g, dir, w.size(0), [&](int owner, int64_t b, int64_t e) {
+      return at::linear(xs[owner], w.narrow(0, b, e - b));
+    });
     ctx->save_for_backward({x, w});
     ctx->saved_data["group"] = group;
     ctx->saved_data["dim"] = dim;
@@ -128,12 +166,15 @@ struct RingLinearReduceScatter : torch::autograd::Function<RingLinearReduceScatt
     const auto dir = static_cast<RingDirection>(ctx->saved_data["direction"].toInt());
     const std::vector<at::Tensor> xs = parts(x, g.size(), dim);
     // One gather ring of the output's gradient serves both: each part p
-    // gives d x_p = gy_p w and adds gy_p^T x_p to d w.
+    // gives d x_p = gy_p w and adds gy_p^T x_p to d w (per half of the
+    // output features in Split mode).
     std::vector<at::Tensor> gx(g.size());
     at::Tensor gw = at::zeros_like(w);
-    ring_gather(grads[0].contiguous(), g, dir, [&](const at::Tensor& gy, int owner) {
-      gx[owner] = at::matmul(gy, w);
-      gw.addmm_(flat(gy).t(), flat(xs[owner]));
+    ring_gather(grads[0].contiguous(), g, dir, [&](const RingPart& p) {
+      const at::Tensor rows = w.narrow(0, p.begin, p.end - p.begin);
+      at::Tensor d = at::matmul(p.data, rows);
+      gx[p.owner] = gx[p.owner].defined() ? gx[p.owner] + d : d;
+      gw.narrow(0, p.begin, p.end - p.begin).addmm_(flat(p.data).t(), flat(xs[p.owner]));
     });
     return {at::cat(gx, dim), gw, at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -141,34 +182,47 @@ struct RingLinearReduceScatter : torch::autograd::Function<RingLinearReduceScatt
 
 }  // namespace
 
+// Split needs two halves to send.
+RingDirection effective(RingDirection d, int64_t features) {
+  return d == RingDirection::Split && features < 2 ? RingDirection::Unidirectional : d;
+}
+
 void ring_gather(const at::Tensor& x, Communicator& g, RingDirection direction,
-                 const std::function<void(const at::Tensor& part, int owner)>& visit) {
+                 const std::function<void(const RingPart& part)>& visit) {
+  direction = effective(direction, x.dim() ? x.size(-1) : 1);
   const int n = g.size(), r = g.rank();
   const Hops h = hops(n, direction);
   const int right = mod(r + 1, n), left = mod(r - 1, n);
   const at::Tensor own = x.contiguous();
+  const int64_t features = own.dim() ? own.size(-1) : 1;
+  const Ranges f = ranges(features, direction);
+  auto slice = [&](int64_t b, int64_t e) {
+    return direction == RingDirection::Split ? own.narrow(-1, b, e - b).contiguous() : own;
+  };
   Exchange from_left, from_right;  // parts moving right, parts moving left
   // Step k brings the parts k hops away; each is passed on at once while the
   // parts that arrived are multiplied.
-  if (h.right >= 1) from_left.post(g, own, right, left, kTagRight);
-  if (h.left >= 1) from_right.post(g, own, left, right, kTagLeft);
-  visit(own, r);
-  for (int k = 1; k <= h.right; ++k) {
-    const at::Tensor moving_right = from_left.finish();
-    at::Tensor moving_left;
+  if (h.right >= 1) from_left.post(g, slice(f.right_begin, f.right_end), right, left, kTagRight);
+  if (h.left >= 1) from_right.post(g, slice(f.left_begin, f.left_end), left, right, kTagLeft);
+  visit(RingPart{own, r, 0, features});
+  for (int k = 1; k <= std::max(h.right, h.left); ++k) {
+    at::Tensor moving_right, moving_left;
+    if (k <= h.right) moving_right = from_left.finish();
     if (k <= h.left) moving_left = from_right.finish();
     if (k < h.right) from_left.post(g, moving_right, right, left, kTagRight);
     if (k < h.left) from_right.post(g, moving_left, left, right, kTagLeft);
-    visit(moving_right, mod(r - k, n));
-    if (moving_left.defined()) visit(moving_left, mod(r + k, n));
+    if (moving_right.defined()) visit(RingPart{moving_right, mod(r - k, n), f.right_begin, f.right_end});
+    if (moving_left.defined()) visit(RingPart{moving_left, mod(r + k, n), f.left_begin, f.left_end});
   }
 }
 
-at::Tensor ring_reduce_scatter(Communicator& g, RingDirection direction,
-                               const std::function<at::Tensor(int owner)>& partial) {
+at::Tensor ring_reduce_scatter(Communicator& g, RingDirection direction, int64_t features,
+                               const std::function<at::Tensor(int owner, int64_t begin, int64_t end)>& partial) {
+  direction = effective(direction, features);
   const int n = g.size(), r = g.rank();
-  if (n == 1) return partial(0);
+  if (n == 1) return partial(0, 0, features);
   const Hops h = hops(n, direction);
+  const Ranges f = ranges(features, direction);
   const int right = mod(r + 1, n), left = mod(r - 1, n);
   // The running sum for part c moving right starts `h.right` ranks to c's
   // left and gains one rank's partial per hop; at step s this rank holds the
@@ -179,9 +233,9 @@ at::Tensor ring_reduce_scatter(Communicator& g, RingDirection direction,
   at::Tensor result;
   for (int s = 0; s <= steps; ++s) {
     // Computed while the sums sent last step are in flight.
-    at::Tensor p_right = s < h.right ? partial(mod(r + h.right - s, n)) : at::Tensor();
-    at::Tensor p_left = s < h.left ? partial(mod(r - h.left + s, n)) : at::Tensor();
-    if (s == steps) result = partial(r);
+    at::Tensor p_right = s < h.right ? partial(mod(r + h.right - s, n), f.right_begin, f.right_end) : at::Tensor();
+    at::Tensor p_left = s < h.left ? partial(mod(r - h.left + s, n), f.left_begin, f.left_end) : at::Tensor();
+    if (s == steps) result = partial(r, 0, features);
     if (s >= 1 && s <= h.right) {
       at::Tensor in = from_left.finish();
       if (s < h.right) p_right = in.add_(p_right);
@@ -195,6 +249,7 @@ at::Tensor ring_reduce_scatter(Communicator& g, RingDirection direction,
     if (s < h.right) from_left.post(g, p_right.contiguous(), right, left, kTagRight);
     if (s < h.left) from_right.post(g, p_left.contiguous(), left, right, kTagLeft);
   }
+  if (direction == RingDirection::Split) return result + at::cat({arrived_right, arrived_left}, -1);
   if (arrived_right.defined()) result = result + arrived_right;
   if (arrived_left.defined()) result = result + arrived_left;
   return result;

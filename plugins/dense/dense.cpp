@@ -21,7 +21,7 @@
 // all-reduced; a replicated Linear runs on the part with weight and bias
 // gradients all-reduced.
 //
-// `overlap: ring | ring_bidirectional` (async tensor parallelism, needs
+// `overlap: ring | ring_bidirectional | ring_split` (async tensor parallelism, needs
 // sequence parallelism): the column-parallel entry's gather and the
 // row-parallel exit's reduce-scatter are computed with the matmul over a
 // ring of point-to-point exchanges (shardplan/ring.h), each part's matmul
@@ -179,6 +179,7 @@ Decision decide(const ModuleShard& shard) {
     d.overlap.name = rule->option_or("overlap", "none");
     d.overlap.on = d.overlap.name != "none";
     if (d.overlap.name == "ring_bidirectional") d.overlap.direction = RingDirection::Bidirectional;
+    if (d.overlap.name == "ring_split") d.overlap.direction = RingDirection::Split;
   }
   if (d.overlap.on && !shard.sequence.on)
     reject_option(rule, "overlap",
