@@ -13,6 +13,7 @@
 #include <iterator>
 #include <mutex>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -359,6 +360,43 @@ TEST(SequenceParallel, ReportSaysWhatEachLayerDoes) {
   EXPECT_EQ(notes["fc2.bias"], "replicated, added per sequence part, gradient all-reduced");
   EXPECT_NE(notes["tok.weight"].find("output reduce-scattered, sequence-parallel (dim 1)"), std::string::npos)
       << notes["tok.weight"];
+}
+
+// ------------------------------------------------------------ the LayerNorm twin
+
+// shardplan::nn::LayerNorm is torch::nn::LayerNorm with a seam: same
+// parameters and values, bit-identical forward and gradients, and a state
+// dict that moves between the two both ways (the example GPT switched to it).
+TEST(SequenceParallel, LayerNormTwinIsTorchsLayerNorm) {
+  torch::nn::LayerNorm vanilla(torch::nn::LayerNormOptions({6}).eps(1e-4));
+  shardplan::nn::LayerNorm ours(torch::nn::LayerNormOptions({6}).eps(1e-4));
+  EXPECT_EQ(ours->named_parameters().keys(), vanilla->named_parameters().keys());
+  {
+    torch::NoGradGuard no_grad;
+    vanilla->weight.uniform_(0.5, 1.5);
+    vanilla->bias.uniform_(-1, 1);
+  }
+  // Through a state dict (what a checkpoint holds), both ways.
+  auto copy = [](torch::nn::Module& from, torch::nn::Module& to) {
+    torch::NoGradGuard no_grad;
+    auto dst = to.named_parameters();
+    for (const auto& p : from.named_parameters()) dst[p.key()].copy_(p.value());
+  };
+  copy(*vanilla, *ours);
+  auto x = torch::randn({4, 6}, torch::requires_grad());
+  auto x2 = x.detach().clone().requires_grad_(true);
+  auto a = vanilla->forward(x), b = ours->forward(x2);
+  EXPECT_TRUE(torch::equal(a, b));
+  a.sum().backward();
+  b.sum().backward();
+  EXPECT_TRUE(torch::equal(x.grad(), x2.grad()));
+  EXPECT_TRUE(torch::equal(vanilla->weight.grad(), ours->weight.grad()));
+  torch::nn::LayerNorm back(torch::nn::LayerNormOptions({6}).eps(1e-4));
+  copy(*ours, *back);
+  EXPECT_TRUE(torch::equal(back->forward(x), a));
+  std::ostringstream os;
+  ours->pretty_print(os);
+  EXPECT_EQ(os.str(), "shardplan::nn::LayerNorm([6], eps=0.0001, elementwise_affine=true)");
 }
 
 // ------------------------------------------------------------ dropout
