@@ -296,6 +296,11 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
   // c10::demangle per module was a visible cost on models with thousands of
   // modules of a handful of types.
   std::unordered_map<std::type_index, std::string> type_names;
+  auto type_name = [&](const torch::nn::Module& m) -> const std::string& {
+    auto type = type_names.find(std::type_index(typeid(m)));
+    if (type == type_names.end()) type = type_names.emplace(std::type_index(typeid(m)), type_of(m)).first;
+    return type->second;
+  };
 
   // Group by module, keeping first-seen order.
   std::unordered_map<torch::nn::Module*, size_t> shard_of_module;
@@ -308,9 +313,7 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
     if (it == shard_of_module.end()) {
       ModuleShard s;
       s.path = module_paths[module_of[i]];
-      auto type = type_names.find(std::type_index(typeid(*m)));
-      if (type == type_names.end()) type = type_names.emplace(std::type_index(typeid(*m)), type_of(*m)).first;
-      s.type = type->second;
+      s.type = type_name(*m);
       s.module = m;
       s.mesh = &out.mesh;
       s.rank = rank;
@@ -474,7 +477,7 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
       // ambiguous as a LayerNorm without a rule.
       if (!plan.sequence_parallel.enabled) continue;
       ModuleShard probe;
-      probe.type = type_of(*bare[i].first);
+      probe.type = type_name(*bare[i].first);
       std::string plugin_name;
       LayerPlugin* plugin = is_vanilla_torch(probe.type) ? nullptr : plugin_for(probe.type, probe, plugins, &plugin_name);
       if (!plugin || !plugin->supports_sequence_parallel()) continue;
@@ -489,11 +492,9 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
     }
     const bool param_rule = matched_params[static_cast<size_t>(a.rule - plan.rules.data())];
     torch::nn::Module* m = bare[i].first;
-    auto type = type_names.find(std::type_index(typeid(*m)));
-    if (type == type_names.end()) type = type_names.emplace(std::type_index(typeid(*m)), type_of(*m)).first;
     ModuleShard s;
     s.path = a.path;
-    s.type = type->second;
+    s.type = type_name(*m);
     s.module = m;
     s.mesh = &out.mesh;
     s.rank = rank;

@@ -54,10 +54,6 @@ at::Tensor block_major(const at::Tensor& y, int64_t ranks, int64_t blocks) {
   return moved.reshape(y.sizes());
 }
 
-std::string sequence_note(const SequenceShard& seq) {
-  return seq.on ? ", sequence-parallel (dim " + std::to_string(seq.dim) + ")" : "";
-}
-
 // `overlap:` none, or the ring's direction.
 struct Overlap {
   bool on = false;

@@ -48,10 +48,6 @@ std::string range_str(std::pair<int64_t, int64_t> r) {
   return "[" + std::to_string(r.first) + ", " + std::to_string(r.second) + ")";
 }
 
-std::string sequence_note(const SequenceShard& seq) {
-  return seq.on ? ", sequence-parallel (dim " + std::to_string(seq.dim) + ")" : "";
-}
-
 class VocabParallel : public nn::EmbeddingStrategy {
  public:
   VocabParallel(std::shared_ptr<Communicator> group, int64_t vocab, std::pair<int64_t, int64_t> range,

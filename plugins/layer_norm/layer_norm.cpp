@@ -36,7 +36,7 @@ class SequenceParallelNorm : public nn::LayerNormStrategy {
                           sequence_parallel_param(b, *group_), o.eps());
   }
   std::string describe() const override {
-    return "replicated, sequence-parallel (dim " + std::to_string(seq_.dim) + ") over '" + group_->name() + "' (" +
+    return "replicated" + sequence_note(seq_) + " over '" + group_->name() + "' (" +
            std::to_string(group_->size()) + ")";
   }
 
@@ -66,8 +66,8 @@ class LayerNormPlugin : public LayerPlugin {
   void check(ModuleShard& shard) const override {
     decide(shard);
     for (auto& p : shard.params)
-      p.note = shard.sequence.on ? "replicated, sequence-parallel (dim " + std::to_string(shard.sequence.dim) +
-                                       "), gradient all-reduced over '" + shard.sequence.axis + "'"
+      p.note = shard.sequence.on ? "replicated" + sequence_note(shard.sequence) +
+                                       ", gradient all-reduced over '" + shard.sequence.axis + "'"
                                  : "replicated";
   }
 

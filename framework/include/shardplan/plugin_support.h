@@ -56,6 +56,12 @@ inline bool input_option_sharded(const Rule* rule) {
   return rule && rule->option_or("input", "replicated", {"replicated", "sharded"}) == "sharded";
 }
 
+// ", sequence-parallel (dim d)" for a module in the sequence-parallel
+// region, "" outside it: the words every plugin's notes and describe() use.
+inline std::string sequence_note(const SequenceShard& seq) {
+  return seq.on ? ", sequence-parallel (dim " + std::to_string(seq.dim) + ")" : "";
+}
+
 // Declares that `p` is cut along `dim` over `axis`, reading the dim as
 // `blocks` stacked blocks (ParamShard::splits).
 inline void declare_split(ParamShard& p, int64_t dim, const std::string& axis, int64_t blocks = 1) {
