@@ -488,13 +488,7 @@ class Comm : public std::enable_shared_from_this<Comm> {
       config.blocking = 0;
       ncclComm_t child = nullptr;
       ncclResult_t r = ncclCommSplit(nccl, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
-      const auto deadline = Clock::now() + timeout;
-      int rc = settle(nccl, r, deadline, aborted, nullptr, err);
-      if (rc == SP_OK && child) {
-        ncclResult_t cr = ncclSuccess;
-        ncclCommGetAsyncError(child, &cr);
-        rc = settle(child, cr, deadline, aborted, nullptr, err);
-      }
+      int rc = settle_split(r, color >= 0, &child, Clock::now() + timeout, err);
       if (rc != SP_OK) {
         *err = "ncclCommSplit: " + *err;
         if (child) ncclCommAbort(child);
@@ -515,6 +509,57 @@ class Comm : public std::enable_shared_from_this<Comm> {
     }
 #endif
     return split_through_store(seq, color, key, child_prefix, out, err);
+  }
+
+  // A nonblocking ncclCommSplit hands the new communicator over from NCCL's
+  // own thread: `*child` stays NULL until the split is complete, and the
+  // parent's state alone does not tell when (seen on an H200 with NCCL
+  // 2.28.3: the parent read ready while `*child` was still NULL, and the next
+  // call on the parent failed as still in progress;
+  // tests/comm_nccl/mock_cuda_nccl.cpp plays this back). So this waits for
+  // both: the parent no longer in progress and, for a rank with a color, the
+  // child handed over and itself ready.
+  int settle_split(ncclResult_t r, bool want_child, ncclComm_t* child, Clock::time_point deadline,
+                   std::string* err) {
+    Backoff backoff;
+    while (true) {
+      if (r != ncclSuccess && r != ncclInProgress) {
+        *err = nccl_msg(nccl, r);
+        return status_of(r);
+      }
+      // The child first: the parent's "ready" counts only once it was read
+      // after the hand-over.
+      ncclComm_t c = __atomic_load_n(child, __ATOMIC_ACQUIRE);
+      ncclResult_t parent = ncclSuccess;
+      ncclResult_t q = ncclCommGetAsyncError(nccl, &parent);
+      if (q != ncclSuccess) parent = q;
+      if (parent != ncclSuccess && parent != ncclInProgress) {
+        *err = nccl_msg(nccl, parent);
+        return status_of(parent);
+      }
+      ncclResult_t mine = want_child ? ncclInProgress : ncclSuccess;
+      if (c) {
+        q = ncclCommGetAsyncError(c, &mine);
+        if (q != ncclSuccess) mine = q;
+        if (mine != ncclSuccess && mine != ncclInProgress) {
+          *err = nccl_msg(c, mine);
+          return status_of(mine);
+        }
+      }
+      if (parent == ncclSuccess && mine == ncclSuccess) return SP_OK;
+      if (aborted) {
+        *err = "the communicator was aborted";
+        return SP_ERR_ABORTED;
+      }
+      if (Clock::now() > deadline) {
+        *err = std::string("NCCL did not finish the split within the communicator's timeout (parent ") +
+               (parent == ncclInProgress ? "in progress" : "ready") + ", new communicator " +
+               (c ? (mine == ncclInProgress ? "in progress" : "ready") : "not handed over") + ")";
+        return SP_ERR_TIMEOUT;
+      }
+      backoff.pause();
+      r = ncclSuccess;
+    }
   }
 
   void abort() {

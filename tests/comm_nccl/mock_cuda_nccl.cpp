@@ -137,6 +137,12 @@ struct ncclComm {
   bool blocking = true;
   int in_progress = 0;  // polls left before a nonblocking call settles
   bool aborted = false;
+  // A nonblocking split as NCCL 2.28 does it: the parent reads ready while the
+  // new communicator is still being made and handed over to *split_out a few
+  // polls later; until then the parent refuses calls as still in progress.
+  int split_polls = 0;
+  ncclComm_t split_child = nullptr;
+  ncclComm_t* split_out = nullptr;
 };
 
 namespace {
@@ -167,7 +173,8 @@ ncclResult_t started(ncclComm_t c) {
 ncclResult_t usable(ncclComm_t c, const char* who) {
   if (!c) return error(ncclInvalidArgument, std::string(who) + ": NULL communicator");
   if (c->aborted) return error(ncclInvalidUsage, std::string(who) + ": communicator was aborted");
-  if (c->in_progress > 0) return error(ncclInvalidUsage, std::string(who) + ": called while the communicator is in progress");
+  if (c->in_progress > 0 || c->split_polls > 0)
+    return error(ncclInvalidUsage, std::string(who) + ": called while the communicator is in progress");
   return ncclSuccess;
 }
 
@@ -222,16 +229,24 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int, ncclComm_t* newcomm, ncclConfig_t* config) {
   if (ncclResult_t r = usable(comm, "ncclCommSplit")) return r;
   *newcomm = nullptr;
-  if (color != NCCL_SPLIT_NOCOLOR) {
-    *newcomm = new ncclComm;
-    (*newcomm)->blocking = !config || config->blocking != 0;
-    started(*newcomm);
+  if (color == NCCL_SPLIT_NOCOLOR) return started(comm);
+  ncclComm_t child = new ncclComm;
+  child->blocking = !config || config->blocking != 0;
+  started(child);
+  if (comm->blocking) {
+    *newcomm = child;
+    return ncclSuccess;
   }
-  return started(comm);
+  comm->split_polls = 3;
+  comm->split_child = child;
+  comm->split_out = newcomm;
+  return ncclInProgress;
 }
 #endif
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* r) {
   if (!comm) return ncclInvalidArgument;
+  if (comm->split_polls > 0 && --comm->split_polls == 0)
+    __atomic_store_n(comm->split_out, comm->split_child, __ATOMIC_RELEASE);
   if (comm->in_progress > 0) --comm->in_progress;
   *r = comm->in_progress > 0 ? ncclInProgress : ncclSuccess;
   return ncclSuccess;
