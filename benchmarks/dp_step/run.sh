@@ -18,7 +18,7 @@ BENCH="$BUILD/bin/bench_dp_step"
 for f in "$CLI" "$BENCH"; do
   [[ -x "$f" ]] || { echo "run.sh: $f is missing; build it: scripts/build.sh shardplan_cli bench_dp_step" >&2; exit 2; }
 done
-echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+echo "date: $(date -u '+%Y-%m-%d %H:%M UTC'); machine: $(getconf _NPROCESSORS_ONLN) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for run in "2 plans/data_parallel.yaml" "4 plans/gpt_2d.yaml"; do
   read -r n plan <<<"$run"
