@@ -189,6 +189,9 @@ class Comm : public std::enable_shared_from_this<Comm> {
   cudaStream_t last_stream_ = nullptr;
   std::vector<P2P> pending_;
   uint32_t split_seq_ = 0;
+  // Where ncclCommSplit's thread hands the new communicator over: a member,
+  // not split()'s local, since a split that timed out may still write it.
+  ncclComm_t split_slot_ = nullptr;
 };
 
 // `st`'s status; where it failed, its message becomes this thread's last error.

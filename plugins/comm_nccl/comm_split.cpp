@@ -31,9 +31,10 @@ int Comm::split(int32_t color, int32_t key, std::shared_ptr<Comm>* out, std::str
   if (!split_via_store) {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    ncclComm_t child = nullptr;
-    ncclResult_t r = ncclCommSplit(nccl, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
-    int rc = settle_split(r, color >= 0, &child, Clock::now() + timeout, err);
+    split_slot_ = nullptr;
+    ncclResult_t r = ncclCommSplit(nccl, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &split_slot_, &config);
+    int rc = settle_split(r, color >= 0, &split_slot_, Clock::now() + timeout, err);
+    ncclComm_t child = __atomic_load_n(&split_slot_, __ATOMIC_ACQUIRE);
     if (rc != SP_OK) {
       *err = "ncclCommSplit: " + *err;
       if (child) ncclCommAbort(child);
