@@ -80,4 +80,12 @@ if(_bench_models)
     --steps 1 --sizes 64x64)
   set_tests_properties(bench_async_tp_pair_smoke bench_async_tp_gpt_smoke PROPERTIES TIMEOUT 120
     PASS_REGULAR_EXPRESSION "\n +64 +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ ")
+  # benchmarks/async_tp/plot.sh draws what the bench prints (docs/async_tp_overlap.png).
+  if(SHARDPLAN_GNUPLOT)
+    add_test(NAME bench_async_tp_plot
+      COMMAND sh -c "\"$1\" --threads 2 --rounds 1 --steps 1 --sizes 64x32,128x32 > \"$3/async_tp.txt\" && \"$2\" \"$3/async_tp.png\" \"local=$3/async_tp.txt\" && test -s \"$3/async_tp.png\""
+        sh $<TARGET_FILE:bench_async_tp> ${PROJECT_SOURCE_DIR}/benchmarks/async_tp/plot.sh ${_bench_dir})
+    set_tests_properties(bench_async_tp_plot PROPERTIES TIMEOUT 120 LABELS bench
+      PASS_REGULAR_EXPRESSION "wrote .*async_tp.png")
+  endif()
 endif()
