@@ -22,7 +22,9 @@
 // backward, the GPT 2(2L + 1): attention and MLP of each block, embedding and
 // head), and the fraction of it hidden is (t_sync - t_mode) / t_comm: 100%
 // when the ring takes no longer than the matmuls alone, negative when it
-// loses. It checks what it measures: all modes give the same output (1e-4),
+// loses; "hid" from the medians, "pair" from the median of the per-round
+// differences (each round runs every mode once, so drift between rounds
+// cancels). It checks what it measures: all modes give the same output (1e-4),
 // and the GPT's replay moves the bytes its sync step hands to the model axis
 // (within the small all-reduces of LayerNorm gradients and the loss).
 #include <torch/torch.h>
@@ -215,8 +217,9 @@ void run(shardplan::World& world, const Args& a) {
                 world.comm().backend().c_str(), n,
                 a.model == "gpt" ? ("GPT, " + std::to_string(a.layers) + " blocks").c_str() : "dense pair",
                 a.rounds, a.steps);
-    std::printf("%8s %6s %10s %10s %10s %10s %10s %9s %9s %9s\n", "tokens", "embed", "sync ms", "ring ms",
-                "bidir ms", "split ms", "comm ms", "hid ring", "hid bidir", "hid split");
+    std::printf("%8s %6s %10s %10s %10s %10s %10s %9s %9s %9s %9s %9s %9s\n", "tokens", "embed", "sync ms",
+                "ring ms", "bidir ms", "split ms", "comm ms", "hid ring", "hid bidir", "hid split", "pair ring",
+                "pair bidir", "pair split");
   }
   auto group = world.groups(shardplan::Mesh({{"model", n}})).at("model");
   for (const Size& sz : a.sizes) {
@@ -261,11 +264,16 @@ void run(shardplan::World& world, const Args& a) {
       }
     const double sync = median(times[0]), ring = median(times[1]), bidir = median(times[2]),
                  split = median(times[3]), comm = median(times[kModes]);
+    auto paired = [&](int mode) {
+      std::vector<double> d;
+      for (size_t r = 0; r < times[0].size(); ++r) d.push_back(times[0][r] - times[mode][r]);
+      return 100 * median(d) / comm;
+    };
     if (world.rank() == 0)
-      std::printf("%8lld %6lld %10.3f %10.3f %10.3f %10.3f %10.3f %8.0f%% %8.0f%% %8.0f%%\n",
+      std::printf("%8lld %6lld %10.3f %10.3f %10.3f %10.3f %10.3f %8.0f%% %8.0f%% %8.0f%% %8.0f%% %8.0f%% %8.0f%%\n",
                   static_cast<long long>(sz.tokens), static_cast<long long>(sz.embed), sync * 1e3, ring * 1e3,
                   bidir * 1e3, split * 1e3, comm * 1e3, 100 * (sync - ring) / comm, 100 * (sync - bidir) / comm,
-                  100 * (sync - split) / comm);
+                  100 * (sync - split) / comm, paired(1), paired(2), paired(3));
   }
 }
 

@@ -6,7 +6,8 @@
 #
 #   benchmarks/async_tp/plot.sh OUT.png "TITLE=FILE" ["TITLE=FILE" ...]
 #
-# FILE: what bench_async_tp printed (a launcher's "[rank 0] " prefix is fine).
+# FILE: what bench_async_tp printed (a launcher's "[rank 0] " prefix is fine);
+# where it has the paired columns, those are drawn (less drift between rounds).
 set -euo pipefail
 if [[ $# -lt 2 ]]; then
   echo "usage: $0 OUT.png \"TITLE=FILE\" [\"TITLE=FILE\" ...]" >&2
@@ -22,9 +23,10 @@ for run in "$@"; do
   title=${run%%=*}
   file=${run#*=}
   [[ -r "$file" ]] || { echo "$0: cannot read '$file'" >&2; exit 2; }
-  # tokens embed sync ring bidir split comm hid_ring hid_bidir hid_split
+  # tokens embed sync ring bidir split comm hid_ring hid_bidir hid_split [pair_ring pair_bidir pair_split]
   sed 's/^\[rank [0-9]*\] //; s/%//g' "$file" |
-    awk 'NF == 10 && $1 ~ /^[0-9]+$/ { printf "%sx%s %s %s %s\n", $1, $2, $8, $9, $10 }' >"$tmp/$n.dat"
+    awk '$1 ~ /^[0-9]+$/ && NF == 10 { printf "%sx%s %s %s %s\n", $1, $2, $8, $9, $10 }
+         $1 ~ /^[0-9]+$/ && NF == 13 { printf "%sx%s %s %s %s\n", $1, $2, $11, $12, $13 }' >"$tmp/$n.dat"
   [[ -s "$tmp/$n.dat" ]] || { echo "$0: no result lines in '$file'" >&2; exit 2; }
   printf '%s\n' "$title" >"$tmp/$n.title"
   n=$((n + 1))
