@@ -11,6 +11,7 @@
 #include "shardplan/communicator.h"
 #include "shardplan/error.h"
 #include "shardplan/plan.h"
+#include "shape_text.h"
 
 namespace shardplan {
 
@@ -26,11 +27,6 @@ std::string dtype_name(at::ScalarType t) {
   }
 }
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
 
 std::string param_str(const AgreementDigest::Param& p) {
   return "'" + p.path + "' " + shape_str(p.shape) + " " + p.dtype;

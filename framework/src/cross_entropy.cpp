@@ -10,6 +10,7 @@
 
 #include "shardplan/communicator.h"
 #include "shardplan/error.h"
+#include "group_handle.h"
 
 namespace shardplan {
 
@@ -74,7 +75,7 @@ struct VocabParallelCE : torch::autograd::Function<VocabParallelCE> {
                             const at::Tensor& weight_arg, int64_t group, int64_t ignore_index, int64_t reduction,
                             double smoothing) {
     const at::Tensor weight = weight_arg.numel() ? weight_arg : at::Tensor();
-    Communicator& g = *reinterpret_cast<Communicator*>(group);
+    Communicator& g = group_at(group);
     const int64_t cd = x.dim() == 1 ? 0 : 1;
     const int64_t local_c = x.size(cd);
     const int64_t classes = local_c * g.size();
@@ -218,7 +219,7 @@ at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits_shard, const at
   }
   const int64_t reduction = torch::enumtype::reduction_get_enum(options.reduction());
   if (!w.defined()) w = at::empty({0}, x.options());
-  return VocabParallelCE::apply(x, target.to(at::kLong), w, reinterpret_cast<int64_t>(&group),
+  return VocabParallelCE::apply(x, target.to(at::kLong), w, group_handle(group),
                                 options.ignore_index(), reduction, options.label_smoothing());
 }
 

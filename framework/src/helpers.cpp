@@ -11,16 +11,12 @@
 #include "shardplan/error.h"
 #include "shardplan/parallelize.h"
 #include "shardplan/shard.h"
+#include "shape_text.h"
 
 namespace shardplan {
 
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
 
 ShardSplit wrapped(ShardSplit s, int64_t rank) {
   if (rank == 0) throw Error("cannot slice a scalar (0-dim tensor)");
@@ -55,7 +51,7 @@ double value_at(const CounterInit& init, uint64_t i) {
 // fan_in and fan_out as torch.nn.init computes them.
 std::pair<double, double> fans(const std::vector<int64_t>& shape, const char* who) {
   if (shape.size() < 2)
-    throw Error(std::string(who) + " needs a tensor of at least 2 dims, got shape " + shape_text(shape));
+    throw Error(std::string(who) + " needs a tensor of at least 2 dims, got shape " + shape_str(shape));
   double receptive = 1;
   for (size_t d = 2; d < shape.size(); ++d) receptive *= static_cast<double>(shape[d]);
   return {static_cast<double>(shape[1]) * receptive, static_cast<double>(shape[0]) * receptive};
@@ -92,9 +88,9 @@ void check_piece(const at::Tensor& shard, const std::vector<int64_t>& full_shape
   const auto range = shard_range(n / s.blocks, s.parts, s.index);
   want[static_cast<size_t>(s.dim)] = (range.second - range.first) * s.blocks;
   if (shard.sizes().vec() != want)
-    throw Error("shard_init_: the shard has shape " + shape_text(shard.sizes().vec()) + ", but part " +
+    throw Error("shard_init_: the shard has shape " + shape_str(shard.sizes()) + ", but part " +
                 std::to_string(s.index) + " of " + std::to_string(s.parts) + " along dim " + std::to_string(s.dim) +
-                " of " + shape_text(full_shape) + " has shape " + shape_text(want));
+                " of " + shape_str(full_shape) + " has shape " + shape_str(want));
 }
 
 // Declared splits by tensor. The weak reference tells a live entry from one

@@ -2,23 +2,13 @@
 
 #include <ATen/ATen.h>
 
-#include <sstream>
 #include <string>
 
 #include "shardplan/error.h"
+#include "shape_text.h"
 
 namespace shardplan {
 namespace nn {
-
-namespace {
-
-std::string shape(const at::Tensor& t) {
-  std::ostringstream s;
-  s << t.sizes();
-  return s.str();
-}
-
-}  // namespace
 
 KVCache::KVCache(int64_t capacity) : capacity_(capacity) {
   if (capacity < 1) throw Error("KVCache: capacity must be at least 1 position, got " + std::to_string(capacity));
@@ -31,8 +21,8 @@ int64_t KVCache::bytes() const {
 
 std::pair<at::Tensor, at::Tensor> KVCache::append(const at::Tensor& key, const at::Tensor& value) {
   if (key.dim() != 3 || !key.sizes().equals(value.sizes()))
-    throw Error("KVCache: key and value must both be [batch * heads, positions, head_dim], got " + shape(key) +
-                " and " + shape(value));
+    throw Error("KVCache: key and value must both be [batch * heads, positions, head_dim], got " + shape_str(key.sizes()) +
+                " and " + shape_str(value.sizes()));
   const int64_t n = key.size(1);
   if (length_ + n > capacity_)
     throw Error("KVCache: " + std::to_string(length_) + " cached + " + std::to_string(n) +
@@ -41,7 +31,7 @@ std::pair<at::Tensor, at::Tensor> KVCache::append(const at::Tensor& key, const a
     key_ = at::empty({key.size(0), capacity_, key.size(2)}, key.options());
     value_ = at::empty_like(key_);
   } else if (key.size(0) != key_.size(0) || key.size(2) != key_.size(2) || key.scalar_type() != key_.scalar_type()) {
-    throw Error("KVCache: appending " + shape(key) + " to a cache of [" + std::to_string(key_.size(0)) + ", " +
+    throw Error("KVCache: appending " + shape_str(key.sizes()) + " to a cache of [" + std::to_string(key_.size(0)) + ", " +
                 std::to_string(capacity_) + ", " + std::to_string(key_.size(2)) +
                 "]: batch * heads, head_dim and dtype must stay those of the first append");
   }

@@ -4,6 +4,8 @@
 
 #include "shardplan/communicator.h"
 #include "shardplan/error.h"
+#include "group_handle.h"
+#include "shape_text.h"
 
 namespace shardplan {
 
@@ -11,13 +13,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// Autograd contexts hold IValues; the group outlives every graph that uses it
-// (strategies own it), so its address travels as an integer.
-int64_t handle(Communicator& g) { return reinterpret_cast<int64_t>(&g); }
-Communicator& group_of(AutogradContext* ctx) {
-  return *reinterpret_cast<Communicator*>(ctx->saved_data["group"].toInt());
-}
 
 at::Tensor all_reduced(const at::Tensor& x, Communicator& g) {
   // The incoming tensor may be aliased by the autograd graph; reduce a copy.
@@ -39,13 +34,13 @@ struct CopyToGroup : torch::autograd::Function<CopyToGroup> {
     return x;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {all_reduced(grads[0], group_of(ctx)), at::Tensor()};
+    return {all_reduced(grads[0], saved_group(ctx)), at::Tensor()};
   }
 };
 
 struct ReduceFromGroup : torch::autograd::Function<ReduceFromGroup> {
   static at::Tensor forward(AutogradContext*, const at::Tensor& x, int64_t group) {
-    return all_reduced(x, *reinterpret_cast<Communicator*>(group));
+    return all_reduced(x, group_at(group));
   }
   static variable_list backward(AutogradContext*, variable_list grads) { return {grads[0], at::Tensor()}; }
 };
@@ -54,10 +49,10 @@ struct ScatterToGroup : torch::autograd::Function<ScatterToGroup> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group, int64_t dim) {
     ctx->saved_data["group"] = group;
     ctx->saved_data["dim"] = dim;
-    return own_chunk(x, *reinterpret_cast<Communicator*>(group), dim);
+    return own_chunk(x, group_at(group), dim);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {group_of(ctx).all_gather(grads[0], ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
+    return {saved_group(ctx).all_gather(grads[0], ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -65,10 +60,10 @@ struct GatherFromGroup : torch::autograd::Function<GatherFromGroup> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group, int64_t dim) {
     ctx->saved_data["group"] = group;
     ctx->saved_data["dim"] = dim;
-    return reinterpret_cast<Communicator*>(group)->all_gather(x, dim);
+    return group_at(group).all_gather(x, dim);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {own_chunk(grads[0], group_of(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
+    return {own_chunk(grads[0], saved_group(ctx), ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -76,10 +71,10 @@ struct ReduceScatterToGroup : torch::autograd::Function<ReduceScatterToGroup> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group, int64_t dim) {
     ctx->saved_data["group"] = group;
     ctx->saved_data["dim"] = dim;
-    return reinterpret_cast<Communicator*>(group)->reduce_scatter(x, dim);
+    return group_at(group).reduce_scatter(x, dim);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {group_of(ctx).all_gather(grads[0], ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
+    return {saved_group(ctx).all_gather(grads[0], ctx->saved_data["dim"].toInt()), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -87,19 +82,13 @@ struct AllGatherFromGroup : torch::autograd::Function<AllGatherFromGroup> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, int64_t group, int64_t dim) {
     ctx->saved_data["group"] = group;
     ctx->saved_data["dim"] = dim;
-    return reinterpret_cast<Communicator*>(group)->all_gather(x, dim);
+    return group_at(group).all_gather(x, dim);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {group_of(ctx).reduce_scatter(grads[0], ctx->saved_data["dim"].toInt()), at::Tensor(),
+    return {saved_group(ctx).reduce_scatter(grads[0], ctx->saved_data["dim"].toInt()), at::Tensor(),
             at::Tensor()};
   }
 };
-
-std::string shape_of(const at::Tensor& x) {
-  std::string s = "[";
-  for (int64_t i = 0; i < x.dim(); ++i) s += (i ? ", " : "") + std::to_string(x.size(i));
-  return s + "]";
-}
 
 int64_t wrap(const at::Tensor& x, int64_t dim) { return at::maybe_wrap_dim(dim, x.dim()); }
 
@@ -107,42 +96,42 @@ int64_t wrap(const at::Tensor& x, int64_t dim) { return at::maybe_wrap_dim(dim, 
 
 at::Tensor copy_to_group(const at::Tensor& x, Communicator& g) {
   if (g.size() == 1) return x;
-  return CopyToGroup::apply(x, handle(g));
+  return CopyToGroup::apply(x, group_handle(g));
 }
 
 at::Tensor reduce_from_group(const at::Tensor& x, Communicator& g) {
   if (g.size() == 1) return x;
-  return ReduceFromGroup::apply(x, handle(g));
+  return ReduceFromGroup::apply(x, group_handle(g));
 }
 
 at::Tensor scatter_to_group(const at::Tensor& x, Communicator& g, int64_t dim) {
   if (g.size() == 1) return x;
-  return ScatterToGroup::apply(x, handle(g), wrap(x, dim));
+  return ScatterToGroup::apply(x, group_handle(g), wrap(x, dim));
 }
 
 at::Tensor gather_from_group(const at::Tensor& x, Communicator& g, int64_t dim) {
   if (g.size() == 1) return x;
-  return GatherFromGroup::apply(x, handle(g), wrap(x, dim));
+  return GatherFromGroup::apply(x, group_handle(g), wrap(x, dim));
 }
 
 at::Tensor reduce_scatter_to_group(const at::Tensor& x, Communicator& g, int64_t dim) {
   if (g.size() == 1) return x;
-  return ReduceScatterToGroup::apply(x, handle(g), wrap(x, dim));
+  return ReduceScatterToGroup::apply(x, group_handle(g), wrap(x, dim));
 }
 
 at::Tensor all_gather_from_group(const at::Tensor& x, Communicator& g, int64_t dim) {
   if (g.size() == 1) return x;
-  return AllGatherFromGroup::apply(x, handle(g), wrap(x, dim));
+  return AllGatherFromGroup::apply(x, group_handle(g), wrap(x, dim));
 }
 
 int64_t checked_sequence_dim(const at::Tensor& x, Communicator& g, int64_t dim, bool split) {
   const int64_t n = x.dim();
   if (dim < -n || dim >= n)
     throw Error("sequence parallel: sequence dim " + std::to_string(dim) + " does not exist in an activation of " +
-                std::to_string(n) + " dims " + shape_of(x) + " (check the plan's sequence_parallel.dim)");
+                std::to_string(n) + " dims " + shape_str(x.sizes()) + " (check the plan's sequence_parallel.dim)");
   const int64_t d = dim < 0 ? dim + n : dim;
   if (split && x.size(d) % g.size() != 0)
-    throw Error("sequence parallel: the sequence (dim " + std::to_string(d) + " of " + shape_of(x) + ", length " +
+    throw Error("sequence parallel: the sequence (dim " + std::to_string(d) + " of " + shape_str(x.sizes()) + ", length " +
                 std::to_string(x.size(d)) + ") is not divisible by the " + std::to_string(g.size()) +
                 " ranks of group '" + g.name() + "'; uneven sequences are not supported: pad or pick a length "
                 "divisible by " + std::to_string(g.size()));
@@ -152,19 +141,19 @@ int64_t checked_sequence_dim(const at::Tensor& x, Communicator& g, int64_t dim, 
 at::Tensor gather_sequence(const at::Tensor& x, Communicator& g, int64_t dim) {
   const int64_t d = checked_sequence_dim(x, g, dim, false);
   if (g.size() == 1) return x;
-  return AllGatherFromGroup::apply(x, handle(g), d);
+  return AllGatherFromGroup::apply(x, group_handle(g), d);
 }
 
 at::Tensor reduce_scatter_sequence(const at::Tensor& x, Communicator& g, int64_t dim) {
   const int64_t d = checked_sequence_dim(x, g, dim, true);
   if (g.size() == 1) return x;
-  return ReduceScatterToGroup::apply(x, handle(g), d);
+  return ReduceScatterToGroup::apply(x, group_handle(g), d);
 }
 
 at::Tensor split_sequence(const at::Tensor& x, Communicator& g, int64_t dim) {
   const int64_t d = checked_sequence_dim(x, g, dim, true);
   if (g.size() == 1) return x;
-  return ScatterToGroup::apply(x, handle(g), d);
+  return ScatterToGroup::apply(x, group_handle(g), d);
 }
 
 at::Tensor sequence_parallel_param(const at::Tensor& p, Communicator& g) {

@@ -10,6 +10,7 @@
 #include "shardplan/communicator.h"
 #include "shardplan/error.h"
 #include "shardplan/mappings.h"
+#include "group_handle.h"
 
 namespace shardplan {
 
@@ -66,8 +67,26 @@ struct Exchange {
   }
 };
 
-int64_t handle(Communicator& g) { return reinterpret_cast<int64_t>(&g); }
-Communicator& group_of(const c10::IValue& v) { return *reinterpret_cast<Communicator*>(v.toInt()); }
+// What both rings' backward needs besides the saved tensors.
+struct RingArgs {
+  Communicator& group;
+  int64_t dim;
+  RingDirection direction;
+};
+void save_args(AutogradContext* ctx, int64_t group, int64_t dim, int64_t direction) {
+  ctx->saved_data["group"] = group;
+  ctx->saved_data["dim"] = dim;
+  ctx->saved_data["direction"] = direction;
+}
+RingArgs saved_args(AutogradContext* ctx) {
+  return {saved_group(ctx), ctx->saved_data["dim"].toInt(),
+          static_cast<RingDirection>(ctx->saved_data["direction"].toInt())};
+}
+
+// Split needs two halves to send.
+RingDirection effective(RingDirection d, int64_t features) {
+  return d == RingDirection::Split && features < 2 ? RingDirection::Unidirectional : d;
+}
 
 // x [..., in] times w [out, in] transposed, as [rows, out] x [rows, in]
 // products for the weight's gradient.
@@ -99,7 +118,7 @@ struct RingGatherLinear : torch::autograd::Function<RingGatherLinear> {
   // The bias is added outside (autograd takes no undefined inputs here).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, int64_t group,
                             int64_t dim, int64_t direction) {
-    Communicator& g = *reinterpret_cast<Communicator*>(group);
+    Communicator& g = group_at(group);
     const auto dir = static_cast<RingDirection>(direction);
     std::vector<at::Tensor> out(g.size());
     Assembled seen(g.size());
@@ -115,25 +134,21 @@ struct RingGatherLinear : torch::autograd::Function<RingGatherLinear> {
     std::vector<at::Tensor> whole;
     for (int o = 0; o < g.size(); ++o) whole.push_back(seen.whole(o));
     ctx->save_for_backward({at::cat(whole, dim), w});
-    ctx->saved_data["group"] = group;
-    ctx->saved_data["dim"] = dim;
-    ctx->saved_data["direction"] = direction;
+    save_args(ctx, group, dim, direction);
     return at::cat(out, dim);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& w = saved[1];
-    Communicator& g = group_of(ctx->saved_data["group"]);
-    const int64_t dim = ctx->saved_data["dim"].toInt();
-    const auto dir = static_cast<RingDirection>(ctx->saved_data["direction"].toInt());
-    const std::vector<at::Tensor> gy = parts(grads[0], g.size(), dim);
-    const std::vector<at::Tensor> xs = parts(saved[0], g.size(), dim);
+    const RingArgs a = saved_args(ctx);
+    const std::vector<at::Tensor> gy = parts(grads[0], a.group.size(), a.dim);
+    const std::vector<at::Tensor> xs = parts(saved[0], a.group.size(), a.dim);
     // d x_r = sum over ranks of gy[r] w, reduced on the ring; d w = sum over
     // parts of gy[p]^T x_p, accumulated as the ring visits each part (each
     // owner's features once).
     at::Tensor gw = at::zeros_like(w);
-    at::Tensor gx = ring_reduce_scatter(g, dir, w.size(1), [&](int owner, int64_t b, int64_t e) {
+    at::Tensor gx = ring_reduce_scatter(a.group, a.direction, w.size(1), [&](int owner, int64_t b, int64_t e) {
       gw.narrow(1, b, e - b).addmm_(flat(gy[owner]).t(), flat(xs[owner].narrow(-1, b, e - b)));
       return at::matmul(gy[owner], w.narrow(1, b, e - b));
     });
@@ -144,16 +159,14 @@ struct RingGatherLinear : torch::autograd::Function<RingGatherLinear> {
 struct RingLinearReduceScatter : torch::autograd::Function<RingLinearReduceScatter> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, int64_t group,
                             int64_t dim, int64_t direction) {
-    Communicator& g = *reinterpret_cast<Communicator*>(group);
-    const auto dir = static_cast<RingDirection>(direction);
+    Communicator& g = group_at(group);
     const std::vector<at::Tensor> xs = parts(x, g.size(), dim);
-    at::Tensor y = ring_reduce_scatter(g, dir, w.size(0), [&](int owner, int64_t b, int64_t e) {
-      return at::linear(xs[owner], w.narrow(0, b, e - b));
-    });
+    at::Tensor y = ring_reduce_scatter(g, static_cast<RingDirection>(direction), w.size(0),
+                                       [&](int owner, int64_t b, int64_t e) {
+                                         return at::linear(xs[owner], w.narrow(0, b, e - b));
+                                       });
     ctx->save_for_backward({x, w});
-    ctx->saved_data["group"] = group;
-    ctx->saved_data["dim"] = dim;
-    ctx->saved_data["direction"] = direction;
+    save_args(ctx, group, dim, direction);
     return y;
   }
 
@@ -161,31 +174,24 @@ struct RingLinearReduceScatter : torch::autograd::Function<RingLinearReduceScatt
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& x = saved[0];
     const at::Tensor& w = saved[1];
-    Communicator& g = group_of(ctx->saved_data["group"]);
-    const int64_t dim = ctx->saved_data["dim"].toInt();
-    const auto dir = static_cast<RingDirection>(ctx->saved_data["direction"].toInt());
-    const std::vector<at::Tensor> xs = parts(x, g.size(), dim);
+    const RingArgs a = saved_args(ctx);
+    const std::vector<at::Tensor> xs = parts(x, a.group.size(), a.dim);
     // One gather ring of the output's gradient serves both: each part p
     // gives d x_p = gy_p w and adds gy_p^T x_p to d w (per half of the
     // output features in Split mode).
-    std::vector<at::Tensor> gx(g.size());
+    std::vector<at::Tensor> gx(a.group.size());
     at::Tensor gw = at::zeros_like(w);
-    ring_gather(grads[0].contiguous(), g, dir, [&](const RingPart& p) {
+    ring_gather(grads[0].contiguous(), a.group, a.direction, [&](const RingPart& p) {
       const at::Tensor rows = w.narrow(0, p.begin, p.end - p.begin);
       at::Tensor d = at::matmul(p.data, rows);
       gx[p.owner] = gx[p.owner].defined() ? gx[p.owner] + d : d;
       gw.narrow(0, p.begin, p.end - p.begin).addmm_(flat(p.data).t(), flat(xs[p.owner]));
     });
-    return {at::cat(gx, dim), gw, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {at::cat(gx, a.dim), gw, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
-
-// Split needs two halves to send.
-RingDirection effective(RingDirection d, int64_t features) {
-  return d == RingDirection::Split && features < 2 ? RingDirection::Unidirectional : d;
-}
 
 void ring_gather(const at::Tensor& x, Communicator& g, RingDirection direction,
                  const std::function<void(const RingPart& part)>& visit) {
@@ -259,7 +265,7 @@ at::Tensor ring_gather_linear(const at::Tensor& x, const at::Tensor& w, const at
                               int64_t dim, RingDirection direction) {
   const int64_t d = checked_sequence_dim(x, g, dim, false);
   if (g.size() == 1) return at::linear(x, w, b);
-  at::Tensor y = RingGatherLinear::apply(x, w, handle(g), d, static_cast<int64_t>(direction));
+  at::Tensor y = RingGatherLinear::apply(x, w, group_handle(g), d, static_cast<int64_t>(direction));
   return b.defined() ? y + b : y;
 }
 
@@ -267,7 +273,7 @@ at::Tensor ring_linear_reduce_scatter(const at::Tensor& x, const at::Tensor& w, 
                                       RingDirection direction) {
   const int64_t d = checked_sequence_dim(x, g, dim, true);
   if (g.size() == 1) return at::linear(x, w);
-  return RingLinearReduceScatter::apply(x, w, handle(g), d, static_cast<int64_t>(direction));
+  return RingLinearReduceScatter::apply(x, w, group_handle(g), d, static_cast<int64_t>(direction));
 }
 
 }  // namespace shardplan

@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "shardplan/error.h"
+#include "shape_text.h"
 
 namespace shardplan {
 
@@ -19,11 +20,6 @@ struct ParameterAccess : torch::nn::Module {
   }
 };
 
-std::string shape_str(at::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
 
 }  // namespace
 

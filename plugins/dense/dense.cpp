@@ -100,17 +100,15 @@ class RowParallel : public nn::LinearStrategy {
       : group_(std::move(group)), input_sharded_(input_sharded), seq_(std::move(seq)), overlap_(overlap) {}
   at::Tensor forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) override {
     at::Tensor xs = input_sharded_ ? x : scatter_to_group(x, *group_, -1);
-    if (overlap_.on) {
-      at::Tensor y = ring_linear_reduce_scatter(xs, w, *group_, seq_.dim, overlap_.direction);
-      return b.defined() ? y + sequence_parallel_param(b, *group_) : y;
+    if (!seq_.on) {
+      at::Tensor y = reduce_from_group(torch::nn::functional::linear(xs, w, at::Tensor()), *group_);
+      return b.defined() ? y + b : y;
     }
-    at::Tensor partial = torch::nn::functional::linear(xs, w, at::Tensor());
-    if (seq_.on) {
-      at::Tensor y = reduce_scatter_sequence(partial, *group_, seq_.dim);
-      return b.defined() ? y + sequence_parallel_param(b, *group_) : y;
-    }
-    at::Tensor y = reduce_from_group(partial, *group_);
-    return b.defined() ? y + b : y;
+    // The bias is added per sequence part, so its gradient is all-reduced.
+    at::Tensor y = overlap_.on
+                       ? ring_linear_reduce_scatter(xs, w, *group_, seq_.dim, overlap_.direction)
+                       : reduce_scatter_sequence(torch::nn::functional::linear(xs, w, at::Tensor()), *group_, seq_.dim);
+    return b.defined() ? y + sequence_parallel_param(b, *group_) : y;
   }
   std::string describe() const override {
     return "row-parallel over '" + group_->name() + "' (" + std::to_string(group_->size()) + "), input " +
