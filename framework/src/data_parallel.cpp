@@ -56,12 +56,22 @@ void DataParallel::Impl::on_grad(size_t index, const at::Tensor& grad) {
   Bucket& b = buckets[e.bucket];
   at::Tensor slot = b.flat.narrow(0, e.offset, e.param.numel());
   // The hook runs before autograd adds `grad` to .grad: the bucket needs the
-  // sum, which includes micro-batches accumulated under NoSync.
-  const at::Tensor& acc = e.param.grad();
-  if (acc.defined())
+  // sum, which includes micro-batches accumulated under NoSync. It is
+  // divided by D on the way in, as DDP and Megatron do, so that no pass over
+  // the gradients follows the wait in finish().
+  const at::Tensor scale = at::scalar_tensor(1.0 / size, slot.options());
+  at::Tensor& acc = e.param.mutable_grad();
+  if (acc.defined()) {
     at::add_out(slot, acc.reshape(-1), grad.reshape(-1));
-  else
-    slot.copy_(grad.reshape(-1));
+    slot.mul_(scale);
+  } else {
+    at::mul_out(slot, grad.reshape(-1), scale);
+  }
+  // After finish() .grad holds the bucket's memory, which this step's
+  // reduction is about to read: autograd must put `grad` elsewhere. With
+  // .grad unset it keeps `grad` itself (no copy) where it would otherwise
+  // add it into .grad, one more pass over the gradient on backward's path.
+  acc.reset();
   e.ready = true;
   if (--b.pending == 0) launch_ready();
 }
@@ -90,11 +100,14 @@ void DataParallel::Impl::fill_and_launch_rest() {
       Entry& e = entries[i];
       if (e.ready) continue;
       at::Tensor slot = b.flat.narrow(0, e.offset, e.param.numel());
+      const at::Tensor scale = at::scalar_tensor(1.0 / size, slot.options());
       const at::Tensor& g = e.param.grad();
-      if (g.defined())
-        slot.copy_(g.reshape(-1));
-      else
+      if (!g.defined())
         slot.zero_();
+      else if (g.data_ptr() != slot.data_ptr())  // else .grad is in the bucket already
+        at::mul_out(slot, g.reshape(-1), scale);
+      else
+        slot.mul_(scale);
       e.ready = true;
     }
     b.pending = 0;
@@ -353,23 +366,18 @@ void DataParallel::finish() {
       b.work.reset();
     }
   d.wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const double scale = 1.0 / d.size;
   for (auto& b : d.buckets) {
-    if (d.zero) {
-      b.shard.mul_(scale);
-    } else {
-      // Scaling on the way back into .grad is one pass over the gradients
-      // where scaling the bucket, then copying, is two; this tail is what
-      // overlap cannot hide (docs/BENCHMARKS.md, bench_dp_step).
-      const at::Tensor factor = at::scalar_tensor(scale, b.flat.options());
+    if (!d.zero) {
+      // .grad becomes the averaged bucket's memory (DDP's
+      // gradient_as_bucket_view): nothing to copy back after the wait, and
+      // the next step's NoSync micro-batches accumulate straight into it.
+      // Not an autograd view of the bucket: libtorch 1.13's zero_grad()
+      // detach_()es .grad, which views refuse.
       for (size_t i : b.entries) {
         Impl::Entry& e = d.entries[i];
-        const at::Tensor sum = b.flat.narrow(0, e.offset, e.param.numel()).view(e.param.sizes());
-        at::Tensor& g = e.param.mutable_grad();
-        if (g.defined())
-          at::mul_out(g, sum, factor);
-        else
-          g = sum * factor;
+        at::Tensor g = at::empty({0}, b.flat.options());
+        g.set_(b.flat.storage(), b.flat.storage_offset() + e.offset, e.param.sizes());
+        e.param.mutable_grad() = g;
       }
     }
     for (size_t i : b.entries) d.entries[i].ready = false;
