@@ -16,6 +16,7 @@ SECTIONS=${*:-smoke nccl dp async gpt}
 log() { echo "### $*"; }
 log "host $(getconf _NPROCESSORS_ONLN) cores, $(ldd --version | head -1), kernel $(uname -r), $(date -u)"
 log "load $(cut -d' ' -f1-3 /proc/loadavg); cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+log "cgroup cpu.max $(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo n/a); affinity $(nproc) cpus"
 L=/tmp/shardplan-libs
 if [ ! -e $L/done ]; then
   mkdir -p $L
@@ -52,10 +53,14 @@ nccl)
   ;;
 dp)
   # Issue 10: data-parallel overlap with cores to spare for gloo's threads.
-  export SHARDPLAN_NUM_THREADS=2 OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2
-  log "dp_step, gloo TCP, 2 threads per rank"
-  SHARDPLAN_GLOO_SHM=off timeout 240 benchmarks/dp_step/run.sh build -- --rounds ${DP_ROUNDS:-41} --steps 1 2>&1 |
-    grep -v "bucket [0-9]\|warning" | tee $OUT/dp_tcp.txt
+  # DP_BATCHES: global batches, one run each (fewer tokens per step make the
+  # gradient sync a larger share of the step); DP_ARGS: more bench options.
+  export SHARDPLAN_NUM_THREADS=${DP_THREADS:-2} OMP_NUM_THREADS=${DP_THREADS:-2} OPENBLAS_NUM_THREADS=${DP_THREADS:-2}
+  for b in ${DP_BATCHES:-16}; do
+    log "dp_step, gloo TCP, ${DP_THREADS:-2} threads per rank, global batch $b"
+    SHARDPLAN_GLOO_SHM=off timeout ${DP_TIMEOUT:-240} benchmarks/dp_step/run.sh build -- --rounds ${DP_ROUNDS:-41} \
+      --steps 1 --batch $b ${DP_ARGS:-} 2>&1 | grep -v "bucket [0-9]\|warning" | tee $OUT/dp_tcp_b$b.txt
+  done
   unset SHARDPLAN_NUM_THREADS OMP_NUM_THREADS OPENBLAS_NUM_THREADS
   ;;
 async)
