@@ -48,6 +48,17 @@ set_tests_properties(comm_gloo_threads_ws3_shm_on comm_gloo_procs_np2_shm_on com
 set_tests_properties(comm_gloo_bad_shm_option PROPERTIES TIMEOUT 60 LABELS "comm;gloo"
   PASS_REGULAR_EXPRESSION "bad option shm=fast \\(expected shm=auto, shm=on or shm=off\\)")
 
+# The emulated link (link_gbps=, SHARDPLAN_GLOO_LINK_GBPS) refuses what is not
+# a rate; its pacing is tested in test_comm_gloo.cpp.
+add_test(NAME comm_gloo_bad_link_option
+  COMMAND comm_conformance --backend gloo --threads 1 --option link_gbps=fast)
+add_test(NAME comm_gloo_bad_link_env
+  COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_GLOO_LINK_GBPS=-1 $<TARGET_FILE:comm_conformance> --backend gloo --threads 1)
+set_tests_properties(comm_gloo_bad_link_option PROPERTIES TIMEOUT 60 LABELS "comm;gloo"
+  PASS_REGULAR_EXPRESSION "bad option link_gbps=fast \\(expected a number of Gbit/s > 0, or 0 for no emulated link\\)")
+set_tests_properties(comm_gloo_bad_link_env PROPERTIES TIMEOUT 60 LABELS "comm;gloo"
+  PASS_REGULAR_EXPRESSION "bad option SHARDPLAN_GLOO_LINK_GBPS \\(expected")
+
 find_program(SHARDPLAN_BASH bash REQUIRED)
 add_test(NAME comm_gloo_shm_no_leftovers
   COMMAND ${SHARDPLAN_BASH} -c "\"$1\" --backend gloo --threads 4 --quick --option shm=on >/dev/null & pid=$!; wait $pid || exit 1; left=$(ls /dev/shm | grep \"^shardplan-gloo-$pid-\"); [ -z \"$left\" ] || { echo \"left in /dev/shm: $left\"; exit 1; }" _ $<TARGET_FILE:comm_conformance>)

@@ -1,6 +1,7 @@
 // The gloo plugin's failure behaviour through the raw C ABI: a peer that
 // vanishes, a peer that never comes, abort (also through splits), rendezvous
-// without the framework (file_store=), and half-precision rounding. The
+// without the framework (file_store=), half-precision rounding, and the
+// emulated slow link (link_gbps=). The
 // conformance suite (test_comm.cpp, comm_gloo.cmake) covers the results.
 #include <gtest/gtest.h>
 
@@ -45,7 +46,7 @@ struct Group {
   std::shared_ptr<shardplan::Store> store = shardplan::make_memory_store();
   std::vector<sp_comm*> comms;
 
-  Group(int n, int64_t timeout_ms) : comms(n, nullptr) {
+  Group(int n, int64_t timeout_ms, const char* const* options = nullptr) : comms(n, nullptr) {
     std::vector<std::thread> ts;
     std::vector<int> rcs(n, -1);
     std::vector<std::string> errs(n);
@@ -57,6 +58,7 @@ struct Group {
         cfg.world_size = n;
         cfg.timeout_ms = timeout_ms;
         cfg.store = store->abi();
+        cfg.options = options;
         rcs[r] = api->create(&cfg, &comms[r]);
         if (rcs[r] != SP_OK) errs[r] = api->last_error();
       });
@@ -261,6 +263,50 @@ TEST(CommGloo, FileStoreProcessesAndAPeerThatDies) {
   EXPECT_LT(Clock::now() - t0, 30s);
   api->destroy(c);
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+
+namespace {
+
+// link_gbps=X holds each operation to the time its bytes need at X Gbit/s
+// (plugins/comm_gloo/link.h); a lower bound only, which sleeping guarantees.
+TEST(CommGloo, EmulatedLinkPacesOperationsAndSplitsInheritIt) {
+  const char* options[] = {"link_gbps=0.08", nullptr};  // 10 MB/s
+  Group g(2, 30000, options);
+  const sp_comm_api* api = g.api;
+  constexpr size_t kCount = 65536;  // 256 KiB of float32
+  // all_reduce sends 2 (n-1)/n of the buffer: 262144 bytes, 26.2 ms.
+  const auto at_least = std::chrono::microseconds(26214);
+  std::vector<Clock::duration> took(2), took_async(2), took_split(2);
+  std::vector<std::vector<float>> out(2);
+  g.each([&](int r) {
+    std::vector<float> x(kCount, static_cast<float>(r + 1));
+    sp_buffer b = cpu(x.data(), kCount, SP_FLOAT32);
+    auto t0 = Clock::now();
+    ASSERT_EQ(api->all_reduce(g.comms[r], &b, &b, SP_SUM, nullptr), SP_OK) << api->last_error();
+    took[r] = Clock::now() - t0;
+    t0 = Clock::now();
+    sp_work* w = nullptr;
+    ASSERT_EQ(api->all_reduce(g.comms[r], &b, &b, SP_SUM, &w), SP_OK) << api->last_error();
+    ASSERT_EQ(api->wait(w, -1), SP_OK) << api->last_error();
+    api->release(w);
+    took_async[r] = Clock::now() - t0;
+    out[r] = x;
+    sp_comm* child = nullptr;
+    ASSERT_EQ(api->split(g.comms[r], 0, r, &child), SP_OK) << api->last_error();
+    t0 = Clock::now();
+    ASSERT_EQ(api->all_reduce(child, &b, &b, SP_SUM, nullptr), SP_OK) << api->last_error();
+    took_split[r] = Clock::now() - t0;
+    api->destroy(child);
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_GE(took[r], at_least) << "rank " << r;
+    EXPECT_GE(took_async[r], at_least) << "rank " << r;
+    EXPECT_GE(took_split[r], at_least) << "rank " << r;
+    EXPECT_EQ(out[r].front(), 6.0f);  // (1 + 2) twice
+    EXPECT_EQ(out[r].back(), 6.0f);
+  }
 }
 
 }  // namespace

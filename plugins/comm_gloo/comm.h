@@ -59,6 +59,9 @@ class Comm {
   uint32_t split_seq = 0;  // advanced by the executing thread only
   SelfMailbox self;
   ShmMode shm_mode = ShmMode::kAuto;  // this communicator's and its splits'
+  // link_gbps=X / SHARDPLAN_GLOO_LINK_GBPS: an emulated link of X Gbit/s
+  // (0: none), this communicator's and its splits' (link.h).
+  double link_bytes_per_second = 0;
   std::shared_ptr<ShmGroup> shm;      // set when its ranks share a host (shm.h)
 
   // `cancel`: the abort flag of whoever else is waiting for this connect

@@ -29,6 +29,7 @@
 #include <gloo/types.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -37,6 +38,7 @@
 
 #include "comm.h"
 #include "errors.h"
+#include "link.h"
 #include "reduce.h"
 #include "rendezvous.h"
 #include "run_gloo.h"
@@ -67,6 +69,7 @@ struct Options {
   std::string prefix;
   bool blocking_inline = false;  // blocking=inline|worker
   ShmMode shm = shm_mode_default();  // shm=auto|on|off
+  double link_gbps = link_gbps_default();  // link_gbps=X
   std::string bad;               // the first option with a bad value
 };
 
@@ -80,7 +83,11 @@ Options parse_options(const char* const* options) {
     else if (k == "blocking" && (v == "inline" || v == "worker")) o.blocking_inline = v == "inline";
     else if (k == "blocking" && o.bad.empty()) o.bad = "blocking=" + v + " (expected blocking=worker or blocking=inline)";
     else if (k == "shm" && !parse_shm_mode(v, o.shm) && o.bad.empty()) o.bad = "shm=" + v + " (expected shm=auto, shm=on or shm=off)";
+    else if (k == "link_gbps" && !parse_link_gbps(v, o.link_gbps) && o.bad.empty())
+      o.bad = "link_gbps=" + v + " (expected a number of Gbit/s > 0, or 0 for no emulated link)";
   });
+  if (std::isnan(o.link_gbps) && o.bad.empty())
+    o.bad = "SHARDPLAN_GLOO_LINK_GBPS (expected a number of Gbit/s > 0, or 0 for no emulated link)";
   return o;
 }
 
@@ -124,6 +131,7 @@ int api_create(const sp_comm_config* config, sp_comm** out) {
 
     auto comm = std::make_shared<Comm>(rank, size, timeout, store, prefix, device, opt.blocking_inline);
     comm->shm_mode = opt.shm;
+    comm->link_bytes_per_second = opt.link_gbps * 1e9 / 8;
     comm->connect();
     attach_shm(*comm, comm->shm_mode);
     *out = new sp_comm{comm};
@@ -163,6 +171,7 @@ int api_split(sp_comm* parent, int32_t color, int32_t key, sp_comm** out) {
                                         p->prefix + "/split/" + std::to_string(seq) + "/" + std::to_string(color),
                                         p->device, p->blocking_inline());
         c->shm_mode = p->shm_mode;
+        c->link_bytes_per_second = p->link_bytes_per_second;
         c->connect(&p->aborted);
         attach_shm(*c, c->shm_mode);
         child = std::move(c);
@@ -208,9 +217,14 @@ template <typename Run>
 int submit_collective(Comm* c, const char* name, const sp_buffer& send, const sp_buffer& recv, sp_work** work,
                       Run run) {
   const size_t es = dtype_size(recv.dtype);
+  const double link_s =
+      c->link_bytes_per_second > 0
+          ? link_bytes(name, c->size, double(send.count * es), double(recv.count * es)) / c->link_bytes_per_second
+          : 0;
   return c->submit(
       name,
-      [c, s = send, r = recv, es, run] {
+      [c, s = send, r = recv, es, run, link_s] {
+        const LinkPace pace(link_s);
         if (r.count > 0) run(*c, s, r, es);
       },
       work);
@@ -418,10 +432,12 @@ int point_to_point(bool is_send, sp_comm* comm, const sp_buffer* buf, int32_t pe
       else ub->recv(peer, slot, 0, nbytes);
     }
     ms timeout = c->timeout;
+    const double link_s = c->link_bytes_per_second > 0 ? double(nbytes) / c->link_bytes_per_second : 0;
     return c->submit(
         name,
-        [ub, is_send, timeout] {
+        [ub, is_send, timeout, link_s] {
           if (!ub) return;
+          const LinkPace pace(link_s);
           if (is_send) ub->waitSend(timeout);
           else ub->waitRecv(timeout);
         },

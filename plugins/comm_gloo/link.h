@@ -1,0 +1,73 @@
+#pragma once
+// An emulated slower link, for benchmarks: with `link_gbps=X` (or
+// SHARDPLAN_GLOO_LINK_GBPS=X) every operation takes at least the time its
+// bytes need at X Gbit/s, counted as the bytes each rank sends in the
+// ring/tree algorithm of that operation (all_reduce 2(n-1)/n of the buffer,
+// all_gather and reduce_scatter (n-1)/n, ...). The rest of that time is
+// slept on the communicator's worker, where a real network would keep the
+// NIC busy and the CPU free; so a same-host run can show how much of a
+// cross-host sync a training step hides (docs/BENCHMARKS.md, bench_dp_step).
+// It is not a network model: no latency, no sharing between communicators.
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <thread>
+
+namespace sp_gloo {
+
+// x > 0: Gbit/s; 0: no emulated link. False for anything else.
+inline bool parse_link_gbps(const std::string& v, double& out) {
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || !std::isfinite(x) || x < 0) return false;
+  out = x;
+  return true;
+}
+
+// NaN when the variable is set to something parse_link_gbps refuses, so that
+// create() names it.
+inline double link_gbps_default() {
+  const char* v = std::getenv("SHARDPLAN_GLOO_LINK_GBPS");
+  double x = 0;
+  if (v && *v && !parse_link_gbps(v, x)) return std::nan("");
+  return x;
+}
+
+// The bytes a rank sends for `op` over `size` ranks, from the byte sizes of
+// the buffers submit_collective() queues (for a rooted collective's
+// non-root rank both are its own block).
+inline double link_bytes(const char* op, int size, double send, double recv) {
+  if (size <= 1) return 0;
+  const double n = size, share = (n - 1) / n;
+  if (!std::strcmp(op, "all_reduce")) return 2 * share * recv;
+  if (!std::strcmp(op, "all_gather")) return share * recv;
+  if (!std::strcmp(op, "reduce_scatter") || !std::strcmp(op, "all_to_all")) return share * send;
+  if (!std::strcmp(op, "broadcast")) return recv;
+  if (!std::strcmp(op, "scatter")) return (n - 1) * recv;  // the root's, which every rank waits for
+  if (!std::strcmp(op, "gather")) return (n - 1) * send;
+  if (!std::strcmp(op, "send") || !std::strcmp(op, "recv")) return send;
+  return 0;
+}
+
+// Holds the operation it is declared in to at least `seconds`, unless that
+// operation fails.
+class LinkPace {
+ public:
+  explicit LinkPace(double seconds) : seconds_(seconds), start_(std::chrono::steady_clock::now()) {}
+  ~LinkPace() {
+    if (seconds_ > 0 && std::uncaught_exceptions() == 0)
+      std::this_thread::sleep_until(start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                 std::chrono::duration<double>(seconds_)));
+  }
+  LinkPace(const LinkPace&) = delete;
+  LinkPace& operator=(const LinkPace&) = delete;
+
+ private:
+  double seconds_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace sp_gloo
