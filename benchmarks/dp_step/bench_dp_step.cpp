@@ -24,6 +24,15 @@
 // - ZeRO-1 optimizer state bytes per rank against the unsharded optimizer's.
 // It also checks what it measures: "on" and "off" must give bit-identical
 // losses, and the replicas must agree after every synchronised block.
+//
+// glibc's malloc hands blocks above its mmap threshold back to the kernel on
+// free, so every step's large activations and gradients page-fault in afresh;
+// on the 2-core machine that was ~40 % of the step, more for modes that
+// allocate more (without DataParallel's buckets "none" allocates its
+// gradients), which made "none" no lower bound. The bench therefore keeps
+// freed memory in the heap (mallopt, below); --system-malloc 1 leaves glibc's
+// defaults, to see the difference.
+#include <malloc.h>
 #include <time.h>
 #include <torch/torch.h>
 
@@ -61,13 +70,14 @@ struct Args {
   double bucket_mb = -1;  // -1: the plan's
   std::vector<std::string> modes = {"on", "off", "none", "zero"};
   bool check = false;  // fail unless the bytes are what they should be (the smoke test)
+  bool system_malloc = false;
 };
 
 [[noreturn]] void usage(const char* program, const std::string& why) {
   std::fprintf(stderr,
                "%s: %s\nusage (under `shardplan launch -n N --backend gloo --`): %s [--plan PLAN.yaml]\n"
                "       [--config KEY=VALUE,...] [--batch GLOBAL] [--steps PER_BLOCK] [--rounds N]\n"
-               "       [--bucket-mb X] [--modes on,off,none,zero] [--check 1]\n"
+               "       [--bucket-mb X] [--modes on,off,none,zero] [--check 1] [--system-malloc 1]\n"
                "--check 1 fails the run unless the bytes per step and ZeRO-1's optimizer bytes are the\n"
                "expected ones (timings are reported, never checked)\n",
                program, why.c_str(), program);
@@ -97,6 +107,7 @@ Args parse(int argc, char** argv) {
       else if (k == "--bucket-mb") a.bucket_mb = std::stod(v);
       else if (k == "--modes") a.modes = split_list(v);
       else if (k == "--check") a.check = std::stoi(v) != 0;
+      else if (k == "--system-malloc") a.system_malloc = std::stoi(v) != 0;
       else usage(argv[0], "unknown argument '" + k + "'");
     } catch (const std::logic_error&) {
       usage(argv[0], "bad value for " + k);
@@ -174,6 +185,8 @@ class Bench {
       torch::NoGradGuard no_grad;
       auto params = m_.module->parameters();
       for (size_t i = 0; i < params.size(); ++i) params[i].copy_(initial_[i]);
+      // The last block's gradients may live in its DataParallel's buckets.
+      for (auto& p : params) p.mutable_grad().reset();
     }
     shardplan::Plan plan = plan_;
     plan.data_parallel.overlap = mode != "off" && mode != "none";
@@ -298,6 +311,8 @@ int run(const Args& a, shardplan::World& world) {
     std::printf("bench_dp_step: GPT %s, global batch %lld, plan %s: mesh %s, %d ranks (%s backend)\n",
                 bench.config().c_str(), static_cast<long long>(a.batch), a.plan.c_str(),
                 bench.report().mesh.str().c_str(), world.size(), world.comm().backend().c_str());
+    std::printf("malloc: %s\n", a.system_malloc ? "glibc defaults (--system-malloc 1)"
+                                                : "freed memory stays in the heap (mmap threshold 32 MiB, no trim)");
     std::printf("%s", dp.describe().c_str());
     std::printf("%d interleaved rounds of %d steps per mode (Adam); ms per step (wall; cpu: the process'\n"
                 "threads together), median over rounds, slowest rank;\n"
@@ -407,6 +422,12 @@ int run(const Args& a, shardplan::World& world) {
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
+  // 32 MiB is glibc's largest mmap threshold on 64-bit; this model's tensors
+  // are all below it. No trimming: the heap keeps what the step frees.
+  if (!a.system_malloc && (!mallopt(M_MMAP_THRESHOLD, 32 << 20) || !mallopt(M_TRIM_THRESHOLD, INT32_MAX))) {
+    std::fprintf(stderr, "bench_dp_step: error: mallopt refused the heap settings; pass --system-malloc 1\n");
+    return 1;
+  }
   try {
     if (!shardplan::WorldOptions::env_has_job())
       usage(argv[0], "run it under the launcher: shardplan launch -n N --backend gloo -- bench_dp_step ...");
