@@ -328,6 +328,14 @@ TEST(DataParallel, BucketsInReverseOrderAndTrafficIsTheMinimum) {
     EXPECT_NE(dp.describe().find("theoretical minimum"), std::string::npos);
     // Gradients keep their dtype.
     for (const auto& p : model.parameters()) EXPECT_EQ(p.grad().scalar_type(), torch::kDouble);
+    // .grad is the averaged bucket itself (nothing copied back after the
+    // wait): the gradients of one bucket share its storage.
+    auto params = model.named_parameters();
+    const auto& first = dp.buckets().front().params;
+    ASSERT_GE(first.size(), 2u);
+    EXPECT_TRUE(params[first[0]].grad().storage().is_alias_of(params[first[1]].grad().storage()));
+    EXPECT_FALSE(params[first[0]].grad().storage().is_alias_of(
+        params[dp.buckets().back().params.back()].grad().storage()));
   });
 }
 
