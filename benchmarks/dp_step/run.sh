@@ -5,6 +5,9 @@
 # the machine and its load before and after (docs/BENCHMARKS.md).
 #
 #   benchmarks/dp_step/run.sh [BUILD_DIR] [-- bench_dp_step options, e.g. --rounds 3]
+#
+# SHARDPLAN_GLOO_LINK_GBPS=X runs it over an emulated X Gbit/s link (the
+# sync of two hosts; docs/BENCHMARKS.md), SHARDPLAN_GLOO_SHM=off over TCP.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=build
