@@ -25,14 +25,12 @@
 // It also checks what it measures: "on" and "off" must give bit-identical
 // losses, and the replicas must agree after every synchronised block.
 //
-// glibc's malloc hands blocks above its mmap threshold back to the kernel on
-// free, so every step's large activations and gradients page-fault in afresh;
-// on the 2-core machine that was ~40 % of the step, more for modes that
-// allocate more (without DataParallel's buckets "none" allocates its
-// gradients), which made "none" no lower bound. The bench therefore keeps
-// freed memory in the heap (mallopt, below); --system-malloc 1 leaves glibc's
-// defaults, to see the difference.
-#include <malloc.h>
+// Like the example drivers, it has glibc keep freed memory in the heap
+// (examples/models/heap.h): with glibc's defaults every step page-faults its
+// large tensors in afresh, ~40 % of the step on the 2-core machine, and more
+// for a mode that allocates more ("none" allocates the gradients that
+// DataParallel keeps in its buckets), which made "none" no lower bound.
+// --system-malloc 1 leaves glibc's defaults, to see the difference.
 #include <time.h>
 #include <torch/torch.h>
 
@@ -49,6 +47,7 @@
 #include <vector>
 
 #include "models/corpus.h"
+#include "models/heap.h"
 #include "models/model.h"
 #include "shardplan/data_parallel.h"
 #include "shardplan/error.h"
@@ -312,7 +311,7 @@ int run(const Args& a, shardplan::World& world) {
                 bench.config().c_str(), static_cast<long long>(a.batch), a.plan.c_str(),
                 bench.report().mesh.str().c_str(), world.size(), world.comm().backend().c_str());
     std::printf("malloc: %s\n", a.system_malloc ? "glibc defaults (--system-malloc 1)"
-                                                : "freed memory stays in the heap (mmap threshold 32 MiB, no trim)");
+                                                : "freed memory kept in the heap (examples/models/heap.h)");
     std::printf("%s", dp.describe().c_str());
     std::printf("%d interleaved rounds of %d steps per mode (Adam); ms per step (wall; cpu: the process'\n"
                 "threads together), median over rounds, slowest rank;\n"
@@ -422,12 +421,7 @@ int run(const Args& a, shardplan::World& world) {
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
-  // 32 MiB is glibc's largest mmap threshold on 64-bit; this model's tensors
-  // are all below it. No trimming: the heap keeps what the step frees.
-  if (!a.system_malloc && (!mallopt(M_MMAP_THRESHOLD, 32 << 20) || !mallopt(M_TRIM_THRESHOLD, INT32_MAX))) {
-    std::fprintf(stderr, "bench_dp_step: error: mallopt refused the heap settings; pass --system-malloc 1\n");
-    return 1;
-  }
+  if (!a.system_malloc) shardplan::examples::keep_freed_heap();
   try {
     if (!shardplan::WorldOptions::env_has_job())
       usage(argv[0], "run it under the launcher: shardplan launch -n N --backend gloo -- bench_dp_step ...");
