@@ -27,7 +27,6 @@ std::string dtype_name(at::ScalarType t) {
   }
 }
 
-
 std::string param_str(const AgreementDigest::Param& p) {
   return "'" + p.path + "' " + shape_str(p.shape) + " " + p.dtype;
 }

@@ -59,7 +59,7 @@ void DataParallel::Impl::on_grad(size_t index, const at::Tensor& grad) {
   // sum, which includes micro-batches accumulated under NoSync. It is
   // divided by D on the way in, as DDP and Megatron do, so that no pass over
   // the gradients follows the wait in finish().
-  const at::Tensor scale = at::scalar_tensor(1.0 / size, slot.options());
+  const at::Tensor& scale = b.scale;
   at::Tensor& acc = e.param.mutable_grad();
   if (acc.defined()) {
     at::add_out(slot, acc.reshape(-1), grad.reshape(-1));
@@ -100,7 +100,7 @@ void DataParallel::Impl::fill_and_launch_rest() {
       Entry& e = entries[i];
       if (e.ready) continue;
       at::Tensor slot = b.flat.narrow(0, e.offset, e.param.numel());
-      const at::Tensor scale = at::scalar_tensor(1.0 / size, slot.options());
+      const at::Tensor& scale = b.scale;
       const at::Tensor& g = e.param.grad();
       if (!g.defined())
         slot.zero_();
@@ -228,6 +228,7 @@ DataParallel::DataParallel(torch::nn::Module& model, const ParallelReport& repor
     const at::Tensor& first = d.entries[b.entries.front()].param;
     b.flat = at::zeros({b.info.padded}, first.options().requires_grad(false));
     if (d.zero) b.shard = at::zeros({b.info.padded / d.size}, b.flat.options());
+    b.scale = at::scalar_tensor(1.0 / d.size, b.flat.options());
     b.pending = b.entries.size();
     d.bucket_infos.push_back(b.info);
   }

@@ -26,6 +26,7 @@ struct DataParallel::Impl {
     std::vector<size_t> entries;
     at::Tensor flat;   // [padded] gradients, then their sum
     at::Tensor shard;  // ZeRO: [padded / D] this rank's slice of the sum
+    at::Tensor scale;  // 1/D in the bucket's dtype: gradients enter divided
     size_t pending = 0;
     bool launched = false;
     std::unique_ptr<Work> work;

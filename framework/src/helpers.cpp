@@ -17,7 +17,6 @@ namespace shardplan {
 
 namespace {
 
-
 ShardSplit wrapped(ShardSplit s, int64_t rank) {
   if (rank == 0) throw Error("cannot slice a scalar (0-dim tensor)");
   if (s.dim < -rank || s.dim >= rank)

@@ -21,8 +21,8 @@ int64_t KVCache::bytes() const {
 
 std::pair<at::Tensor, at::Tensor> KVCache::append(const at::Tensor& key, const at::Tensor& value) {
   if (key.dim() != 3 || !key.sizes().equals(value.sizes()))
-    throw Error("KVCache: key and value must both be [batch * heads, positions, head_dim], got " + shape_str(key.sizes()) +
-                " and " + shape_str(value.sizes()));
+    throw Error("KVCache: key and value must both be [batch * heads, positions, head_dim], got " +
+                shape_str(key.sizes()) + " and " + shape_str(value.sizes()));
   const int64_t n = key.size(1);
   if (length_ + n > capacity_)
     throw Error("KVCache: " + std::to_string(length_) + " cached + " + std::to_string(n) +
@@ -31,8 +31,8 @@ std::pair<at::Tensor, at::Tensor> KVCache::append(const at::Tensor& key, const a
     key_ = at::empty({key.size(0), capacity_, key.size(2)}, key.options());
     value_ = at::empty_like(key_);
   } else if (key.size(0) != key_.size(0) || key.size(2) != key_.size(2) || key.scalar_type() != key_.scalar_type()) {
-    throw Error("KVCache: appending " + shape_str(key.sizes()) + " to a cache of [" + std::to_string(key_.size(0)) + ", " +
-                std::to_string(capacity_) + ", " + std::to_string(key_.size(2)) +
+    throw Error("KVCache: appending " + shape_str(key.sizes()) + " to a cache of [" +
+                std::to_string(key_.size(0)) + ", " + std::to_string(capacity_) + ", " + std::to_string(key_.size(2)) +
                 "]: batch * heads, head_dim and dtype must stay those of the first append");
   }
   key_.narrow(1, length_, n).copy_(key);

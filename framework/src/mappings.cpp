@@ -131,8 +131,8 @@ int64_t checked_sequence_dim(const at::Tensor& x, Communicator& g, int64_t dim, 
                 std::to_string(n) + " dims " + shape_str(x.sizes()) + " (check the plan's sequence_parallel.dim)");
   const int64_t d = dim < 0 ? dim + n : dim;
   if (split && x.size(d) % g.size() != 0)
-    throw Error("sequence parallel: the sequence (dim " + std::to_string(d) + " of " + shape_str(x.sizes()) + ", length " +
-                std::to_string(x.size(d)) + ") is not divisible by the " + std::to_string(g.size()) +
+    throw Error("sequence parallel: the sequence (dim " + std::to_string(d) + " of " + shape_str(x.sizes()) +
+                ", length " + std::to_string(x.size(d)) + ") is not divisible by the " + std::to_string(g.size()) +
                 " ranks of group '" + g.name() + "'; uneven sequences are not supported: pad or pick a length "
                 "divisible by " + std::to_string(g.size()));
   return d;

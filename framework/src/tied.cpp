@@ -20,7 +20,6 @@ struct ParameterAccess : torch::nn::Module {
   }
 };
 
-
 }  // namespace
 
 at::Tensor tie_parameter(torch::nn::Module& module, const std::string& name, const at::Tensor& shared) {

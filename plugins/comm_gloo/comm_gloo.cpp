@@ -218,9 +218,7 @@ int submit_collective(Comm* c, const char* name, const sp_buffer& send, const sp
                       Run run) {
   const size_t es = dtype_size(recv.dtype);
   const double link_s =
-      c->link_bytes_per_second > 0
-          ? link_bytes(name, c->size, double(send.count * es), double(recv.count * es)) / c->link_bytes_per_second
-          : 0;
+      link_seconds(c->link_bytes_per_second, name, c->size, double(send.count * es), double(recv.count * es));
   return c->submit(
       name,
       [c, s = send, r = recv, es, run, link_s] {
@@ -432,7 +430,7 @@ int point_to_point(bool is_send, sp_comm* comm, const sp_buffer* buf, int32_t pe
       else ub->recv(peer, slot, 0, nbytes);
     }
     ms timeout = c->timeout;
-    const double link_s = c->link_bytes_per_second > 0 ? double(nbytes) / c->link_bytes_per_second : 0;
+    const double link_s = link_seconds(c->link_bytes_per_second, name, c->size, double(nbytes), double(nbytes));
     return c->submit(
         name,
         [ub, is_send, timeout, link_s] {

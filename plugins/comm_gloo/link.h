@@ -52,6 +52,11 @@ inline double link_bytes(const char* op, int size, double send, double recv) {
   return 0;
 }
 
+// Seconds `op` needs at `bytes_per_second` (0: no emulated link).
+inline double link_seconds(double bytes_per_second, const char* op, int size, double send, double recv) {
+  return bytes_per_second > 0 ? link_bytes(op, size, send, recv) / bytes_per_second : 0;
+}
+
 // Holds the operation it is declared in to at least `seconds`, unless that
 // operation fails.
 class LinkPace {

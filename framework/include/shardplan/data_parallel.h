@@ -79,7 +79,7 @@ class DataParallel {
   // any bucket not yet started, waits for all, and leaves in every averaged
   // parameter's .grad the mean over the batch axis (ZeRO: the mean of this
   // rank's slice, for its ZeroOptimizer). Collective over the batch axis.
-  // That .grad is a view of its bucket (DDP's gradient_as_bucket_view): it
+  // That .grad holds its bucket's memory (DDP's gradient_as_bucket_view): it
   // may be read, clipped or zeroed in place until the next backward, which
   // replaces it; a reference kept across that backward sees the bucket reused.
   void finish();
