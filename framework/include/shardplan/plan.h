@@ -164,4 +164,16 @@ Plan load_plan(const std::string& path);
 Plan parse_plan(const std::string& yaml_text, const std::string& source_name = "<string>",
                 const std::string& base_dir = ".");
 
+// A plugin name: letters, digits, '_', '-', '.', not starting with '.'. No
+// '/', so a name from a plan or --backend can only pick a file in a plugin
+// directory. A plan names plugins, the loader finds them.
+inline bool is_plugin_name(const std::string& name) {
+  if (name.empty() || name[0] == '.') return false;
+  for (char c : name)
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
+          c == '.'))
+      return false;
+  return true;
+}
+
 }  // namespace shardplan

@@ -17,20 +17,9 @@
 #include "shardplan/abi/comm.h"
 #include "shardplan/abi/plugin.h"
 #include "shardplan/error.h"
+#include "shardplan/plan.h"  // is_plugin_name
 
 namespace shardplan {
-
-// A plugin name: letters, digits, '_', '-', '.', not starting with '.'. No
-// '/', so a name from a plan or --backend can only pick a file in a plugin
-// directory.
-inline bool is_plugin_name(const std::string& name) {
-  if (name.empty() || name[0] == '.') return false;
-  for (char c : name)
-    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
-          c == '.'))
-      return false;
-  return true;
-}
 
 // The opt-in for a plan's `plugins:` directories.
 constexpr const char* kPlanPluginsEnv = "SHARDPLAN_PLAN_PLUGINS";

@@ -11,7 +11,7 @@
 #include "shardplan/error.h"
 #include "shardplan/parallelize.h"
 #include "shardplan/shard.h"
-#include "shape_text.h"
+#include "base/shape_text.h"
 
 namespace shardplan {
 

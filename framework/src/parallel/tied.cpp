@@ -6,7 +6,7 @@
 #include <unordered_set>
 
 #include "shardplan/error.h"
-#include "shape_text.h"
+#include "base/shape_text.h"
 
 namespace shardplan {
 

@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "plan_internal.h"
-#include "utf8.h"
+#include "base/utf8.h"
 
 namespace shardplan {
 namespace detail {

@@ -22,8 +22,8 @@
 #include "shardplan/random.h"
 #include "shardplan/shard.h"
 #include "shardplan/world.h"
-#include "keras_paths.h"
-#include "plan_internal.h"
+#include "plan/keras_paths.h"
+#include "plan/plan_internal.h"
 
 namespace shardplan {
 

@@ -9,8 +9,7 @@
 #include "plan_data_parallel.h"
 #include "plan_sequence_parallel.h"
 #include "plan_internal.h"
-#include "shardplan/plugin_loader.h"
-#include "utf8.h"
+#include "base/utf8.h"
 
 namespace shardplan {
 namespace fs = std::filesystem;

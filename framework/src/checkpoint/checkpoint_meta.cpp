@@ -16,7 +16,7 @@
 #include <type_traits>
 
 #include "shardplan/error.h"
-#include "utf8.h"
+#include "base/utf8.h"
 
 namespace shardplan {
 namespace ckpt {

@@ -1,7 +1,7 @@
 #include "plan_data_parallel.h"
 
 #include "plan_internal.h"
-#include "utf8.h"
+#include "base/utf8.h"
 
 #include <cmath>
 #include <set>

@@ -10,7 +10,7 @@
 
 #include "shardplan/communicator.h"
 #include "shardplan/error.h"
-#include "group_handle.h"
+#include "mappings/group_handle.h"
 
 namespace shardplan {
 

@@ -11,7 +11,7 @@
 #include "shardplan/communicator.h"
 #include "shardplan/error.h"
 #include "shardplan/plan.h"
-#include "shape_text.h"
+#include "base/shape_text.h"
 
 namespace shardplan {
 

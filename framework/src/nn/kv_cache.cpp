@@ -5,7 +5,7 @@
 #include <string>
 
 #include "shardplan/error.h"
-#include "shape_text.h"
+#include "base/shape_text.h"
 
 namespace shardplan {
 namespace nn {

@@ -5,7 +5,7 @@
 #include "shardplan/communicator.h"
 #include "shardplan/error.h"
 #include "group_handle.h"
-#include "shape_text.h"
+#include "base/shape_text.h"
 
 namespace shardplan {
 

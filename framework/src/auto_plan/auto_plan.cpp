@@ -25,7 +25,7 @@
 #include <sstream>
 
 #include "auto_plan_probe.h"
-#include "plan_internal.h"
+#include "plan/plan_internal.h"
 #include "shardplan/error.h"
 #include "shardplan/nn/lstm.h"
 #include "shardplan/nn/multihead_attention.h"

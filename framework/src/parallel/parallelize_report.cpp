@@ -4,7 +4,7 @@
 #include <iomanip>
 #include <sstream>
 
-#include "plan_internal.h"
+#include "plan/plan_internal.h"
 #include "shardplan/parallelize.h"
 
 namespace shardplan {
