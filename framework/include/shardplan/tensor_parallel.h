@@ -148,7 +148,7 @@ class TensorParallelImpl : public torch::nn::Module {
   void to(torch::Device device, bool non_blocking = false) override;
   void pretty_print(std::ostream& stream) const override;
 
-  struct Runtime;  // threads, worlds, replicas and shard maps (tensor_parallel.cpp)
+  struct Runtime;  // threads, worlds, replicas and shard maps (src/parallel/tensor_parallel_internal.h)
 
  private:
   std::shared_ptr<Runtime> rt_;

@@ -1,32 +1,28 @@
+// Sharded checkpoints with a world: every rank writes its pieces and rank 0
+// the metadata, and a load reads, checks and cuts everything before any rank
+// changes its model. (State dicts: checkpoint_state_dict.cpp; optimizer
+// state: checkpoint_optimizer.cpp; reading pieces: checkpoint_offline.cpp.)
 #include "shardplan/checkpoint.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/nn/module.h>
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
-#include <torch/optim/sgd.h>
 
-#include <fcntl.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iomanip>
 #include <map>
-#include <memory>
 #include <optional>
-#include <set>
 #include <sstream>
 #include <thread>
-#include <type_traits>
 
+#include "base/shape_text.h"
 #include "shardplan/checkpoint_meta.h"
 #include "shardplan/communicator.h"
 #include "shardplan/error.h"
@@ -38,10 +34,12 @@
 
 namespace shardplan {
 
+using ckpt_detail::add_optimizer_items;
 using ckpt_detail::assemble;
-using ckpt_detail::optimizer_kind;
+using ckpt_detail::inventory;
+using ckpt_detail::Item;
+using ckpt_detail::optimizer_of;
 using ckpt_detail::ParamState;
-using ckpt_detail::state_tensors;
 using ckpt_detail::rank_file;
 using ckpt_detail::read_meta;
 using ckpt_detail::take_splits;
@@ -50,51 +48,6 @@ using ckpt_detail::writes_piece;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string shape_str(at::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
-std::map<std::string, const ReportRow*> rows_by_path(const ParallelReport& report) {
-  std::map<std::string, const ReportRow*> rows;
-  for (const auto& row : report.rows)
-    if (!row.global_shape.empty() || row.module_type.empty() || !row.path.empty()) rows.emplace(row.path, &row);
-  return rows;
-}
-
-// Inverse of take_split over one axis group: every member's piece, padded to
-// the largest chunk for the all-gather, trimmed and put back block by block.
-at::Tensor gather_split(const at::Tensor& local, const ShardSplit& s, int64_t global_dim_size, Communicator& group) {
-  if (s.parts == 1) return local;
-  const int64_t block = global_dim_size / s.blocks;
-  const int64_t chunk = (block + s.parts - 1) / s.parts;
-  std::vector<int64_t> sizes = local.sizes().vec();
-  // [.., blocks * len, ..] -> [.., blocks, len, ..]
-  std::vector<int64_t> blocked(sizes.begin(), sizes.begin() + s.dim);
-  blocked.push_back(s.blocks);
-  blocked.push_back(sizes[s.dim] / s.blocks);
-  blocked.insert(blocked.end(), sizes.begin() + s.dim + 1, sizes.end());
-  at::Tensor piece = local.contiguous().view(blocked);
-  const int64_t len = blocked[s.dim + 1];
-  if (len < chunk) {
-    std::vector<int64_t> pad_shape = blocked;
-    pad_shape[s.dim + 1] = chunk - len;
-    piece = at::cat({piece, at::zeros(pad_shape, piece.options())}, s.dim + 1);
-  }
-  at::Tensor all = group.all_gather(piece.unsqueeze(0).contiguous(), 0);  // [parts, .., blocks, chunk, ..]
-  std::vector<at::Tensor> parts;
-  for (int64_t r = 0; r < s.parts; ++r) {
-    const auto range = shard_range(block, s.parts, r);
-    parts.push_back(all[r].narrow(s.dim + 1, 0, range.second - range.first));
-  }
-  at::Tensor joined = at::cat(parts, s.dim + 1);  // [.., blocks, block, ..]
-  std::vector<int64_t> out = sizes;
-  out[s.dim] = global_dim_size;
-  return joined.reshape(out);
-}
-
 
 std::string dtype_name(at::ScalarType t) {
   switch (t) {
@@ -112,85 +65,18 @@ std::string dtype_name(at::ScalarType t) {
   }
 }
 
+}  // namespace
 
 // ------------------------------------------------------------ tensor inventory
 
-// Everything a checkpoint holds for one tensor of this rank.
-struct Item {
-  std::string name;
-  at::Tensor local;                  // this rank's piece, as the model holds it (detached)
-  at::Tensor param;                  // the parameter itself: optimizer states are keyed by it
-  std::vector<int64_t> global_shape;
-  std::vector<ShardSplit> splits;    // how `local` was cut; empty: whole
-  std::string layout;
-  bool buffer = false;
-};
-
-// Optimizer states are stored per parameter under "optimizer/<param>/<field>".
-// libtorch keys them by the parameter's TensorImpl, as a string in 1.x and a
-// pointer in 2.x: find the key type rather than naming it.
-template <class Map>
-typename Map::key_type state_key(const Map&, const at::Tensor& p) {
-  using Key = typename Map::key_type;
-  if constexpr (std::is_same<Key, std::string>::value) {
-    std::ostringstream os;  // what c10::guts::to_string does
-    os << p.unsafeGetTensorImpl();
-    return os.str();
-  } else {
-    return static_cast<Key>(p.unsafeGetTensorImpl());
-  }
-}
-
-}  // namespace
-
 namespace ckpt_detail {
 
-const char* optimizer_kind(torch::optim::Optimizer& opt) {
-  if (dynamic_cast<torch::optim::SGD*>(&opt)) return "sgd";
-  if (dynamic_cast<torch::optim::AdamW*>(&opt)) return "adamw";
-  if (dynamic_cast<torch::optim::Adam*>(&opt)) return "adam";
-  throw Error("checkpoints save optimizer state for SGD, Adam and AdamW only");
+std::map<std::string, const ReportRow*> rows_by_path(const ParallelReport& report) {
+  std::map<std::string, const ReportRow*> rows;
+  for (const auto& row : report.rows)
+    if (!row.global_shape.empty() || row.module_type.empty() || !row.path.empty()) rows.emplace(row.path, &row);
+  return rows;
 }
-
-std::vector<std::pair<std::string, at::Tensor*>> state_tensors(torch::optim::Optimizer& opt, const at::Tensor& p,
-                                                               bool create, int64_t** step) {
-  auto& states = opt.state();
-  auto key = state_key(states, p);
-  auto it = states.find(key);
-  const std::string kind = optimizer_kind(opt);
-  if (it == states.end()) {
-    if (!create) return {};
-    if (kind == "sgd") states[key] = std::make_unique<torch::optim::SGDParamState>();
-    else if (kind == "adam") states[key] = std::make_unique<torch::optim::AdamParamState>();
-    else states[key] = std::make_unique<torch::optim::AdamWParamState>();
-    it = states.find(key);
-  }
-  std::vector<std::pair<std::string, at::Tensor*>> out;
-  *step = nullptr;
-  if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
-    out.emplace_back("momentum_buffer", &const_cast<at::Tensor&>(s->momentum_buffer()));
-  } else if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) {
-    out.emplace_back("exp_avg", &const_cast<at::Tensor&>(a->exp_avg()));
-    out.emplace_back("exp_avg_sq", &const_cast<at::Tensor&>(a->exp_avg_sq()));
-    out.emplace_back("max_exp_avg_sq", &const_cast<at::Tensor&>(a->max_exp_avg_sq()));
-    *step = &const_cast<int64_t&>(a->step());
-  } else if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
-    out.emplace_back("exp_avg", &const_cast<at::Tensor&>(w->exp_avg()));
-    out.emplace_back("exp_avg_sq", &const_cast<at::Tensor&>(w->exp_avg_sq()));
-    out.emplace_back("max_exp_avg_sq", &const_cast<at::Tensor&>(w->max_exp_avg_sq()));
-    *step = &const_cast<int64_t&>(w->step());
-  }
-  return out;
-}
-
-void clear_state(torch::optim::Optimizer& opt, const at::Tensor& p) {
-  auto& states = opt.state();
-  states.erase(state_key(states, p));
-}
-
-}  // namespace ckpt_detail
-
-namespace {
 
 std::vector<Item> inventory(torch::nn::Module& model, const ParallelReport& report) {
   const auto rows = rows_by_path(report);
@@ -210,72 +96,9 @@ std::vector<Item> inventory(torch::nn::Module& model, const ParallelReport& repo
   return items;
 }
 
-// The optimizer of `options`, plain or ZeRO-1's inner one; null without.
-torch::optim::Optimizer* optimizer_of(const CheckpointOptions& options) {
-  if (options.optimizer && options.zero)
-    throw Error("CheckpointOptions: set optimizer or zero, not both (zero's optimizer is its inner one)");
-  return options.zero ? &options.zero->inner() : options.optimizer;
-}
+}  // namespace ckpt_detail
 
-// States are matched to parameters by tensor: an optimizer over other
-// tensors (a ZeroOptimizer's inner one, over its slices) would silently
-// save and load nothing.
-void check_optimizer_params(torch::optim::Optimizer& opt, const std::vector<Item>& items) {
-  std::set<const void*> params;
-  for (const auto& item : items)
-    if (item.param.defined()) params.insert(item.param.unsafeGetTensorImpl());
-  for (const auto& group : opt.param_groups())
-    for (const auto& p : group.params())
-      if (!params.count(p.unsafeGetTensorImpl()))
-        throw Error("the optimizer has a tensor of shape " + shape_str(p.sizes()) +
-                    " that is not a parameter of the model: build it over model.parameters() (for a "
-                    "ZeroOptimizer pass CheckpointOptions::zero, not its inner optimizer)");
-}
-
-// Appends the optimizer state of every parameter item as items
-// "optimizer/<param>/<field>" cut like the parameter, and records the
-// optimizer and the steps in `attributes`. ZeRO-1's slices are gathered
-// first; only the batch-axis rank 0 gets them (the others would not write
-// them: they are not split over the batch axis).
-void add_optimizer_items(std::vector<Item>& items, const CheckpointOptions& options,
-                         std::map<std::string, std::string>* attributes) {
-  torch::optim::Optimizer* opt = optimizer_of(options);
-  if (!opt) return;
-  (*attributes)["optimizer"] = optimizer_kind(*opt);
-  std::vector<ParamState> states;
-  if (options.zero) {
-    states = ckpt_detail::gather_zero_state(*options.zero);
-  } else {
-    check_optimizer_params(*opt, items);
-    for (const auto& item : items) {
-      if (!item.param.defined()) continue;
-      ParamState st{item.param, item.name, {}, std::nullopt};
-      int64_t* step = nullptr;
-      for (auto& f : state_tensors(*opt, item.param, false, &step))
-        if (f.second->defined()) st.fields.emplace_back(f.first, f.second->detach());
-      if (step) st.step = *step;
-      states.push_back(std::move(st));
-    }
-  }
-  std::map<const void*, const ParamState*> by_param;
-  for (const auto& st : states) by_param[st.param.unsafeGetTensorImpl()] = &st;
-  const size_t n_items = items.size();
-  for (size_t i = 0; i < n_items; ++i) {
-    if (!items[i].param.defined()) continue;  // a buffer
-    auto it = by_param.find(items[i].param.unsafeGetTensorImpl());
-    if (it == by_param.end()) continue;
-    for (const auto& f : it->second->fields) {
-      Item s = items[i];
-      s.name = "optimizer/" + items[i].name + "/" + f.first;
-      s.local = f.second;
-      s.param = at::Tensor();
-      s.buffer = false;
-      items.push_back(s);
-    }
-    if (it->second->step) (*attributes)["optimizer/" + items[i].name + "/step"] = std::to_string(*it->second->step);
-  }
-}
-
+namespace {
 
 // Every rank's text, on every rank.
 std::vector<std::string> all_gather_text(Communicator& comm, const std::string& text) {
@@ -298,7 +121,6 @@ void agree(Communicator& comm, const std::string& my_error, const std::string& w
   for (size_t r = 0; r < errors.size(); ++r)
     if (!errors[r].empty()) throw Error(what + ": rank " + std::to_string(r) + ": " + errors[r]);
 }
-
 
 // Test hook (tests/e2e/ckpt_kill.sh): SHARDPLAN_TEST_CKPT_PAUSE_MS=N makes
 // every rank announce itself on stderr and sleep N ms between writing its
@@ -346,58 +168,6 @@ std::string rank_file(int rank) {
 }  // namespace ckpt_detail
 
 // ------------------------------------------------------------------- public
-
-StateDict local_state_dict(torch::nn::Module& model) {
-  StateDict out;
-  for (const auto& p : model.named_parameters()) out.emplace_back(p.key(), p.value().detach());
-  for (const auto& b : model.named_buffers()) out.emplace_back(b.key(), b.value().detach());
-  return out;
-}
-
-StateDict collect_state_dict(torch::nn::Module& model, const ParallelReport& report, World& world, int root) {
-  at::NoGradGuard no_grad;
-  StateDict out;
-  for (auto& item : inventory(model, report)) {
-    at::Tensor t = item.local;
-    for (auto s = item.splits.rbegin(); s != item.splits.rend(); ++s)
-      t = gather_split(t, *s, item.global_shape[s->dim], *world.group(report.mesh, s->axis));
-    if (root < 0 || world.rank() == root) out.emplace_back(item.name, t.contiguous());
-  }
-  return out;
-}
-
-StateDict relocate_state_dict(const StateDict& full, const ParallelReport& report) {
-  const auto rows = rows_by_path(report);
-  StateDict out;
-  for (const auto& kv : full) {
-    auto r = rows.find(kv.first);
-    if (r == rows.end() || r->second->splits.empty()) {
-      out.push_back(kv);
-      continue;
-    }
-    const ReportRow& row = *r->second;
-    if (kv.second.sizes().vec() != row.global_shape)
-      throw Error("state dict: '" + kv.first + "' has shape " + shape_str(kv.second.sizes()) +
-                  ", the model's is " + shape_str(row.global_shape));
-    out.emplace_back(kv.first, take_splits(kv.second, row.splits));
-  }
-  return out;
-}
-
-void load_state_dict(torch::nn::Module& model, const StateDict& state) {
-  std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
-  at::NoGradGuard no_grad;
-  auto copy = [&](const std::string& name, at::Tensor& dst) {
-    auto it = by_name.find(name);
-    if (it == by_name.end()) throw Error("state dict has no '" + name + "'");
-    if (it->second.sizes() != dst.sizes())
-      throw Error("state dict: '" + name + "' has shape " + shape_str(it->second.sizes()) + ", the model's is " +
-                  shape_str(dst.sizes()));
-    dst.copy_(it->second);
-  };
-  for (auto& p : model.named_parameters()) copy(p.key(), p.value());
-  for (auto& b : model.named_buffers()) copy(b.key(), b.value());
-}
 
 void save_checkpoint(const std::string& dir, torch::nn::Module& model, const ParallelReport& report, World& world,
                      const CheckpointOptions& options) {
@@ -514,7 +284,6 @@ void save_checkpoint(const std::string& dir, torch::nn::Module& model, const Par
   agree_or_clean_up();
 }
 
-
 std::map<std::string, std::string> load_checkpoint(const std::string& dir, torch::nn::Module& model,
                                                    const ParallelReport& report, World& world,
                                                    const CheckpointOptions& options) {
@@ -548,41 +317,7 @@ std::map<std::string, std::string> load_checkpoint(const std::string& dir, torch
     }
 
     if (optimizer) {
-      const auto it = meta.attributes.find("optimizer");
-      const std::string kind = optimizer_kind(*optimizer);
-      if (it == meta.attributes.end())
-        throw Error("the checkpoint has no optimizer state (saved without an optimizer)");
-      if (it->second != kind)
-        throw Error("the checkpoint's optimizer state is " + it->second + "'s, the optimizer given is " + kind);
-      if (!options.zero) check_optimizer_params(*optimizer, items);
-      const std::vector<std::string> fields =
-          kind == "sgd" ? std::vector<std::string>{"momentum_buffer"}
-                        : std::vector<std::string>{"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
-      for (const Item& item : items) {
-        if (!item.param.defined()) continue;
-        const std::string prefix = "optimizer/" + item.name + "/";
-        ParamState load;
-        load.param = item.param;
-        load.name = item.name;
-        for (const auto& f : fields) {
-          const ckpt::TensorEntry* e = meta.find(prefix + f);
-          if (!e) continue;
-          if (e->shape != item.global_shape)
-            throw Error("'" + e->name + "': the checkpoint's shape is " + shape_str(e->shape) + ", the model's " +
-                        shape_str(item.global_shape));
-          at::Tensor full = assemble(*e, target).to(item.local.scalar_type());
-          load.fields.emplace_back(f, take_splits(full, item.splits).clone());
-        }
-        auto st = meta.attributes.find(prefix + "step");
-        if (st != meta.attributes.end()) {
-          try {
-            load.step = std::stoll(st->second);
-          } catch (const std::logic_error&) {
-            throw Error("attribute '" + st->first + "' is not a step count: '" + st->second + "'");
-          }
-        }
-        opt_loads.push_back(std::move(load));
-      }
+      opt_loads = ckpt_detail::read_optimizer_states(*optimizer, options, meta, target, items);
       if (options.zero) zero_install.emplace(*options.zero, opt_loads);
     }
   } catch (const std::exception& e) {
@@ -594,18 +329,7 @@ std::map<std::string, std::string> load_checkpoint(const std::string& dir, torch
   if (zero_install) {
     zero_install->apply();  // after the model: it refreshes the slices from it
   } else if (optimizer) {
-    for (auto& load : opt_loads) {
-      if (load.fields.empty()) {
-        ckpt_detail::clear_state(*optimizer, load.param);  // as it was when saved: no state yet
-        continue;
-      }
-      int64_t* step = nullptr;
-      auto targets = state_tensors(*optimizer, load.param, true, &step);
-      for (auto& f : load.fields)
-        for (auto& t : targets)
-          if (t.first == f.first) *t.second = f.second;
-      if (step && load.step) *step = *load.step;
-    }
+    ckpt_detail::install_optimizer_states(*optimizer, opt_loads);
   }
   return meta.attributes;
 }

@@ -1,19 +1,27 @@
 #pragma once
-// What checkpoint.cpp (saving, loading with a world) and
-// checkpoint_offline.cpp (reading pieces back, resharding) share. Not
-// installed.
+// What checkpoint.cpp (saving, loading with a world),
+// checkpoint_state_dict.cpp (state dicts without files),
+// checkpoint_optimizer.cpp (optimizer state) and checkpoint_offline.cpp
+// (reading pieces back, resharding) share. Not installed.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "shardplan/checkpoint.h"
 #include "shardplan/checkpoint_meta.h"
 #include "shardplan/mesh.h"
+#include "shardplan/parallelize.h"
 #include "shardplan/split.h"
+
+namespace torch::nn {
+class Module;
+}
 
 namespace torch::optim {
 class Optimizer;
@@ -24,6 +32,22 @@ class ZeroOptimizer;
 }
 
 namespace shardplan::ckpt_detail {
+
+// Everything a checkpoint holds for one tensor of this rank.
+struct Item {
+  std::string name;
+  at::Tensor local;                  // this rank's piece, as the model holds it (detached)
+  at::Tensor param;                  // the parameter itself: optimizer states are keyed by it
+  std::vector<int64_t> global_shape;
+  std::vector<ShardSplit> splits;    // how `local` was cut; empty: whole
+  std::string layout;
+  bool buffer = false;
+};
+
+// The report's rows by path: how each tensor of the model was cut.
+std::map<std::string, const ReportRow*> rows_by_path(const ParallelReport& report);
+// The model's parameters, then its buffers, with how the report cut them.
+std::vector<Item> inventory(torch::nn::Module& model, const ParallelReport& report);
 
 // This rank's piece of `full`, cut by `splits` (contiguous).
 at::Tensor take_splits(const at::Tensor& full, const std::vector<ShardSplit>& splits);
@@ -53,6 +77,24 @@ struct ParamState {
   std::vector<std::pair<std::string, at::Tensor>> fields;  // empty: no state (never stepped)
   std::optional<int64_t> step;
 };
+
+// Optimizer state (checkpoint_optimizer.cpp). The optimizer of `options`,
+// plain or ZeRO-1's inner one; null without.
+torch::optim::Optimizer* optimizer_of(const CheckpointOptions& options);
+// Throws unless every tensor `opt` updates is a parameter item.
+void check_optimizer_params(torch::optim::Optimizer& opt, const std::vector<Item>& items);
+// Saving: the optimizer's state as more items, and its kind and steps as
+// attributes.
+void add_optimizer_items(std::vector<Item>& items, const CheckpointOptions& options,
+                         std::map<std::string, std::string>* attributes);
+// Loading: every parameter item's state from the checkpoint in `target`, cut
+// like the parameter. Changes nothing, so a rank that fails here leaves the
+// optimizer as it was; install_optimizer_states (a plain optimizer) or
+// ZeroInstall then puts it in.
+std::vector<ParamState> read_optimizer_states(torch::optim::Optimizer& optimizer, const CheckpointOptions& options,
+                                              const ckpt::Meta& meta, const std::filesystem::path& target,
+                                              const std::vector<Item>& items);
+void install_optimizer_states(torch::optim::Optimizer& optimizer, const std::vector<ParamState>& loads);
 
 // ZeRO-1 (checkpoint_zero.cpp). The state of every parameter `zero` updates,
 // whole over the batch axis: each slice's owner contributes it, and the

@@ -1,0 +1,214 @@
+// Optimizer state in checkpoints: read out of and installed into SGD, Adam
+// and AdamW per parameter, stored as items "optimizer/<param>/<field>" cut
+// like the parameter. (ZeRO-1's slices: checkpoint_zero.cpp.)
+#include <ATen/ATen.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "base/shape_text.h"
+#include "checkpoint_internal.h"
+#include "shardplan/checkpoint.h"
+#include "shardplan/error.h"
+#include "shardplan/zero_optimizer.h"
+
+namespace shardplan::ckpt_detail {
+
+namespace {
+
+// Optimizer states are stored per parameter under "optimizer/<param>/<field>".
+// libtorch keys them by the parameter's TensorImpl, as a string in 1.x and a
+// pointer in 2.x: find the key type rather than naming it.
+template <class Map>
+typename Map::key_type state_key(const Map&, const at::Tensor& p) {
+  using Key = typename Map::key_type;
+  if constexpr (std::is_same<Key, std::string>::value) {
+    std::ostringstream os;  // what c10::guts::to_string does
+    os << p.unsafeGetTensorImpl();
+    return os.str();
+  } else {
+    return static_cast<Key>(p.unsafeGetTensorImpl());
+  }
+}
+
+}  // namespace
+
+const char* optimizer_kind(torch::optim::Optimizer& opt) {
+  if (dynamic_cast<torch::optim::SGD*>(&opt)) return "sgd";
+  if (dynamic_cast<torch::optim::AdamW*>(&opt)) return "adamw";
+  if (dynamic_cast<torch::optim::Adam*>(&opt)) return "adam";
+  throw Error("checkpoints save optimizer state for SGD, Adam and AdamW only");
+}
+
+std::vector<std::pair<std::string, at::Tensor*>> state_tensors(torch::optim::Optimizer& opt, const at::Tensor& p,
+                                                               bool create, int64_t** step) {
+  auto& states = opt.state();
+  auto key = state_key(states, p);
+  auto it = states.find(key);
+  const std::string kind = optimizer_kind(opt);
+  if (it == states.end()) {
+    if (!create) return {};
+    if (kind == "sgd") states[key] = std::make_unique<torch::optim::SGDParamState>();
+    else if (kind == "adam") states[key] = std::make_unique<torch::optim::AdamParamState>();
+    else states[key] = std::make_unique<torch::optim::AdamWParamState>();
+    it = states.find(key);
+  }
+  std::vector<std::pair<std::string, at::Tensor*>> out;
+  *step = nullptr;
+  if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
+    out.emplace_back("momentum_buffer", &const_cast<at::Tensor&>(s->momentum_buffer()));
+  } else if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) {
+    out.emplace_back("exp_avg", &const_cast<at::Tensor&>(a->exp_avg()));
+    out.emplace_back("exp_avg_sq", &const_cast<at::Tensor&>(a->exp_avg_sq()));
+    out.emplace_back("max_exp_avg_sq", &const_cast<at::Tensor&>(a->max_exp_avg_sq()));
+    *step = &const_cast<int64_t&>(a->step());
+  } else if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
+    out.emplace_back("exp_avg", &const_cast<at::Tensor&>(w->exp_avg()));
+    out.emplace_back("exp_avg_sq", &const_cast<at::Tensor&>(w->exp_avg_sq()));
+    out.emplace_back("max_exp_avg_sq", &const_cast<at::Tensor&>(w->max_exp_avg_sq()));
+    *step = &const_cast<int64_t&>(w->step());
+  }
+  return out;
+}
+
+void clear_state(torch::optim::Optimizer& opt, const at::Tensor& p) {
+  auto& states = opt.state();
+  states.erase(state_key(states, p));
+}
+
+// The optimizer of `options`, plain or ZeRO-1's inner one; null without.
+torch::optim::Optimizer* optimizer_of(const CheckpointOptions& options) {
+  if (options.optimizer && options.zero)
+    throw Error("CheckpointOptions: set optimizer or zero, not both (zero's optimizer is its inner one)");
+  return options.zero ? &options.zero->inner() : options.optimizer;
+}
+
+// States are matched to parameters by tensor: an optimizer over other
+// tensors (a ZeroOptimizer's inner one, over its slices) would silently
+// save and load nothing.
+void check_optimizer_params(torch::optim::Optimizer& opt, const std::vector<Item>& items) {
+  std::set<const void*> params;
+  for (const auto& item : items)
+    if (item.param.defined()) params.insert(item.param.unsafeGetTensorImpl());
+  for (const auto& group : opt.param_groups())
+    for (const auto& p : group.params())
+      if (!params.count(p.unsafeGetTensorImpl()))
+        throw Error("the optimizer has a tensor of shape " + shape_str(p.sizes()) +
+                    " that is not a parameter of the model: build it over model.parameters() (for a "
+                    "ZeroOptimizer pass CheckpointOptions::zero, not its inner optimizer)");
+}
+
+// Appends the optimizer state of every parameter item as items
+// "optimizer/<param>/<field>" cut like the parameter, and records the
+// optimizer and the steps in `attributes`. ZeRO-1's slices are gathered
+// first; only the batch-axis rank 0 gets them (the others would not write
+// them: they are not split over the batch axis).
+void add_optimizer_items(std::vector<Item>& items, const CheckpointOptions& options,
+                         std::map<std::string, std::string>* attributes) {
+  torch::optim::Optimizer* opt = optimizer_of(options);
+  if (!opt) return;
+  (*attributes)["optimizer"] = optimizer_kind(*opt);
+  std::vector<ParamState> states;
+  if (options.zero) {
+    states = ckpt_detail::gather_zero_state(*options.zero);
+  } else {
+    check_optimizer_params(*opt, items);
+    for (const auto& item : items) {
+      if (!item.param.defined()) continue;
+      ParamState st{item.param, item.name, {}, std::nullopt};
+      int64_t* step = nullptr;
+      for (auto& f : state_tensors(*opt, item.param, false, &step))
+        if (f.second->defined()) st.fields.emplace_back(f.first, f.second->detach());
+      if (step) st.step = *step;
+      states.push_back(std::move(st));
+    }
+  }
+  std::map<const void*, const ParamState*> by_param;
+  for (const auto& st : states) by_param[st.param.unsafeGetTensorImpl()] = &st;
+  const size_t n_items = items.size();
+  for (size_t i = 0; i < n_items; ++i) {
+    if (!items[i].param.defined()) continue;  // a buffer
+    auto it = by_param.find(items[i].param.unsafeGetTensorImpl());
+    if (it == by_param.end()) continue;
+    for (const auto& f : it->second->fields) {
+      Item s = items[i];
+      s.name = "optimizer/" + items[i].name + "/" + f.first;
+      s.local = f.second;
+      s.param = at::Tensor();
+      s.buffer = false;
+      items.push_back(s);
+    }
+    if (it->second->step) (*attributes)["optimizer/" + items[i].name + "/step"] = std::to_string(*it->second->step);
+  }
+}
+
+std::vector<ParamState> read_optimizer_states(torch::optim::Optimizer& optimizer, const CheckpointOptions& options,
+                                              const ckpt::Meta& meta, const std::filesystem::path& target,
+                                              const std::vector<Item>& items) {
+  const auto it = meta.attributes.find("optimizer");
+  const std::string kind = optimizer_kind(optimizer);
+  if (it == meta.attributes.end())
+    throw Error("the checkpoint has no optimizer state (saved without an optimizer)");
+  if (it->second != kind)
+    throw Error("the checkpoint's optimizer state is " + it->second + "'s, the optimizer given is " + kind);
+  if (!options.zero) check_optimizer_params(optimizer, items);
+  const std::vector<std::string> fields =
+      kind == "sgd" ? std::vector<std::string>{"momentum_buffer"}
+                    : std::vector<std::string>{"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  std::vector<ParamState> out;
+  for (const Item& item : items) {
+    if (!item.param.defined()) continue;
+    const std::string prefix = "optimizer/" + item.name + "/";
+    ParamState load;
+    load.param = item.param;
+    load.name = item.name;
+    for (const auto& f : fields) {
+      const ckpt::TensorEntry* e = meta.find(prefix + f);
+      if (!e) continue;
+      if (e->shape != item.global_shape)
+        throw Error("'" + e->name + "': the checkpoint's shape is " + shape_str(e->shape) + ", the model's " +
+                    shape_str(item.global_shape));
+      at::Tensor full = assemble(*e, target).to(item.local.scalar_type());
+      load.fields.emplace_back(f, take_splits(full, item.splits).clone());
+    }
+    auto st = meta.attributes.find(prefix + "step");
+    if (st != meta.attributes.end()) {
+      try {
+        load.step = std::stoll(st->second);
+      } catch (const std::logic_error&) {
+        throw Error("attribute '" + st->first + "' is not a step count: '" + st->second + "'");
+      }
+    }
+    out.push_back(std::move(load));
+  }
+  return out;
+}
+
+void install_optimizer_states(torch::optim::Optimizer& optimizer, const std::vector<ParamState>& loads) {
+  for (auto& load : loads) {
+    if (load.fields.empty()) {
+      clear_state(optimizer, load.param);  // as it was when saved: no state yet
+      continue;
+    }
+    int64_t* step = nullptr;
+    auto targets = state_tensors(optimizer, load.param, true, &step);
+    for (auto& f : load.fields)
+      for (auto& t : targets)
+        if (t.first == f.first) *t.second = f.second;
+    if (step && load.step) *step = *load.step;
+  }
+}
+
+}  // namespace shardplan::ckpt_detail
