@@ -15,6 +15,9 @@ function(shardplan_add_plugin kind name)
     target_link_libraries(${target} PRIVATE shardplan::shardplan ${P_LIBS})
   else()
     target_link_libraries(${target} PRIVATE shardplan::abi ${P_LIBS})
+    # Their reduction and conversion loops must vectorize fully (the build
+    # type's -O2 leaves some scalar); torch-free, they compile in seconds.
+    target_compile_options(${target} PRIVATE -O3)
   endif()
   install(TARGETS ${target} LIBRARY DESTINATION ${SHARDPLAN_PLUGIN_SUBDIR})
   set_property(GLOBAL APPEND PROPERTY SHARDPLAN_PLUGINS ${target})

@@ -1,0 +1,2 @@
+// The translation unit a precompiled-header donor target needs to exist
+// (cmake/ShardplanPch.cmake); it compiles to nothing.
