@@ -441,6 +441,46 @@ rules:
   });
 }
 
+// Under `paths: keras` every regex of the plan sees the Keras names, the
+// ignore list too: a torch name there would match nothing and the parameter
+// would silently be averaged after all.
+TEST(DataParallel, KerasPathsReachTheIgnoreList) {
+  const Task task = mlp_task(1, 8);
+  for (const bool keras_pattern : {true, false}) {
+    const auto plan = shardplan::parse_plan(std::string("version: 1\npaths: keras\nmesh: {data: 2}\n") +
+                                                "data_parallel: {ignore: ['" + (keras_pattern ? "fc3/bias" : "fc3\\.bias") +
+                                                "']}\nrules: []\n",
+                                            "k.yaml");
+    std::vector<std::shared_ptr<torch::nn::Module>> replicas;
+    for (int r = 0; r < 2; ++r) replicas.push_back(task.model->clone());
+    shardplan::run_ranks_in_threads(2, [&](shardplan::World& w) {
+      auto& model = *replicas[w.rank()];
+      auto report = shardplan::parallelize(model, plan, w);
+      for (const auto& row : report.rows)
+        if (row.path == "fc3.bias") EXPECT_EQ(row.plan_path, "fc3/bias");
+      DataParallel dp(model, report, plan, w);
+      if (!keras_pattern) {
+        // The torch name is not what the plan matches: warned, and averaged.
+        EXPECT_TRUE(dp.ignored().empty());
+        ASSERT_EQ(dp.warnings().size(), 1u);
+        EXPECT_NE(dp.warnings()[0].find("matches no parameter"), std::string::npos) << dp.warnings()[0];
+        return;
+      }
+      EXPECT_EQ(dp.ignored(), std::vector<std::string>{"fc3.bias"});
+      EXPECT_TRUE(dp.warnings().empty());
+      EXPECT_NE(dp.describe().find("fc3.bias (keras fc3/bias)"), std::string::npos) << dp.describe();
+      task.loss(model, dp.local_batch(task.batches[0].first), dp.local_batch(task.batches[0].second)).backward();
+      auto params = model.named_parameters();
+      const torch::Tensor before = params["fc3.bias"].grad().clone();
+      dp.finish();
+      EXPECT_TRUE(torch::equal(params["fc3.bias"].grad(), before)) << "the ignored parameter was averaged";
+      EXPECT_FALSE(torch::equal(dp.group()->all_gather(before.unsqueeze(0), 0)[0],
+                                dp.group()->all_gather(before.unsqueeze(0), 0)[1]))
+          << "the ranks' local gradients should differ for the check to mean anything";
+    });
+  }
+}
+
 // ZeRO-1 updates bucket slices only, so parameters outside the buckets are
 // refused rather than left untrained.
 TEST(DataParallel, ZeroWithParametersOutsideTheBucketsIsAnError) {

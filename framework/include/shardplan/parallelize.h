@@ -23,6 +23,9 @@ class World;
 
 struct ReportRow {
   std::string path;                   // "fc1.weight"
+  // The name the plan's regexes (rules, data_parallel.ignore) are matched
+  // against: `path`, or its Keras name under `paths: keras` ("fc1/kernel").
+  std::string plan_path;
   std::string module_type;            // "shardplan::nn::LinearImpl"
   std::string rule;                   // "plans/mlp.yaml:12:5", or "" when unmatched
   std::string layout;                 // "[model, null]"

@@ -167,15 +167,19 @@ DataParallel::DataParallel(torch::nn::Module& model, const ParallelReport& repor
       d.split.push_back(item.key());
       continue;
     }
+    // Every regex of a plan follows its `paths:` setting, as the rules do.
+    const std::string& plan_name = it != rows.end() && !it->second->plan_path.empty() ? it->second->plan_path
+                                                                                        : item.key();
     bool ignored = false;
     for (size_t i = 0; i < spec.ignore.size(); ++i)
-      if (spec.ignore[i].matches(item.key())) {
+      if (spec.ignore[i].matches(plan_name)) {
         ++ignore_hits[i];
         ignored = true;
         break;
       }
     if (ignored) {
       d.ignored.push_back(item.key());
+      d.ignored_as.push_back(plan_name);
       continue;
     }
     if (!p.requires_grad()) continue;
@@ -313,7 +317,10 @@ std::string DataParallel::describe() const {
   }
   if (!d.ignored.empty()) {
     s << "  not averaged (data_parallel.ignore):";
-    for (const auto& p : d.ignored) s << " " << p;
+    for (size_t i = 0; i < d.ignored.size(); ++i) {
+      s << " " << d.ignored[i];
+      if (d.ignored_as[i] != d.ignored[i]) s << " (keras " << d.ignored_as[i] << ")";
+    }
     s << "\n";
   }
   if (!d.split.empty()) {

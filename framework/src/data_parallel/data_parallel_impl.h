@@ -43,6 +43,7 @@ struct DataParallel::Impl {
   std::vector<Bucket> buckets;
   std::vector<GradBucket> bucket_infos;
   std::vector<std::string> averaged, ignored, split, warnings;
+  std::vector<std::string> ignored_as;  // per ignored parameter, the name its ignore entry matched
   std::vector<std::pair<std::string, at::Tensor>> unique;  // every unique parameter, registration order
   int no_sync = 0;
   size_t next_launch = 0;

@@ -75,6 +75,7 @@ ReportRow param_row(Planning& st, size_t i, const std::string& module_type) {
   const Assignment& a = st.match.params[i];
   ReportRow row;
   row.path = st.scan.infos[i].path;
+  row.plan_path = st.keras ? st.scan.keras_names[i].path : row.path;
   row.module_type = module_type;
   if (a.rule) {
     const size_t r = st.rule_index(a.rule);

@@ -66,6 +66,7 @@ void check_ruled(Planning& st, ModuleShard& s, const Assignment& a, bool param_r
   plugin->check(s);
   ReportRow row;
   row.path = a.path;
+  row.plan_path = a.path;
   row.module_type = s.type;
   row.rule = a.rule->loc.str();
   row.layout = layout_str(a.layout);
