@@ -123,7 +123,8 @@ Task mlp_task(int steps, int64_t batch) {
   return t;
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_opt(bool adam, std::vector<torch::Tensor> params) {
+std::unique_ptr<torch::optim::Optimizer> make_opt(bool adam, std::vector<torch::Tensor> params, bool adamw = false) {
+  if (adamw) return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2));
   if (adam) return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2));
   return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(5e-2).momentum(0.9));
 }
@@ -133,14 +134,22 @@ struct RefRun {
   std::map<std::string, torch::Tensor> params;  // whole tensors
 };
 
-// One process, the whole batch, no plan.
-RefRun reference(const Task& task, bool adam) {
+// One process, the whole batch, no plan. With `chunks` > 1 the loss is the
+// mean of the losses of that many equal slices of the batch, for models whose
+// loss on a slice is not the slice's share of the whole batch's (a branch
+// taken per slice, as data-parallel ranks and micro-batches take it).
+RefRun reference(const Task& task, bool adam, int chunks = 1, bool adamw = false) {
   auto model = task.model->clone();
-  auto opt = make_opt(adam, model->parameters());
+  auto opt = make_opt(adam, model->parameters(), adamw);
   RefRun r;
   for (const auto& [x, y] : task.batches) {
     opt->zero_grad();
-    auto loss = task.loss(*model, x, y);
+    torch::Tensor loss;
+    const int64_t n = x.size(0) / chunks;
+    for (int k = 0; k < chunks; ++k) {
+      auto part = task.loss(*model, x.narrow(0, k * n, n), y.narrow(0, k * n, n)) / chunks;
+      loss = loss.defined() ? loss + part : part;
+    }
     loss.backward();
     opt->step();
     r.losses.push_back(loss.item<double>());
@@ -154,6 +163,7 @@ struct DpCase {
   bool adam = true;
   int micro = 1;     // micro-batches per step (gradient accumulation)
   int world = 4;
+  bool adamw = false;
 };
 
 // The same training on thread ranks: each rank its slice of each global
@@ -176,9 +186,9 @@ std::vector<double> run_dp(const Task& task, const DpCase& c, const RefRun& ref)
     std::unique_ptr<torch::optim::Optimizer> opt;
     std::unique_ptr<shardplan::ZeroOptimizer> zero;
     if (dp.zero())
-      zero = std::make_unique<shardplan::ZeroOptimizer>(dp, [&](std::vector<torch::Tensor> p) { return make_opt(c.adam, p); });
+      zero = std::make_unique<shardplan::ZeroOptimizer>(dp, [&](std::vector<torch::Tensor> p) { return make_opt(c.adam, p, c.adamw); });
     else
-      opt = make_opt(c.adam, model.parameters());
+      opt = make_opt(c.adam, model.parameters(), c.adamw);
     std::vector<double> mine;
     for (const auto& [gx, gy] : task.batches) {
       zero ? zero->zero_grad() : opt->zero_grad();
@@ -291,6 +301,116 @@ TEST(DataParallel, GradientAccumulationMatchesOneProcess) {
     // Without overlap every bucket is reduced in finish(): the same numbers.
     expect_same_losses(run_dp(task, {plan_dp("data_parallel: {overlap: false, bucket_mb: 0.001}\n"), true, 2}, ref),
                        ref.losses);
+  }
+}
+
+// ------------------------------------------------------------ parameters without a gradient
+
+// An MLP with a layer no loss ever reaches (`spare`) and one a slice of the
+// batch reaches only when its first sample's first feature is positive
+// (`sometimes`), as a mixture-of-experts router or a conditional head would.
+struct BranchyMlpImpl : torch::nn::Cloneable<BranchyMlpImpl> {
+  BranchyMlpImpl() { reset(); }
+  void reset() override {
+    fc1 = register_module("fc1", shardplan::nn::Linear(6, 16));
+    fc2 = register_module("fc2", shardplan::nn::Linear(16, 8));
+    fc3 = register_module("fc3", shardplan::nn::Linear(8, 3));
+    sometimes = register_module("sometimes", shardplan::nn::Linear(3, 3));
+    spare = register_module("spare", shardplan::nn::Linear(3, 3));
+  }
+  torch::Tensor loss(const torch::Tensor& x, const torch::Tensor& y) {
+    auto l = torch::mse_loss(fc3->forward(torch::relu(fc2->forward(torch::relu(fc1->forward(x))))), y);
+    if (x[0][0].item<double>() > 0) l = l + 0.1 * sometimes->forward(y).pow(2).mean();
+    return l;
+  }
+  shardplan::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr}, sometimes{nullptr}, spare{nullptr};
+};
+TORCH_MODULE(BranchyMlp);
+
+// 8 samples a step; slice boundaries every sample at the finest (4 ranks x 2
+// micro-batches). `every_step`: some slice takes the branch in every step;
+// otherwise every third step none does.
+Task branchy_task(int steps, bool every_step) {
+  torch::manual_seed(5);
+  Task t;
+  t.model = BranchyMlp().ptr();
+  t.model->to(torch::kDouble);
+  t.loss = [](torch::nn::Module& m, const torch::Tensor& x, const torch::Tensor& y) {
+    return dynamic_cast<BranchyMlpImpl&>(m).loss(x, y);
+  };
+  torch::manual_seed(13);
+  for (int s = 0; s < steps; ++s) {
+    auto x = torch::randn({8, 6}, torch::kDouble);
+    auto sign = torch::full({8}, -1.0, torch::kDouble);
+    if (every_step || s % 3 != 2) {
+      sign[0] = 1.0;               // the first slice's first sample at every slicing
+      if (s % 2 == 0) sign[4] = 1.0;  // and the second half's
+    }
+    x.select(1, 0).copy_(x.select(1, 0).abs() * sign);
+    t.batches.emplace_back(x, torch::randn({8, 3}, torch::kDouble));
+  }
+  return t;
+}
+
+// PyTorch DDP leaves .grad of a parameter no rank used as it was, and
+// averages one that some ranks used; so must DataParallel, or Adam would move
+// the unused one (its moments decay) where one process leaves it alone.
+TEST(DataParallel, ParametersWithoutAGradientAreLeftAloneAsInOneProcess) {
+  const Task task = branchy_task(9, false);
+  struct Opt { bool adam, adamw; const char* name; };
+  for (const Opt o : {Opt{true, false, "adam"}, Opt{true, true, "adamw"}, Opt{false, false, "sgd"}})
+    for (const std::string& plan : {plan_2d(kMlpRules), plan_dp()})
+      for (int micro : {1, 2}) {
+        const int data = plan.find("data: 4") != std::string::npos ? 4 : 2;
+        SCOPED_TRACE(plan.substr(0, 40) + " " + o.name + " micro " + std::to_string(micro));
+        const RefRun ref = reference(task, o.adam, data * micro, o.adamw);
+        ASSERT_TRUE(torch::equal(ref.params.at("spare.weight"), task.model->named_parameters()["spare.weight"]));
+        DpCase c{plan, o.adam, micro};
+        c.adamw = o.adamw;
+        expect_same_losses(run_dp(task, c, ref), ref.losses);
+      }
+}
+
+// ZeRO-1 steps whole bucket slices: a parameter some rank used is averaged
+// and stepped as one process would, one no rank used is an error on every
+// rank (it would be moved), never a silent difference.
+TEST(DataParallel, ZeroOneWithParametersSomeRanksDoNotUse) {
+  const std::string zero = "data_parallel: {zero: true, bucket_mb: 0.001}\n";
+  {
+    // `spare` frozen: every trainable parameter is used on some rank each step.
+    Task task = branchy_task(6, true);
+    for (auto& p : task.model->named_parameters())
+      if (p.key().rfind("spare.", 0) == 0) p.value().set_requires_grad(false);
+    for (bool adam : {true, false}) {
+      const RefRun ref = reference(task, adam, 4);
+      expect_same_losses(run_dp(task, {plan_dp(zero), adam}, ref), ref.losses);
+    }
+  }
+  const Task task = branchy_task(1, true);
+  const auto plan = shardplan::parse_plan(plan_dp(zero), "z.yaml");
+  std::vector<std::shared_ptr<torch::nn::Module>> replicas;
+  for (int r = 0; r < 4; ++r) replicas.push_back(task.model->clone());
+  std::mutex mu;
+  std::vector<std::string> errors;
+  shardplan::run_ranks_in_threads(4, [&](shardplan::World& w) {
+    auto& model = *replicas[w.rank()];
+    auto report = shardplan::parallelize(model, plan, w);
+    DataParallel dp(model, report, plan, w);
+    shardplan::ZeroOptimizer opt(dp, [](std::vector<torch::Tensor> p) { return make_opt(true, p); });
+    task.loss(model, dp.local_batch(task.batches[0].first), dp.local_batch(task.batches[0].second)).backward();
+    try {
+      dp.finish();
+    } catch (const shardplan::Error& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      errors.push_back(e.what());
+    }
+  });
+  ASSERT_EQ(errors.size(), 4u) << "every rank refuses";
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("got no gradient on any rank of 'data' this step; ZeRO-1"), std::string::npos) << e;
+    EXPECT_NE(e.find("'spare.weight'"), std::string::npos) << e;
+    EXPECT_NE(e.find("'spare.bias'"), std::string::npos) << e;
+    EXPECT_EQ(e.find("sometimes"), std::string::npos) << e;
   }
 }
 

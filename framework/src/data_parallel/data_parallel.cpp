@@ -41,6 +41,20 @@ std::string mib(int64_t bytes) {
   return s.str();
 }
 
+// ZeRO-1's optimizer steps each bucket's slice as one tensor, so it cannot
+// skip one parameter in it as an optimizer over the whole parameters would:
+// it would move a parameter that got no gradient (Adam's moments decay, its
+// step count advances). Refused, on every rank alike, rather than diverging.
+void refuse_unused_under_zero(const DataParallel::Impl& d, const std::vector<bool>& used) {
+  std::string names;
+  for (size_t i = 0; i < d.entries.size(); ++i)
+    if (!used[i]) names += (names.empty() ? "'" : ", '") + d.entries[i].path + "'";
+  if (names.empty()) return;
+  throw Error("data parallel: " + names + " got no gradient on any rank of '" + d.axis +
+              "' this step; ZeRO-1 steps whole bucket slices and would move it anyway (one process would leave "
+              "it alone): freeze it (requires_grad false) or drop data_parallel.zero");
+}
+
 }  // namespace
 
 // ------------------------------------------------------------ hooks
@@ -73,6 +87,7 @@ void DataParallel::Impl::on_grad(size_t index, const at::Tensor& grad) {
   // add it into .grad, one more pass over the gradient on backward's path.
   acc.reset();
   e.ready = true;
+  e.used = true;
   if (--b.pending == 0) launch_ready();
 }
 
@@ -92,7 +107,8 @@ void DataParallel::Impl::launch(Bucket& b) {
 }
 
 // Parameters whose hook did not fire (overlap off, or no gradient this
-// step) contribute their .grad, or zeros.
+// step) contribute their .grad, or zeros: a parameter this rank did not use
+// still takes part in the average when another rank used it.
 void DataParallel::Impl::fill_and_launch_rest() {
   for (Bucket& b : buckets) {
     if (b.launched) continue;
@@ -102,6 +118,7 @@ void DataParallel::Impl::fill_and_launch_rest() {
       at::Tensor slot = b.flat.narrow(0, e.offset, e.param.numel());
       const at::Tensor& scale = b.scale;
       const at::Tensor& g = e.param.grad();
+      e.used = g.defined();
       if (!g.defined())
         slot.zero_();
       else if (g.data_ptr() != slot.data_ptr())  // else .grad is in the bucket already
@@ -113,6 +130,21 @@ void DataParallel::Impl::fill_and_launch_rest() {
     b.pending = 0;
   }
   launch_ready();
+}
+
+// Which parameters had a gradient on at least one rank of the batch axis
+// (DDP's unused-parameter map): one small all-reduce per step, queued behind
+// the buckets'. Every rank learns the same answer, so every rank treats a
+// parameter alike.
+std::vector<bool> DataParallel::Impl::used_anywhere() {
+  at::Tensor counts = at::empty({static_cast<int64_t>(entries.size())}, at::kInt);
+  int32_t* c = counts.data_ptr<int32_t>();
+  for (size_t i = 0; i < entries.size(); ++i) c[i] = entries[i].used ? 1 : 0;
+  if (group && size > 1) group->all_reduce(counts);
+  std::vector<bool> out(entries.size());
+  c = counts.data_ptr<int32_t>();
+  for (size_t i = 0; i < entries.size(); ++i) out[i] = c[i] > 0;
+  return out;
 }
 
 // ------------------------------------------------------------ construction
@@ -373,6 +405,7 @@ void DataParallel::finish() {
       b.work->wait();
       b.work.reset();
     }
+  const std::vector<bool> used = d.used_anywhere();
   d.wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (auto& b : d.buckets) {
     if (!d.zero) {
@@ -381,18 +414,23 @@ void DataParallel::finish() {
       // the next step's NoSync micro-batches accumulate straight into it.
       // Not an autograd view of the bucket: libtorch 1.13's zero_grad()
       // detach_()es .grad, which views refuse.
+      // A parameter no rank used keeps .grad as it was (undefined), as one
+      // process on the global batch would: an optimizer then leaves it alone
+      // rather than stepping it with zeros (Adam's moments would decay).
       for (size_t i : b.entries) {
         Impl::Entry& e = d.entries[i];
+        if (!used[i]) continue;
         at::Tensor g = at::empty({0}, b.flat.options());
         g.set_(b.flat.storage(), b.flat.storage_offset() + e.offset, e.param.sizes());
         e.param.mutable_grad() = g;
       }
     }
-    for (size_t i : b.entries) d.entries[i].ready = false;
+    for (size_t i : b.entries) d.entries[i].ready = d.entries[i].used = false;
     b.pending = b.entries.size();
     b.launched = false;
   }
   d.next_launch = 0;
+  if (d.zero) refuse_unused_under_zero(d, used);
 }
 
 DataParallel::NoSync::NoSync(DataParallel& dp) : dp_(dp) {

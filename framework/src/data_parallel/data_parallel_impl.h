@@ -19,6 +19,7 @@ struct DataParallel::Impl {
     size_t bucket = 0;
     int64_t offset = 0;  // in the bucket's flat buffer
     bool ready = false;  // its gradient of this step is in the bucket
+    bool used = false;   // this rank had a gradient for it this step
     unsigned hook = 0;
   };
   struct Bucket {
@@ -55,6 +56,7 @@ struct DataParallel::Impl {
   void launch_ready();
   void launch(Bucket& b);
   void fill_and_launch_rest();
+  std::vector<bool> used_anywhere();
 };
 
 }  // namespace shardplan
