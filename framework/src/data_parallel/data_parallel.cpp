@@ -137,7 +137,7 @@ void DataParallel::Impl::fill_and_launch_rest() {
 // the buckets'. Every rank learns the same answer, so every rank treats a
 // parameter alike.
 std::vector<bool> DataParallel::Impl::used_anywhere() {
-  at::Tensor counts = at::empty({static_cast<int64_t>(entries.size())}, at::kInt);
+  at::Tensor counts = at::empty({static_cast<int64_t>(entries.size())}, at::kInt);  // flag_bytes()
   int32_t* c = counts.data_ptr<int32_t>();
   for (size_t i = 0; i < entries.size(); ++i) c[i] = entries[i].used ? 1 : 0;
   if (group && size > 1) group->all_reduce(counts);
@@ -322,14 +322,14 @@ int64_t DataParallel::step_bytes() const {
     const int64_t padded = b.padded * b.element_size;
     n += impl_->zero ? padded + padded / impl_->size : b.bytes();
   }
-  return n;
+  return n + impl_->flag_bytes();
 }
 
 int64_t DataParallel::wire_bytes() const {
   int64_t n = 0;
   for (const auto& b : impl_->bucket_infos)
     n += 2 * (impl_->size - 1) * (impl_->zero ? b.padded : b.numel) * b.element_size / impl_->size;
-  return n;
+  return n + 2 * (impl_->size - 1) * impl_->flag_bytes() / impl_->size;
 }
 
 int64_t DataParallel::min_wire_bytes() const { return 2 * (impl_->size - 1) * grad_bytes() / impl_->size; }

@@ -57,6 +57,8 @@ struct DataParallel::Impl {
   void launch(Bucket& b);
   void fill_and_launch_rest();
   std::vector<bool> used_anywhere();
+  // What used_anywhere() hands to the all-reduce each step: an int32 per parameter.
+  int64_t flag_bytes() const { return size > 1 ? static_cast<int64_t>(entries.size()) * 4 : 0; }
 };
 
 }  // namespace shardplan
