@@ -359,8 +359,9 @@ int run(const Args& a, shardplan::World& world) {
       if (!has(mode)) continue;
       // What DataParallel hands its group: the buckets to all-reduce, or with
       // ZeRO-1 the padded buckets to reduce-scatter plus this rank's slice of
-      // each to all-gather; and the loss.
-      double expected = sizeof(double);  // the loss' average
+      // each to all-gather; an int32 per parameter saying whether any rank
+      // used it; and the loss.
+      double expected = sizeof(double) + 4.0 * static_cast<double>(dp.averaged().size());
       for (const auto& b : dp.buckets()) {
         const double padded = static_cast<double>((b.numel + d - 1) / d * d * b.element_size);
         expected += std::string(mode) == "zero" ? padded + padded / d : static_cast<double>(b.bytes());
