@@ -310,19 +310,22 @@ TEST(DataParallel, GradientAccumulationMatchesOneProcess) {
 // batch reaches only when its first sample's first feature is positive
 // (`sometimes`), as a mixture-of-experts router or a conditional head would.
 struct BranchyMlpImpl : torch::nn::Cloneable<BranchyMlpImpl> {
-  BranchyMlpImpl() { reset(); }
+  // Without `spare` (clone() copies the flag; it would not keep a frozen
+  // parameter frozen).
+  explicit BranchyMlpImpl(bool with_spare = true) : with_spare(with_spare) { reset(); }
   void reset() override {
     fc1 = register_module("fc1", shardplan::nn::Linear(6, 16));
     fc2 = register_module("fc2", shardplan::nn::Linear(16, 8));
     fc3 = register_module("fc3", shardplan::nn::Linear(8, 3));
     sometimes = register_module("sometimes", shardplan::nn::Linear(3, 3));
-    spare = register_module("spare", shardplan::nn::Linear(3, 3));
+    if (with_spare) spare = register_module("spare", shardplan::nn::Linear(3, 3));
   }
   torch::Tensor loss(const torch::Tensor& x, const torch::Tensor& y) {
     auto l = torch::mse_loss(fc3->forward(torch::relu(fc2->forward(torch::relu(fc1->forward(x))))), y);
     if (x[0][0].item<double>() > 0) l = l + 0.1 * sometimes->forward(y).pow(2).mean();
     return l;
   }
+  bool with_spare;
   shardplan::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr}, sometimes{nullptr}, spare{nullptr};
 };
 TORCH_MODULE(BranchyMlp);
@@ -330,10 +333,10 @@ TORCH_MODULE(BranchyMlp);
 // 8 samples a step; slice boundaries every sample at the finest (4 ranks x 2
 // micro-batches). `every_step`: some slice takes the branch in every step;
 // otherwise every third step none does.
-Task branchy_task(int steps, bool every_step) {
+Task branchy_task(int steps, bool every_step, bool with_spare = true) {
   torch::manual_seed(5);
   Task t;
-  t.model = BranchyMlp().ptr();
+  t.model = BranchyMlp(with_spare).ptr();
   t.model->to(torch::kDouble);
   t.loss = [](torch::nn::Module& m, const torch::Tensor& x, const torch::Tensor& y) {
     return dynamic_cast<BranchyMlpImpl&>(m).loss(x, y);
@@ -377,10 +380,8 @@ TEST(DataParallel, ParametersWithoutAGradientAreLeftAloneAsInOneProcess) {
 TEST(DataParallel, ZeroOneWithParametersSomeRanksDoNotUse) {
   const std::string zero = "data_parallel: {zero: true, bucket_mb: 0.001}\n";
   {
-    // `spare` frozen: every trainable parameter is used on some rank each step.
-    Task task = branchy_task(6, true);
-    for (auto& p : task.model->named_parameters())
-      if (p.key().rfind("spare.", 0) == 0) p.value().set_requires_grad(false);
+    // No `spare`: every parameter is used on some rank each step.
+    const Task task = branchy_task(6, true, false);
     for (bool adam : {true, false}) {
       const RefRun ref = reference(task, adam, 4);
       expect_same_losses(run_dp(task, {plan_dp(zero), adam}, ref), ref.losses);
