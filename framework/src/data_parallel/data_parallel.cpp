@@ -140,7 +140,12 @@ std::vector<bool> DataParallel::Impl::used_anywhere() {
   at::Tensor counts = at::empty({static_cast<int64_t>(entries.size())}, at::kInt);  // flag_bytes()
   int32_t* c = counts.data_ptr<int32_t>();
   for (size_t i = 0; i < entries.size(); ++i) c[i] = entries[i].used ? 1 : 0;
-  if (group && size > 1) group->all_reduce(counts);
+  if (group && size > 1 && !buckets.empty()) {
+    // On the buckets' device: a GPU backend reduces device memory only.
+    at::Tensor on_device = counts.to(buckets.front().flat.device());
+    group->all_reduce(on_device);
+    counts = on_device.cpu();
+  }
   std::vector<bool> out(entries.size());
   c = counts.data_ptr<int32_t>();
   for (size_t i = 0; i < entries.size(); ++i) out[i] = c[i] > 0;
