@@ -247,6 +247,29 @@ port_in_use)
   expect_rank_line err 0 "fault_probe: error: port $PORT already in use on 127.0.0.1"
   ;;
 
+loopback_master_name)
+  # Debian's /etc/hosts maps the host name to 127.0.1.1: a master started
+  # with --master-addr $(hostname) would listen where no other node can
+  # connect, and they would wait out their whole timeout. Rank 0 refuses at
+  # once. A private /etc/hosts (user + mount namespace) makes the name.
+  if ! unshare --user --map-root-user --mount true 2>/dev/null; then
+    echo "faults.$CASE skipped: no user and mount namespaces here (unshare)"
+    exit 77
+  fi
+  printf '127.0.0.1 localhost\n127.0.1.1 master-node.test\n' >"$WORK/hosts"
+  cat >"$WORK/in_ns" <<EOS
+#!/usr/bin/env bash
+exec unshare --user --map-root-user --mount bash -c 'mount --bind "$WORK/hosts" /etc/hosts && exec "\$0" "\$@"' "$SP" "\$@"
+EOS
+  chmod +x "$WORK/in_ns"
+  free_port
+  SP=$WORK/in_ns run launch -n 1 --nnodes 2 --node-rank 0 --master-addr master-node.test --master-port "$PORT" \
+    --timeout-ms 20000 -- "$FP" --init
+  expect_rc 1
+  expect_faster_than 15000
+  expect_rank_line err 0 "fault_probe: error: cannot serve the rendezvous store on tcp://master-node.test:$PORT: 'master-node.test' resolves to 127.0.1.1 (loopback) on this machine, which no other node can reach; pass the master node's interface address (hostname -I), or 127.0.0.1 for a job on one node"
+  ;;
+
 unreachable_master)
   # Nobody listens at the master's port (refused), and an address that does
   # not answer at all: either way a one-line error after the timeout.

@@ -59,6 +59,11 @@ struct Endpoint {
 // "localhost" is 127.0.0.1 on both ends, so a loopback master never listens
 // on, or connects to, anything else. Throws Error naming host:port.
 std::vector<Endpoint> resolve(const std::string& host, int port);
+// Throws Error when `host` is a name (not a numeric address, not
+// "localhost") whose every address is loopback here: Debian's /etc/hosts
+// maps the host name to 127.0.1.1, and a master bound there is reachable
+// from no other node, which would wait out their whole timeout.
+void refuse_loopback_name(const std::string& host, int port, const std::vector<Endpoint>& endpoints);
 // "tcp://host:port", with [] around an IPv6 host.
 std::string url(const std::string& host, int port);
 std::string errno_text(int err);

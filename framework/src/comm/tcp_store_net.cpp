@@ -60,6 +60,35 @@ std::vector<Endpoint> resolve(const std::string& host, int port) {
   return out;
 }
 
+namespace {
+
+bool is_loopback(const Endpoint& e) {
+  if (e.addr.ss_family == AF_INET)
+    return (ntohl(reinterpret_cast<const sockaddr_in*>(&e.addr)->sin_addr.s_addr) >> 24) == 127;
+  if (e.addr.ss_family == AF_INET6) {
+    const in6_addr& a = reinterpret_cast<const sockaddr_in6*>(&e.addr)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(&a) || (IN6_IS_ADDR_V4MAPPED(&a) && a.s6_addr[12] == 127);
+  }
+  return false;
+}
+
+bool is_numeric(const std::string& host) {
+  unsigned char buf[sizeof(in6_addr)];
+  return ::inet_pton(AF_INET, host.c_str(), buf) == 1 || ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
+}
+
+}  // namespace
+
+void refuse_loopback_name(const std::string& host, int port, const std::vector<Endpoint>& endpoints) {
+  // A loopback number or "localhost" says "this node only" on purpose.
+  if (host == "localhost" || is_numeric(host) || endpoints.empty()) return;
+  if (!std::all_of(endpoints.begin(), endpoints.end(), is_loopback)) return;
+  throw Error("cannot serve the rendezvous store on " + url(host, port) + ": '" + host + "' resolves to " +
+              endpoints.front().numeric() +
+              " (loopback) on this machine, which no other node can reach; pass the master node's "
+              "interface address (hostname -I), or 127.0.0.1 for a job on one node");
+}
+
 void put_u32(std::vector<uint8_t>& out, uint32_t v) {
   for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<uint8_t>(v >> shift));
 }

@@ -146,6 +146,7 @@ struct Registry {
 
 std::shared_ptr<Server> Server::start(const std::string& host, int port) {
   const std::vector<Endpoint> endpoints = resolve(host, port);
+  refuse_loopback_name(host, port, endpoints);
   const std::string where = "cannot serve the rendezvous store on " + url(host, port) + ": ";
   std::shared_ptr<Server> server(new Server);
   server->state_ = std::make_unique<State>();
