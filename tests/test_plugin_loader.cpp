@@ -145,8 +145,10 @@ TEST(PluginLoader, PlanDirectoriesNeedTheUsersOptIn) {
   EXPECT_EQ(error({dir}), "p.yaml:2:11: the plan names plugin directory '" + dir +
                               "', which is searched only with SHARDPLAN_PLAN_PLUGINS=1 (plugins run code when "
                               "loaded; or add it to SHARDPLAN_PLUGIN_PATH)");
-  setenv("SHARDPLAN_PLAN_PLUGINS", "yes", 1);  // only 1 opts in
-  EXPECT_NE(error({dir}), "");
+  setenv("SHARDPLAN_PLAN_PLUGINS", "yes", 1);  // only 1 opts in, and a typo is not a silent "no"
+  EXPECT_EQ(error({dir}), "p.yaml:2:11: SHARDPLAN_PLAN_PLUGINS='yes' is not one of: 0, 1");
+  setenv("SHARDPLAN_PLAN_PLUGINS", "0", 1);
+  EXPECT_NE(error({dir}).find("searched only with SHARDPLAN_PLAN_PLUGINS=1"), std::string::npos);
   EXPECT_FALSE(searched());
   setenv("SHARDPLAN_PLAN_PLUGINS", "1", 1);
   EXPECT_EQ(error({dir + "/nothere"}),

@@ -98,8 +98,32 @@ TEST(WorldOptions, BadValuesAreOneLineErrors) {
     WorldOptions::from_env();
     FAIL();
   } catch (const shardplan::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("RANK='x' is not an integer"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()), "RANK='x' is not a rank or a count (a whole number from 0 to 16777216)");
   }
+}
+
+// Every variable is read as strictly as the option it stands for: a typo
+// ("5s", "3x", "yes") is an error naming the variable, never a silent 5 or 0.
+TEST(WorldOptions, EveryVariableIsValidatedLikeItsOption) {
+  auto message = [](std::vector<std::pair<std::string, std::string>> vars) -> std::string {
+    EnvGuard env(std::move(vars));
+    try {
+      WorldOptions::from_env();
+    } catch (const shardplan::Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(message({{"SHARDPLAN_TIMEOUT_MS", "5s"}}),
+            "SHARDPLAN_TIMEOUT_MS='5s' is not a timeout in milliseconds (a whole number from 1 to 1000000000000)");
+  EXPECT_EQ(message({{"SHARDPLAN_TIMEOUT_MS", "0"}}).substr(0, 24), "SHARDPLAN_TIMEOUT_MS='0'");
+  EXPECT_EQ(message({{"RANK", "1"}, {"WORLD_SIZE", "4x"}}),
+            "WORLD_SIZE='4x' is not a rank or a count (a whole number from 0 to 16777216)");
+  EXPECT_EQ(message({{"RANK", "0"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500a"}}),
+            "MASTER_PORT='29500a' is not a TCP port (a whole number from 1 to 65535)");
+  EXPECT_EQ(message({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_NTASKS_PER_NODE", "two"}}),
+            "SLURM_NTASKS_PER_NODE='two' is not a count (a whole number, or Slurm's N(xM))");
+  EXPECT_EQ(message({{"SHARDPLAN_TIMEOUT_MS", "250"}}), "");
 }
 
 TEST(World, MissingRendezvousIsAClearError) {

@@ -22,6 +22,7 @@
 #include <sstream>
 #include <thread>
 
+#include "base/env.h"
 #include "base/shape_text.h"
 #include "shardplan/checkpoint_meta.h"
 #include "shardplan/communicator.h"
@@ -127,10 +128,9 @@ void agree(Communicator& comm, const std::string& my_error, const std::string& w
 // pieces and the metadata, the window in which a killed rank must leave the
 // previous checkpoint intact.
 void test_pause(int rank, const std::string& target) {
-  const char* env = std::getenv("SHARDPLAN_TEST_CKPT_PAUSE_MS");
-  if (!env || !*env) return;
-  const long ms = std::atol(env);
-  std::fprintf(stderr, "checkpoint test pause: rank %d pid %ld pausing %ld ms before publishing '%s'\n", rank,
+  const long long ms = env::integer("SHARDPLAN_TEST_CKPT_PAUSE_MS", 0, 3600000, "a pause in milliseconds", -1);
+  if (ms < 0) return;
+  std::fprintf(stderr, "checkpoint test pause: rank %d pid %ld pausing %lld ms before publishing '%s'\n", rank,
                static_cast<long>(::getpid()), ms, target.c_str());
   std::fflush(stderr);
   std::this_thread::sleep_for(std::chrono::milliseconds(ms));

@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "base/env.h"
 #include "shardplan/error.h"
 
 namespace shardplan {
@@ -33,14 +34,7 @@ SetThreads blas_setter() {
 }
 
 int threads_from_env() {
-  const char* v = std::getenv("SHARDPLAN_NUM_THREADS");
-  if (!v || !*v) return 0;
-  errno = 0;
-  char* end = nullptr;
-  const long n = std::strtol(v, &end, 10);
-  if (errno || *end || n < 1 || n > 4096)
-    throw Error(std::string("SHARDPLAN_NUM_THREADS='") + v + "' is not a number of threads from 1 to 4096");
-  return static_cast<int>(n);
+  return static_cast<int>(env::integer("SHARDPLAN_NUM_THREADS", 1, 4096, "a number of threads", 0));
 }
 
 // OpenMP's own variable, as libtorch reads it: the first number of a list

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 
+#include "base/env.h"
 #include "shardplan/error.h"
 #include "shardplan/plugin_loader.h"
 
@@ -15,44 +16,48 @@ namespace shardplan {
 
 namespace {
 
-const char* env(const char* name) {
-  const char* v = std::getenv(name);
-  return (v && *v) ? v : nullptr;
+using env::get;
+constexpr long long kMaxRanks = 1 << 24;
+
+// A rank or a count: every launcher writes plain numbers, so "3x" is a typo.
+int env_int(const char* name, int fallback) {
+  return static_cast<int>(env::integer(name, 0, kMaxRanks, "a rank or a count", fallback));
 }
 
-int env_int(const char* name, int fallback) {
-  const char* v = env(name);
+// Slurm writes counts per node like "2(x3)": the leading integer is the count.
+int slurm_count(const char* name, int fallback) {
+  const char* v = get(name);
   if (!v) return fallback;
   char* end = nullptr;
-  long x = std::strtol(v, &end, 10);
-  // Slurm writes counts like "2(x3)"; the leading integer is the count.
-  if (end == v) throw Error(std::string("environment variable ") + name + "='" + v + "' is not an integer");
+  const long x = std::strtol(v, &end, 10);
+  if (end == v || x < 0 || x > kMaxRanks || (*end && *end != '('))
+    throw Error(std::string(name) + "='" + v + "' is not a count (a whole number, or Slurm's N(xM))");
   return static_cast<int>(x);
 }
 
 }  // namespace
 
 bool WorldOptions::env_has_job() {
-  return env("RANK") || env("OMPI_COMM_WORLD_RANK") || env("PMI_RANK") || env("SLURM_PROCID");
+  return get("RANK") || get("OMPI_COMM_WORLD_RANK") || get("PMI_RANK") || get("SLURM_PROCID");
 }
 
 WorldOptions WorldOptions::from_env() {
   WorldOptions o;
-  if (env("RANK")) {
+  if (get("RANK")) {
     o.rank = env_int("RANK", 0);
     o.world_size = env_int("WORLD_SIZE", 1);
     o.local_rank = env_int("LOCAL_RANK", o.rank);
     o.local_world_size = env_int("LOCAL_WORLD_SIZE", o.world_size);
-  } else if (env("OMPI_COMM_WORLD_RANK")) {
+  } else if (get("OMPI_COMM_WORLD_RANK")) {
     o.rank = env_int("OMPI_COMM_WORLD_RANK", 0);
     o.world_size = env_int("OMPI_COMM_WORLD_SIZE", 1);
     o.local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", o.rank);
     o.local_world_size = env_int("OMPI_COMM_WORLD_LOCAL_SIZE", o.world_size);
-  } else if (env("SLURM_PROCID")) {
+  } else if (get("SLURM_PROCID")) {
     o.rank = env_int("SLURM_PROCID", 0);
     o.world_size = env_int("SLURM_NTASKS", 1);
     o.local_rank = env_int("SLURM_LOCALID", 0);
-    o.local_world_size = env_int("SLURM_NTASKS_PER_NODE", 1);
+    o.local_world_size = slurm_count("SLURM_NTASKS_PER_NODE", 1);
   }
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size)
     throw Error("environment gives rank " + std::to_string(o.rank) + " of world size " +
@@ -60,17 +65,21 @@ WorldOptions WorldOptions::from_env() {
 
   // Without a choice, the backend follows who started the job: mpirun's
   // ranks can always talk MPI, anyone else's TCP.
-  if (const char* b = env("SHARDPLAN_BACKEND")) o.backend = b;
-  else if (!env("RANK") && env("OMPI_COMM_WORLD_RANK")) o.backend = "mpi";
+  if (const char* b = get("SHARDPLAN_BACKEND")) o.backend = b;
+  else if (!get("RANK") && get("OMPI_COMM_WORLD_RANK")) o.backend = "mpi";
   else o.backend = env_has_job() ? "gloo" : "local";
 
-  if (const char* s = env("SHARDPLAN_STORE")) {
+  if (const char* s = get("SHARDPLAN_STORE")) {
     o.store_url = s;
-  } else if (env("MASTER_ADDR")) {
-    o.store_url = std::string("tcp://") + env("MASTER_ADDR") + ":" + (env("MASTER_PORT") ? env("MASTER_PORT") : "29500");
+  } else if (get("MASTER_ADDR")) {
+    o.store_url = std::string("tcp://") + get("MASTER_ADDR") + ":" +
+                  std::to_string(env::integer("MASTER_PORT", 1, 65535, "a TCP port", 29500));
   }
-  if (const char* t = env("SHARDPLAN_TIMEOUT_MS")) o.timeout = std::chrono::milliseconds(std::atoll(t));
-  if (const char* a = env("SHARDPLAN_LOCAL_ADDR")) o.backend_options.push_back(std::string("local_addr=") + a);
+  // The same range as `shardplan launch --timeout-ms`.
+  if (get("SHARDPLAN_TIMEOUT_MS"))
+    o.timeout = std::chrono::milliseconds(
+        env::integer("SHARDPLAN_TIMEOUT_MS", 1, 1000000000000LL, "a timeout in milliseconds", 0));
+  if (const char* a = get("SHARDPLAN_LOCAL_ADDR")) o.backend_options.push_back(std::string("local_addr=") + a);
   return o;
 }
 

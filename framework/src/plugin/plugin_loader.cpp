@@ -14,6 +14,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "base/env.h"
 #include "shardplan/error.h"
 #include "shardplan/layer_plugin.h"
 
@@ -123,9 +124,15 @@ void PluginLoader::add_dirs(const std::vector<std::string>& dirs) {
 
 void PluginLoader::add_plan_dirs(const std::vector<std::string>& dirs, const std::vector<SourceLoc>& locs) {
   auto loc = [&](size_t i) { return i < locs.size() ? locs[i] : SourceLoc{"<plan>", 0, 0}; };
-  const char* opt_in = std::getenv(kPlanPluginsEnv);
+  if (dirs.empty()) return;
+  bool opt_in = false;
+  try {
+    opt_in = env::choice(kPlanPluginsEnv, {"0", "1"}, "0") == "1";
+  } catch (const Error& e) {  // "yes" must not read as "no" silently
+    throw PlanError(loc(0), e.what());
+  }
   for (size_t i = 0; i < dirs.size(); ++i) {
-    if (!opt_in || std::string(opt_in) != "1")
+    if (!opt_in)
       throw PlanError(loc(i), std::string("the plan names plugin directory '") + dirs[i] +
                                   "', which is searched only with " + kPlanPluginsEnv +
                                   "=1 (plugins run code when loaded; or add it to SHARDPLAN_PLUGIN_PATH)");

@@ -26,11 +26,15 @@ using Clock = std::chrono::steady_clock;
 // spoil one element of every result it checks.
 bool env_names(const char* var, int rank, std::string* rest = nullptr) {
   const char* env = std::getenv(var);
-  if (!env || !*env || std::atoi(env) != rank) return false;
-  if (rest) {
-    const char* colon = std::strchr(env, ':');
-    *rest = colon ? colon + 1 : "";
-  }
+  if (!env || !*env) return false;
+  char* end = nullptr;
+  const long named = std::strtol(env, &end, 10);
+  const std::string tail = *end == ':' ? end + 1 : end;
+  // A typo ("1:hnag") must not turn the test's hang into a plain death.
+  if (end == env || named < 0 || (*end && (!rest || *end != ':' || tail != "hang")))
+    throw std::runtime_error(std::string(var) + "='" + env + "' is not a rank" + (rest ? " or RANK:hang" : ""));
+  if (named != rank) return false;
+  if (rest) *rest = tail;
   return true;
 }
 
