@@ -12,6 +12,7 @@
 namespace shardplan {
 
 struct ThreadSettings {
+  int threads = 0;   // per rank, as asked for (0: not set by set_num_threads)
   int intra_op = 0;  // libtorch intra-op threads of the calling thread
   int blas = 0;      // OpenBLAS's pool (process-wide); 0 when the BLAS is not OpenBLAS
   int cores = 0;     // cores this process may run on (its CPU affinity)
@@ -27,15 +28,19 @@ int available_cores();
 // max(1, available_cores() / ranks_on_node).
 int default_num_threads(int ranks_on_node);
 
-// Sets libtorch's intra-op threads for the calling thread and the size of
-// OpenBLAS's pool. `threads` > 0 is taken as given; 0 means, in order,
+// Gives a rank `threads` CPU threads, split between libtorch's intra-op pool
+// (of the calling thread) and OpenBLAS's pool: a rank that is a process of
+// its own gets intra-op 1 and a BLAS pool of `threads` (the fastest split,
+// docs/THREADS.md); ranks that are threads of one process get intra-op
+// `threads` and a BLAS pool of one. `threads` > 0 is taken as given; 0 means, in order,
 // $SHARDPLAN_NUM_THREADS, $OMP_NUM_THREADS (what torch users already set,
 // and what torchrun sets), else default_num_threads(ranks_on_node); with 0, an
 // exported $OPENBLAS_NUM_THREADS keeps the BLAS pool at its size.
 // ranks_in_process > 1 (ranks as threads of this process) keeps the BLAS pool
 // at one thread: OpenBLAS serialises concurrent multi-threaded level-3 calls
 // on one lock, so ranks sharing a pool would wait for each other, while with a
-// pool of one each rank's products run on its own thread. When ranks x threads
+// pool of one each rank's products run on its own thread. Without OpenBLAS
+// every thread goes to libtorch. When ranks x threads
 // exceed the cores with more than one thread per rank, prints one warning to
 // stderr per process. Throws Error for
 // threads < 0 or an unparsable SHARDPLAN_NUM_THREADS.

@@ -49,7 +49,7 @@ int threads_from_omp_env() {
 }  // namespace
 
 std::string ThreadSettings::str() const {
-  std::string s = std::to_string(intra_op) + " per rank (intra-op " + std::to_string(intra_op) + ", BLAS " +
+  std::string s = std::to_string(threads > 0 ? threads : intra_op) + " per rank (intra-op " + std::to_string(intra_op) + ", BLAS " +
                   (blas > 0 ? std::to_string(blas) : std::string("not OpenBLAS")) + "; " + std::to_string(ranks) +
                   (ranks == 1 ? " rank" : " ranks") + " on " + std::to_string(cores) +
                   (cores == 1 ? " core" : " cores");
@@ -83,6 +83,27 @@ bool set_blas_num_threads(int n) {
   return true;
 }
 
+namespace {
+
+// How one rank spends its `threads`. A rank that is a process of its own
+// gives them all to OpenBLAS and keeps libtorch's OpenMP pool at one:
+// OpenMP's workers spin between parallel regions on the cores OpenBLAS's
+// threads need, and each OpenMP worker calling BLAS multiplies the two, so
+// 2 x 2 threads on 2 cores trained the GPT example at 0.52x the speed of
+// 1 x 1, and 1 x N was the best split in every case of
+// benchmarks/threads/compare_threads.sh (docs/THREADS.md). Ranks that are
+// threads of one process keep a BLAS pool of one (OpenBLAS serialises
+// concurrent multi-threaded calls on one lock) and their threads go to
+// libtorch; so does everything when the BLAS is not OpenBLAS (no pool to give
+// them to). An exported OPENBLAS_NUM_THREADS keeps the pool as it is.
+void apply_split(int threads, int ranks_in_process, bool blas_from_env) {
+  const bool blas_takes_them = ranks_in_process <= 1 && blas_setter() != nullptr;
+  at::set_num_threads(blas_takes_them ? 1 : threads);
+  if (!blas_from_env) set_blas_num_threads(ranks_in_process > 1 ? 1 : threads);
+}
+
+}  // namespace
+
 ThreadSettings current_threads(int ranks_on_node) {
   ThreadSettings s;
   s.intra_op = at::get_num_threads();
@@ -110,9 +131,9 @@ ThreadSettings set_num_threads(int threads, int ranks_on_node, int ranks_in_proc
     threads = default_num_threads(ranks_on_node);
     source = "default";
   }
-  at::set_num_threads(threads);
-  if (!blas_from_env) set_blas_num_threads(ranks_in_process > 1 ? 1 : threads);
+  apply_split(threads, ranks_in_process, blas_from_env);
   ThreadSettings s = current_threads(ranks_on_node);
+  s.threads = threads;
   s.source = source;
   // More ranks than cores is the user's choice of ranks; fewer threads cannot help it.
   if (threads > 1 && static_cast<long>(s.ranks) * threads > s.cores) {
