@@ -70,12 +70,17 @@ endif()
 # failure after training keeps the model.
 # Sequence parallelism generates the unsharded run's text: the prompt (22
 # tokens) prefilled with the sequence split at 2 ranks and whole at 4 (22 does
-# not divide), every decoding step with it whole (shardplan::WholeSequence).
-foreach(ranks 2 4)
-  set(_run $<TARGET_FILE:train_gpt> --steps 20 --log-every 10 --batch 8 --dtype float64 --generate 30 --samples 2)
-  add_test(NAME e2e_gpt_generate_sp_threads${ranks} COMMAND ${_gen} -- ${_run}
-    -- ${_run} --ranks ${ranks} --plan ${PROJECT_SOURCE_DIR}/plans/gpt_sp.yaml)
-  set_tests_properties(e2e_gpt_generate_sp_threads${ranks} PROPERTIES TIMEOUT 300)
+# not divide), every decoding step with it whole (shardplan::WholeSequence);
+# and so do gpt_async.yaml's rings, which a WholeSequence turns into plain
+# collectives.
+set(_run $<TARGET_FILE:train_gpt> --steps 20 --log-every 10 --batch 8 --dtype float64 --generate 30 --samples 2)
+foreach(case sp:2 sp:4 async:2)
+  string(REPLACE ":" ";" _case ${case})
+  list(GET _case 0 _plan)
+  list(GET _case 1 _ranks)
+  add_test(NAME e2e_gpt_generate_${_plan}_threads${_ranks} COMMAND ${_gen} -- ${_run}
+    -- ${_run} --ranks ${_ranks} --plan ${PROJECT_SOURCE_DIR}/plans/gpt_${_plan}.yaml)
+  set_tests_properties(e2e_gpt_generate_${_plan}_threads${_ranks} PROPERTIES TIMEOUT 300)
 endforeach()
 # --samples whose key/value caches cannot fit this machine fails before step 1.
 add_test(NAME e2e_gpt_generate_samples_past_memory COMMAND train_gpt --steps 3 --log-every 1 --generate 5
