@@ -15,6 +15,7 @@
 #include <mutex>
 #include <string>
 
+#include "models/options.h"
 #include "shardplan/auto_plan.h"
 #include "shardplan/nn/linear.h"
 #include "shardplan/parallelize.h"
@@ -47,36 +48,41 @@ struct Args {
 }
 
 Args parse(int argc, char** argv) {
+  using shardplan::examples::option_double;
+  using shardplan::examples::option_int;
   Args a;
   for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
+    std::string k = argv[i], v;
     auto value = [&]() -> std::string {
       if (i + 1 >= argc) usage("missing value for " + k);
-      return argv[++i];
+      return v = argv[++i];
     };
     try {
       if (k == "--plan") a.plan = value();
-      else if (k == "--ranks") a.ranks = std::stoi(value());
-      else if (k == "--steps") a.steps = std::stoi(value());
-      else if (k == "--batch") a.batch = std::stoi(value());
-      else if (k == "--in") a.in = std::stoi(value());
-      else if (k == "--hidden") a.hidden = std::stoi(value());
-      else if (k == "--out") a.out = std::stoi(value());
-      else if (k == "--lr") a.lr = std::stod(value());
+      else if (k == "--ranks") a.ranks = option_int(value());
+      else if (k == "--steps") a.steps = option_int(value());
+      else if (k == "--batch") a.batch = option_int(value());
+      else if (k == "--in") a.in = option_int(value());
+      else if (k == "--hidden") a.hidden = option_int(value());
+      else if (k == "--out") a.out = option_int(value());
+      else if (k == "--lr") a.lr = option_double(value());
       else if (k == "--optimizer") a.optimizer = value();
       else if (k == "--dtype") a.dtype = value();
-      else if (k == "--seed") a.seed = std::stoull(value());
-      else if (k == "--threads") a.threads = std::stoi(value());
+      else if (k == "--seed") a.seed = shardplan::examples::option_seed(value());
+      else if (k == "--threads") a.threads = option_int(value());
       else if (k == "--report") a.report = true;
       else if (k == "--help" || k == "-h") usage("tensor-parallel MLP example");
       else usage("unknown argument '" + k + "'");
-    } catch (const std::invalid_argument&) {
-      usage("bad value for " + k);
+    } catch (const std::logic_error&) {  // not wholly a number, or out of range
+      usage("bad value for " + k + ": '" + v + "'");
     }
   }
   if (a.optimizer != "adam" && a.optimizer != "sgd") usage("--optimizer must be sgd or adam");
   if (a.dtype != "float32" && a.dtype != "float64") usage("--dtype must be float32 or float64");
-  if (a.threads < 0) usage("--threads must not be negative");
+  if (a.threads < 0 || a.ranks < 0) usage("--threads and --ranks must not be negative");
+  if (a.steps < 1 || a.batch < 1 || a.in < 1 || a.hidden < 1 || a.out < 1)
+    usage("--steps, --batch, --in, --hidden and --out must be at least 1");
+  if (!(a.lr > 0)) usage("--lr must be a positive number");
   return a;
 }
 

@@ -28,3 +28,11 @@ if(TARGET train_gpt)
       ${PROJECT_SOURCE_DIR}/plans)
   set_tests_properties(ckpt_sequence_parallel_gloo PROPERTIES TIMEOUT 300 LABELS ckpt)
 endif()
+if(TARGET train_gpt)
+  # Issue 23, item 2: ZeRO-1 with AdamW, RMSprop and Adagrad (RMSprop and
+  # Adagrad used to train, then fail at the first save) saves and resumes.
+  add_test(NAME ckpt_zero_optimizers_threads
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/ckpt_zero_optimizers.sh $<TARGET_FILE:train_gpt>
+      ${CMAKE_CURRENT_SOURCE_DIR}/e2e/dp_zero.yaml)
+  set_tests_properties(ckpt_zero_optimizers_threads PROPERTIES TIMEOUT 300 LABELS "ckpt;data_parallel")
+endif()

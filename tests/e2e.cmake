@@ -44,3 +44,13 @@ add_test(NAME e2e_mlp_auto_gloo_launcher COMMAND ${_e2e} float32 -- ${_mlp_ref}
   -- $<TARGET_FILE:shardplan_cli> launch -n 2 --backend gloo -- ${_mlp_ref} --plan auto)
 set_tests_properties(e2e_mlp_threads_f64 e2e_mlp_threads4_f32 e2e_mlp_f32_catches_wrong_gradient_scale
   e2e_mlp_gloo_launcher e2e_mlp_gloo_two_nodes e2e_mlp_auto_gloo_launcher PROPERTIES TIMEOUT 300)
+# Issue 23: train_mlp checks its options before training too (--steps 0 used
+# to end in a division by zero after the empty run, --steps 5x in 5 steps).
+add_test(NAME e2e_mlp_option_steps_zero COMMAND train_mlp --steps 0)
+add_test(NAME e2e_mlp_option_not_a_number COMMAND train_mlp --steps 5x)
+set_tests_properties(e2e_mlp_option_steps_zero PROPERTIES
+  PASS_REGULAR_EXPRESSION "^train_mlp: --steps, --batch, --in, --hidden and --out must be at least 1\n")
+set_tests_properties(e2e_mlp_option_not_a_number PROPERTIES
+  PASS_REGULAR_EXPRESSION "^train_mlp: bad value for --steps: '5x'\n")
+set_tests_properties(e2e_mlp_option_steps_zero e2e_mlp_option_not_a_number PROPERTIES
+  FAIL_REGULAR_EXPRESSION "step +1 " TIMEOUT 60)

@@ -65,3 +65,46 @@ if(TARGET shardplan_comm_mpi AND _e2e_mpirun)
        --plan ${PROJECT_SOURCE_DIR}/plans/gpt_async.yaml)
   set_tests_properties(e2e_gpt_async_mpi_launcher_f64 PROPERTIES TIMEOUT 300 LABELS mpi)
 endif()
+
+# Issue 23, item 1: what generation needs is checked before training, and a
+# failure after training keeps the model.
+# Sequence parallelism generates the unsharded run's text: the prompt (22
+# tokens) prefilled with the sequence split at 2 ranks and whole at 4 (22 does
+# not divide), every decoding step with it whole (shardplan::WholeSequence);
+# and so do gpt_async.yaml's rings, which a WholeSequence turns into plain
+# collectives.
+set(_run $<TARGET_FILE:train_gpt> --steps 20 --log-every 10 --batch 8 --dtype float64 --generate 30 --samples 2)
+foreach(case sp:2 sp:4 async:2)
+  string(REPLACE ":" ";" _case ${case})
+  list(GET _case 0 _plan)
+  list(GET _case 1 _ranks)
+  add_test(NAME e2e_gpt_generate_${_plan}_threads${_ranks} COMMAND ${_gen} -- ${_run}
+    -- ${_run} --ranks ${_ranks} --plan ${PROJECT_SOURCE_DIR}/plans/gpt_${_plan}.yaml)
+  set_tests_properties(e2e_gpt_generate_${_plan}_threads${_ranks} PROPERTIES TIMEOUT 300)
+endforeach()
+# --samples whose key/value caches cannot fit this machine fails before step 1.
+add_test(NAME e2e_gpt_generate_samples_past_memory COMMAND train_gpt --steps 3 --log-every 1 --generate 5
+  --samples 2000000000)
+set_tests_properties(e2e_gpt_generate_samples_past_memory PROPERTIES
+  PASS_REGULAR_EXPRESSION "train_gpt: error: rank 0: --samples 2000000000: generation \\(key/value caches and the prompt's logits\\) needs [0-9]+ bytes on this machine \\(1 rank\\(s\\) x [0-9]+\\), but [0-9]+ are available \\(MemAvailable in /proc/meminfo\\)\n"
+  FAIL_REGULAR_EXPRESSION "step +1 " TIMEOUT 60)
+# Every option is checked before anything runs: a value that is not wholly a
+# number, one out of range, an option without the one it needs, and a --save
+# directory that could not be written.
+add_test(NAME e2e_gpt_option_not_a_number COMMAND train_gpt --steps 1e9)
+add_test(NAME e2e_gpt_option_lr_negative COMMAND train_gpt --steps 3 --lr -1)
+add_test(NAME e2e_gpt_option_samples_without_generate COMMAND train_gpt --steps 3 --samples 2)
+add_test(NAME e2e_gpt_option_save_unwritable COMMAND train_gpt --steps 3 --save /nonexistent-shardplan-dir/ckpt)
+set_tests_properties(e2e_gpt_option_not_a_number PROPERTIES
+  PASS_REGULAR_EXPRESSION "^train_gpt: bad value for --steps: '1e9'\n")
+set_tests_properties(e2e_gpt_option_lr_negative PROPERTIES
+  PASS_REGULAR_EXPRESSION "^train_gpt: --lr must be a positive number\n")
+set_tests_properties(e2e_gpt_option_samples_without_generate PROPERTIES
+  PASS_REGULAR_EXPRESSION "^train_gpt: --samples takes effect with --generate N only\n")
+set_tests_properties(e2e_gpt_option_save_unwritable PROPERTIES
+  PASS_REGULAR_EXPRESSION "^train_gpt: --save /nonexistent-shardplan-dir/ckpt: the directory it would be written in, /nonexistent-shardplan-dir, does not exist\n")
+set_tests_properties(e2e_gpt_option_not_a_number e2e_gpt_option_lr_negative e2e_gpt_option_samples_without_generate
+  e2e_gpt_option_save_unwritable PROPERTIES FAIL_REGULAR_EXPRESSION "step +1 " TIMEOUT 60)
+add_test(NAME e2e_gpt_failure_after_training_keeps_model
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/after_training.sh $<TARGET_FILE:train_gpt>)
+set_tests_properties(e2e_gpt_failure_after_training_keeps_model PROPERTIES TIMEOUT 300)

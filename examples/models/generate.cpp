@@ -7,10 +7,12 @@
 #include <chrono>
 #include <cstdio>
 #include <limits>
+#include <optional>
 
 #include "models/gpt.h"
 #include "shardplan/communicator.h"
 #include "shardplan/error.h"
+#include "shardplan/mappings.h"
 
 namespace shardplan {
 namespace examples {
@@ -32,6 +34,8 @@ void check_generation(const GPTConfig& config, int64_t prompt_tokens, const Gene
                 ", or train with a longer context)");
   if (!(o.temperature >= 0) || o.temperature == std::numeric_limits<double>::infinity())
     throw Error("generate: the temperature must be a finite number >= 0 (0: greedy)");
+  if (o.sequence_parts < 1)
+    throw Error("generate: sequence_parts must be at least 1, got " + std::to_string(o.sequence_parts));
   if (o.top_k < 0 || o.top_k > config.vocab)
     throw Error("generate: top-k must be between 0 (all) and the vocabulary " + std::to_string(config.vocab) +
                 ", got " + std::to_string(o.top_k));
@@ -65,7 +69,12 @@ Generation generate(GPTImpl& model, const at::Tensor& prompt, const GenerateOpti
   auto caches = model.make_caches();
   std::vector<at::Tensor> out;
   out.reserve(o.new_tokens);
+  // A prompt that divides keeps sequence parallelism's split activations;
+  // everything after it is one position at a time, which cannot be split.
+  std::optional<WholeSequence> whole;
+  if (o.sequence_parts > 1 && prompt.size(1) % o.sequence_parts != 0) whole.emplace();
   at::Tensor logits = model.forward_cached(prompt, caches);  // [T, B, V]
+  if (o.sequence_parts > 1 && !whole) whole.emplace();
   for (int64_t i = 0; i < o.new_tokens; ++i) {
     at::Tensor next = next_token(logits.select(0, logits.size(0) - 1), o, gen);  // [B]
     out.push_back(next);

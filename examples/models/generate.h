@@ -12,6 +12,12 @@
 // same state (the RNG tracker's replicated stream), so every rank picks the
 // same token without a broadcast. One all-reduce at the end checks that.
 //
+// Under sequence parallelism (plans/gpt_sp.yaml) the prompt is prefilled with
+// the sequence split when its length divides over the sequence-parallel
+// ranks, and the rest (one token per step, or a prompt that does not divide)
+// runs with the sequence whole (shardplan::WholeSequence, mappings.h): the
+// same tokens as plans/gpt.yaml, and as one process.
+//
 // The cache does not slide: prompt + new tokens must fit the context (the
 // position embedding has no rows past it), else a clear error before any
 // work, as HF's GPT-2 does.
@@ -37,6 +43,9 @@ struct GenerateOptions {
   int64_t new_tokens = 0;
   double temperature = 0;  // 0: greedy (argmax)
   int64_t top_k = 0;       // sample among the k likeliest; 0: all; 1: greedy
+  // The ranks the model's sequence-parallel region splits the sequence over
+  // (the plan's sequence axis); 1: no sequence parallelism.
+  int64_t sequence_parts = 1;
 };
 
 struct Generation {

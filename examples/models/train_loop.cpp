@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <mutex>
@@ -14,6 +15,8 @@
 #include "models/gpt.h"
 #include "models/heap.h"
 #include "models/model.h"
+#include "models/train_args.h"
+#include "models/train_checks.h"
 #include "shardplan/auto_plan.h"
 #include "shardplan/checkpoint.h"
 #include "shardplan/data_parallel.h"
@@ -27,161 +30,6 @@
 namespace shardplan {
 namespace examples {
 namespace {
-
-struct Args {
-  std::string model;
-  std::string config;  // key=value,...
-  std::string plan;
-  std::string data;
-  int ranks = 0;  // 0: from the launcher's environment, else 1
-  int steps = -1, batch = -1, log_every = -1;
-  double lr = -1;
-  std::string optimizer = "adam";
-  std::string dtype = "float32";
-  uint64_t seed = 0;
-  int threads = 0;  // 0: SHARDPLAN_NUM_THREADS, else the cores shared out among this machine's ranks
-  bool report = false;
-  std::string save, load;  // checkpoint directories
-  int save_every = 0;      // 0: save once, after the last step
-  int micro_batches = 1;   // gradient accumulation: micro-batches per step
-  int check_replicas = 0;  // every N steps (0: never)
-  // Text generation after training (gpt only).
-  int generate = 0;  // new tokens per sample (0: none)
-  std::string prompt = "From fairest creatures";  // the sonnets' first line, begun
-  double temperature = 0.8;
-  int top_k = 20;
-  int samples = 3;
-};
-
-// Defaults that make each model learn visibly in a minute or two on 2 cores.
-struct Defaults {
-  const char* model;
-  int steps, batch, log_every;
-  double lr;
-};
-const Defaults kDefaults[] = {
-    {"gpt", 300, 16, 20, 2e-3},
-    {"convnet", 100, 32, 10, 1e-3},
-    {"lstm_lm", 200, 16, 20, 3e-3},
-};
-
-// `only`: the one model a fixed program trains ("" lists every model).
-[[noreturn]] void usage(const std::string& program, const std::string& only, const std::string& why) {
-  const bool fixed = !only.empty();
-  std::string models;
-  for (const auto& n : model_names())
-    if (!fixed || n == only) models += "\n  " + n + ": " + model_help(n);
-  std::fprintf(stderr,
-               "%s: %s\nusage: %s %s[--config KEY=VALUE,...] [--plan PLAN.yaml|auto] [--ranks N] [--steps N]\n"
-               "       [--batch N] [--lr X] [--optimizer adam|sgd] [--dtype float32|float64] [--seed N]\n"
-               "       [--threads N] [--log-every N] [--data TEXT_FILE] [--report]\n"
-               "       [--save DIR [--save-every N]] [--load DIR] [--micro-batches N] [--check-replicas N]\n"
-               "       [--generate N [--prompt TEXT] [--temperature X] [--top-k K] [--samples S]]\n"
-               "--save writes a sharded checkpoint (model, optimizer, step) to DIR after the last step, and\n"
-               "every N steps with --save-every; --load resumes from one, saved at any number of ranks,\n"
-               "training on from its step to --steps (docs/CHECKPOINTS.md); --threads sets libtorch's and\n"
-               "the BLAS pool's threads per rank (default: SHARDPLAN_NUM_THREADS, else cores / ranks on\n"
-               "this machine; docs/THREADS.md)\n"
-               "--plan auto plans the model by itself (shardplan::auto_plan, docs/AUTO_PLAN.md; --report shows it)\n"
-               "--batch is the global batch: a plan with a batch axis (mesh {data: 2, model: 2}) gives each\n"
-               "data rank its slice; --micro-batches accumulates gradients over N slices of it per step;\n"
-               "--check-replicas N compares every replicated parameter across its groups every N steps\n"
-               "--generate N (gpt): after training, S samples (default 3) of N new bytes each after --prompt\n"
-               "(default \"From fairest creatures\"), temperature X (default 0.8; 0: greedy) over the top K\n"
-               "(default 20; 0: all), with a key/value cache split by heads; prompt + N must fit the context\n"
-               "%s%s\n",
-               program.c_str(), why.c_str(), program.c_str(), fixed ? "" : "[--model NAME] ",
-               fixed ? "model:" : "models:", models.c_str());
-  std::exit(2);
-}
-
-Args parse(int argc, char** argv, const std::string& program, const std::string& default_model, bool fixed) {
-  const std::string only = fixed ? default_model : "";
-  Args a;
-  a.model = default_model;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(program, only, "missing value for " + k);
-      return argv[++i];
-    };
-    try {
-      if (k == "--model" && !fixed)
-        a.model = value();
-      else if (k == "--config")
-        a.config += (a.config.empty() ? "" : ",") + value();
-      else if (k == "--plan")
-        a.plan = value();
-      else if (k == "--data")
-        a.data = value();
-      else if (k == "--ranks")
-        a.ranks = std::stoi(value());
-      else if (k == "--steps")
-        a.steps = std::stoi(value());
-      else if (k == "--batch")
-        a.batch = std::stoi(value());
-      else if (k == "--log-every")
-        a.log_every = std::stoi(value());
-      else if (k == "--lr")
-        a.lr = std::stod(value());
-      else if (k == "--optimizer")
-        a.optimizer = value();
-      else if (k == "--dtype")
-        a.dtype = value();
-      else if (k == "--seed")
-        a.seed = std::stoull(value());
-      else if (k == "--threads")
-        a.threads = std::stoi(value());
-      else if (k == "--report")
-        a.report = true;
-      else if (k == "--save")
-        a.save = value();
-      else if (k == "--save-every")
-        a.save_every = std::stoi(value());
-      else if (k == "--load")
-        a.load = value();
-      else if (k == "--micro-batches")
-        a.micro_batches = std::stoi(value());
-      else if (k == "--check-replicas")
-        a.check_replicas = std::stoi(value());
-      else if (k == "--generate")
-        a.generate = std::stoi(value());
-      else if (k == "--prompt")
-        a.prompt = value();
-      else if (k == "--temperature")
-        a.temperature = std::stod(value());
-      else if (k == "--top-k")
-        a.top_k = std::stoi(value());
-      else if (k == "--samples")
-        a.samples = std::stoi(value());
-      else if (k == "--help" || k == "-h")
-        usage(program, only, "tensor-parallel training of an example model");
-      else
-        usage(program, only, "unknown argument '" + k + "'");
-    } catch (const std::logic_error&) {
-      usage(program, only, "bad value for " + k);
-    }
-  }
-  if (a.optimizer != "adam" && a.optimizer != "sgd") usage(program, only, "--optimizer must be adam or sgd");
-  if (a.dtype != "float32" && a.dtype != "float64") usage(program, only, "--dtype must be float32 or float64");
-  const Defaults* d = nullptr;
-  for (const auto& x : kDefaults)
-    if (a.model == x.model) d = &x;
-  if (!d) usage(program, only, "unknown model '" + a.model + "'");
-  if (a.steps < 0) a.steps = d->steps;
-  if (a.batch < 0) a.batch = d->batch;
-  if (a.log_every < 0) a.log_every = d->log_every;
-  if (a.lr < 0) a.lr = d->lr;
-  if (a.save_every < 0 || (a.save_every > 0 && a.save.empty()))
-    usage(program, only, "--save-every needs --save DIR and a positive step count");
-  if (a.micro_batches < 1 || a.check_replicas < 0)
-    usage(program, only, "--micro-batches must be at least 1, --check-replicas not negative");
-  if (a.generate < 0 || a.samples < 1)
-    usage(program, only, "--generate must not be negative, --samples at least 1");
-  if (a.steps < 1 || a.batch < 1 || a.log_every < 1 || a.ranks < 0 || a.threads < 0)
-    usage(program, only, "--steps, --batch and --log-every must be at least 1, --ranks and --threads not negative");
-  return a;
-}
 
 // True when a report layout ("[model, null]", "[null]") names a mesh axis.
 bool is_split(const std::string& layout) {
@@ -216,21 +64,55 @@ void in_rank_order(World& world, F fn) {
   }
 }
 
-GenerateOptions generate_options(const Args& a) {
+std::unique_ptr<torch::optim::Optimizer> make_torch_optimizer(const Args& a, std::vector<at::Tensor> params) {
+  namespace optim = torch::optim;
+  if (a.optimizer == "adam") return std::make_unique<optim::Adam>(params, optim::AdamOptions(a.lr));
+  if (a.optimizer == "adamw") return std::make_unique<optim::AdamW>(params, optim::AdamWOptions(a.lr));
+  if (a.optimizer == "rmsprop") return std::make_unique<optim::RMSprop>(params, optim::RMSpropOptions(a.lr));
+  if (a.optimizer == "adagrad") return std::make_unique<optim::Adagrad>(params, optim::AdagradOptions(a.lr));
+  return std::make_unique<optim::SGD>(params, optim::SGDOptions(a.lr).momentum(0.9));
+}
+
+// `plan` and `mesh` are empty when unsharded.
+GenerateOptions generate_options(const Args& a, const Plan& plan = {}, const Mesh& mesh = {}) {
   GenerateOptions o;
   o.new_tokens = a.generate;
   o.temperature = a.temperature;
   o.top_k = a.top_k;
+  const std::string axis = plan.sequence_parallel.enabled ? plan.sequence_axis() : "";
+  if (!axis.empty()) o.sequence_parts = mesh.axis_size(axis);
   return o;
+}
+
+// Before step 1: what --generate allocates (every rank's key/value caches
+// for the whole context, and the prompt's logits over the whole vocabulary)
+// must fit this machine, or a finished training would end in a failed
+// allocation. `ranks_here`: the ranks sharing this machine's memory.
+void check_generation_fits(const Args& a, torch::nn::Module& module, int ranks_here) {
+  auto* gpt = dynamic_cast<GPTImpl*>(&module);
+  if (a.generate == 0 || !gpt) return;
+  const auto& c = gpt->config;
+  const double esize = gpt->head->weight.element_size();
+  // Each rank caches its own heads: a third of its fused q/k/v rows.
+  double width = c.embed;
+  if (c.layers > 0) {
+    const at::Tensor& w = gpt->blocks[0]->as<GPTBlockImpl>()->attn->in_proj_weight;
+    if (w.defined()) width = w.size(0) / 3.0;
+  }
+  const double cache = 2.0 * c.layers * a.samples * c.context * width * esize;
+  const double logits = static_cast<double>(a.prompt.size()) * a.samples * c.vocab * esize;
+  check_memory("--samples " + std::to_string(a.samples), "generation (key/value caches and the prompt's logits)",
+               cache + logits, ranks_here);
 }
 
 // After training: samples from the prompt, every rank generating the same
 // text (examples/models/generate.h), with each rank's cache bytes and the
 // generation's tokens/s.
-void generate_text(const Args& a, World& world, torch::nn::Module& module, const ParallelReport& report) {
+void generate_text(const Args& a, World& world, torch::nn::Module& module, const Plan& plan,
+                   const ParallelReport& report) {
   auto* gpt = dynamic_cast<GPTImpl*>(&module);
   if (!gpt) throw Error("--generate needs the gpt model");
-  const GenerateOptions o = generate_options(a);
+  const GenerateOptions o = generate_options(a, plan, report.mesh);
   // A fresh replicated stream, seeded alike on every rank and in an unsharded
   // run: the same seed samples the same text at any number of ranks, however
   // many draws training made.
@@ -262,6 +144,23 @@ void generate_text(const Args& a, World& world, torch::nn::Module& module, const
                 static_cast<long long>(g.tokens.numel()), g.seconds, g.tokens_per_second(), a.samples,
                 static_cast<long long>(prompt.size(1)), a.generate - 1);
   std::fflush(stdout);
+}
+
+// What a failure after the last step says about the model it trained.
+std::string model_whereabouts(const Args& a, int start) {
+  if (start > a.steps) return "no step was trained: the model is the one in --load " + a.load;
+  if (!a.save.empty())
+    return "the trained model is saved in " + a.save + " at step " + std::to_string(a.steps) + ": rerun with --load " +
+           a.save + " --steps " + std::to_string(a.steps) + " to go on from it without training again";
+  return "the " + std::to_string(a.steps - start + 1) +
+         " trained steps are lost: rerun with --save DIR to keep the model, then --load DIR to go on from it";
+}
+
+// Test hook (tests/e2e_models.cmake): SHARDPLAN_TEST_FAIL_AFTER_TRAINING=1
+// fails right after the last step, as an unforeseen error there would.
+void test_fail_after_training() {
+  const char* env = std::getenv("SHARDPLAN_TEST_FAIL_AFTER_TRAINING");
+  if (env && std::string(env) == "1") throw Error("SHARDPLAN_TEST_FAIL_AFTER_TRAINING=1 (a test hook)");
 }
 
 // Ranks that are threads share torch's global generator: build models one at
@@ -327,6 +226,7 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
     for (const auto& w : dp.warnings()) std::printf("warning: %s\n", w.c_str());
     if (dp.size() > 1) std::printf("%s", dp.describe().c_str());
   }
+  check_generation_fits(a, *m.module, std::max(ranks_in_process, world.options().local_world_size));
 
   // Parameter bytes: held vs. what the plan promises (replicated tensors
   // whole, split ones divided by the ranks of a model replica). Dividing by
@@ -350,11 +250,7 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
                 world.size() / dp.size(), static_cast<long long>(replicated + sharded));
   });
 
-  auto make_optimizer = [&](std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
-    if (a.optimizer == "adam")
-      return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(a.lr));
-    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(a.lr).momentum(0.9));
-  };
+  auto make_optimizer = [&](std::vector<at::Tensor> params) { return make_torch_optimizer(a, std::move(params)); };
   std::unique_ptr<torch::optim::Optimizer> opt;
   std::unique_ptr<ZeroOptimizer> zero;
   if (dp.zero())
@@ -456,26 +352,33 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
     }
     if (!a.save.empty() && (step == a.steps || (a.save_every > 0 && step % a.save_every == 0))) save(step);
   }
-  const CommStats total = world.total_stats();
-  in_rank_order(world, [&] {
-    const int steps = std::max(1, a.steps - start + 1);
-    std::printf("rank %d: communicated %llu bytes in %llu calls over %d steps (%llu per step", world.rank(),
-                static_cast<unsigned long long>(total.bytes), static_cast<unsigned long long>(total.calls), steps,
-                static_cast<unsigned long long>(total.bytes / steps));
-    if (minimum >= 0) std::printf("; theoretical minimum %lld", static_cast<long long>(minimum));
-    std::printf(")\n");
-    if (dp.size() > 1)
-      std::printf("rank %d: optimizer state %lld bytes%s\n", world.rank(),
-                  static_cast<long long>(zero ? zero->state_bytes() : optimizer_state_bytes(*opt)),
-                  zero ? " (ZeRO-1 slices)" : "");
-  });
-  if (a.generate > 0) generate_text(a, world, *m.module, report);
+  // Nothing after the last step may lose the training: a failure says where
+  // the model is, or how to keep it next time.
+  try {
+    test_fail_after_training();
+    const CommStats total = world.total_stats();
+    in_rank_order(world, [&] {
+      const int steps = std::max(1, a.steps - start + 1);
+      std::printf("rank %d: communicated %llu bytes in %llu calls over %d steps (%llu per step", world.rank(),
+                  static_cast<unsigned long long>(total.bytes), static_cast<unsigned long long>(total.calls), steps,
+                  static_cast<unsigned long long>(total.bytes / steps));
+      if (minimum >= 0) std::printf("; theoretical minimum %lld", static_cast<long long>(minimum));
+      std::printf(")\n");
+      if (dp.size() > 1)
+        std::printf("rank %d: optimizer state %lld bytes%s\n", world.rank(),
+                    static_cast<long long>(zero ? zero->state_bytes() : optimizer_state_bytes(*opt)),
+                    zero ? " (ZeRO-1 slices)" : "");
+    });
+    if (a.generate > 0) generate_text(a, world, *m.module, plan, report);
+  } catch (const std::exception& e) {
+    throw Error(std::string("after training: ") + e.what() + " (" + model_whereabouts(a, start) + ")");
+  }
 }
 
 }  // namespace
 
 int train_main(int argc, char** argv, const std::string& program, const std::string& default_model, bool fixed_model) {
-  Args a = parse(argc, argv, program, default_model, fixed_model);
+  Args a = parse_args(argc, argv, program, default_model, fixed_model);
   keep_freed_heap();
   try {
     if (a.ranks > 0 && WorldOptions::env_has_job())

@@ -50,7 +50,32 @@ at::Tensor split_sequence(const at::Tensor& x, Communicator& group, int64_t dim)
 // whole sequence (copy_to_group, named for what it guards against).
 at::Tensor sequence_parallel_param(const at::Tensor& p, Communicator& group);
 // `dim` of `x` wrapped to [0, x.dim()), after the checks the functions above
-// make: the dim exists, and with `split` the sequence divides over the group.
+// make: the dim exists, and with `split` the sequence divides over the group
+// (not checked while a WholeSequence is alive on this thread).
 int64_t checked_sequence_dim(const at::Tensor& x, Communicator& group, int64_t dim, bool split);
+
+// While one is alive, this thread's sequence-parallel edges take the
+// activations as whole: gather_sequence (and ring_gather_linear's entry) is
+// copy_to_group, reduce_scatter_sequence (and ring_linear_reduce_scatter's
+// exit) reduce_from_group, split_sequence and sequence_parallel_param the
+// identity. A sequence-parallel model then computes what its plan without
+// sequence parallelism would, at any sequence length. For decoding one token
+// at a time (a length that cannot be split) after a prefill under sequence
+// parallelism: a key/value cache holds whole sequences either way. Use it in
+// eval mode: dropout inside the region still draws a mask per rank, which
+// is right for a split sequence only. Thread-local (ranks may be threads);
+// nests.
+class WholeSequence {
+ public:
+  WholeSequence();
+  ~WholeSequence();
+  WholeSequence(const WholeSequence&) = delete;
+  WholeSequence& operator=(const WholeSequence&) = delete;
+  // Whether one is alive on this thread.
+  static bool active();
+
+ private:
+  bool previous_;
+};
 
 }  // namespace shardplan

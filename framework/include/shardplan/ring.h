@@ -21,7 +21,8 @@
 // N - 1 steps, each moving half the bytes each way. The results equal
 // the collective-then-matmul path up to the order of floating-point sums.
 // The sequence (dim) must divide over the group; a group of one is a plain
-// linear.
+// linear. Under a WholeSequence (mappings.h) both are the plain linear with
+// copy_to_group / reduce_from_group.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>

@@ -61,10 +61,13 @@ at::Tensor assemble(const ckpt::TensorEntry& e, const std::filesystem::path& dir
 // incomplete one.
 ckpt::Meta read_meta(const std::filesystem::path& dir);
 
-// "sgd", "adam", "adamw"; throws for any other optimizer.
+// "sgd", "adam", "adamw", "rmsprop", "adagrad"; throws for any other optimizer.
 const char* optimizer_kind(torch::optim::Optimizer& opt);
+// The names of a kind's state tensors, as stored: optimizer/<param>/<field>.
+std::vector<std::string> state_fields(const std::string& kind);
 // The tensors of one parameter's optimizer state by field name (created
-// empty when `create`); *step points at Adam's step count, or is null.
+// empty when `create`); *step points at the state's step count (Adam, AdamW,
+// RMSprop, Adagrad), or is null.
 std::vector<std::pair<std::string, at::Tensor*>> state_tensors(torch::optim::Optimizer& opt, const at::Tensor& p,
                                                                bool create, int64_t** step);
 // Drops a parameter's state: as it is before its first step.

@@ -1,10 +1,12 @@
-// Optimizer state in checkpoints: read out of and installed into SGD, Adam
-// and AdamW per parameter, stored as items "optimizer/<param>/<field>" cut
+// Optimizer state in checkpoints: read out of and installed into SGD, Adam,
+// AdamW, RMSprop and Adagrad (every optimizer ZeroOptimizer takes) per parameter, stored as items "optimizer/<param>/<field>" cut
 // like the parameter. (ZeRO-1's slices: checkpoint_zero.cpp.)
 #include <ATen/ATen.h>
+#include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/optimizer.h>
+#include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
 #include <map>
@@ -49,8 +51,34 @@ const char* optimizer_kind(torch::optim::Optimizer& opt) {
   if (dynamic_cast<torch::optim::SGD*>(&opt)) return "sgd";
   if (dynamic_cast<torch::optim::AdamW*>(&opt)) return "adamw";
   if (dynamic_cast<torch::optim::Adam*>(&opt)) return "adam";
-  throw Error("checkpoints save optimizer state for SGD, Adam and AdamW only");
+  if (dynamic_cast<torch::optim::RMSprop*>(&opt)) return "rmsprop";
+  if (dynamic_cast<torch::optim::Adagrad*>(&opt)) return "adagrad";
+  throw Error("checkpoints save optimizer state for SGD, Adam, AdamW, RMSprop and Adagrad only");
 }
+
+std::vector<std::string> state_fields(const std::string& kind) {
+  if (kind == "sgd") return {"momentum_buffer"};
+  if (kind == "rmsprop") return {"square_avg", "momentum_buffer", "grad_avg"};
+  if (kind == "adagrad") return {"sum"};
+  return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+}
+
+namespace {
+
+std::unique_ptr<torch::optim::OptimizerParamState> empty_state(const std::string& kind) {
+  if (kind == "sgd") return std::make_unique<torch::optim::SGDParamState>();
+  if (kind == "adam") return std::make_unique<torch::optim::AdamParamState>();
+  if (kind == "adamw") return std::make_unique<torch::optim::AdamWParamState>();
+  if (kind == "rmsprop") return std::make_unique<torch::optim::RMSpropParamState>();
+  return std::make_unique<torch::optim::AdagradParamState>();
+}
+
+template <class T>
+at::Tensor* field(const T& value) {
+  return &const_cast<at::Tensor&>(value);
+}
+
+}  // namespace
 
 std::vector<std::pair<std::string, at::Tensor*>> state_tensors(torch::optim::Optimizer& opt, const at::Tensor& p,
                                                                bool create, int64_t** step) {
@@ -60,26 +88,29 @@ std::vector<std::pair<std::string, at::Tensor*>> state_tensors(torch::optim::Opt
   const std::string kind = optimizer_kind(opt);
   if (it == states.end()) {
     if (!create) return {};
-    if (kind == "sgd") states[key] = std::make_unique<torch::optim::SGDParamState>();
-    else if (kind == "adam") states[key] = std::make_unique<torch::optim::AdamParamState>();
-    else states[key] = std::make_unique<torch::optim::AdamWParamState>();
-    it = states.find(key);
+    it = states.emplace(key, empty_state(kind)).first;
   }
-  std::vector<std::pair<std::string, at::Tensor*>> out;
+  std::vector<at::Tensor*> t;  // in the order of state_fields(kind)
   *step = nullptr;
-  if (auto* s = dynamic_cast<torch::optim::SGDParamState*>(it->second.get())) {
-    out.emplace_back("momentum_buffer", &const_cast<at::Tensor&>(s->momentum_buffer()));
-  } else if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(it->second.get())) {
-    out.emplace_back("exp_avg", &const_cast<at::Tensor&>(a->exp_avg()));
-    out.emplace_back("exp_avg_sq", &const_cast<at::Tensor&>(a->exp_avg_sq()));
-    out.emplace_back("max_exp_avg_sq", &const_cast<at::Tensor&>(a->max_exp_avg_sq()));
+  auto* s = it->second.get();
+  if (auto* g = dynamic_cast<torch::optim::SGDParamState*>(s)) {
+    t = {field(g->momentum_buffer())};
+  } else if (auto* a = dynamic_cast<torch::optim::AdamParamState*>(s)) {
+    t = {field(a->exp_avg()), field(a->exp_avg_sq()), field(a->max_exp_avg_sq())};
     *step = &const_cast<int64_t&>(a->step());
-  } else if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get())) {
-    out.emplace_back("exp_avg", &const_cast<at::Tensor&>(w->exp_avg()));
-    out.emplace_back("exp_avg_sq", &const_cast<at::Tensor&>(w->exp_avg_sq()));
-    out.emplace_back("max_exp_avg_sq", &const_cast<at::Tensor&>(w->max_exp_avg_sq()));
+  } else if (auto* w = dynamic_cast<torch::optim::AdamWParamState*>(s)) {
+    t = {field(w->exp_avg()), field(w->exp_avg_sq()), field(w->max_exp_avg_sq())};
     *step = &const_cast<int64_t&>(w->step());
+  } else if (auto* r = dynamic_cast<torch::optim::RMSpropParamState*>(s)) {
+    t = {field(r->square_avg()), field(r->momentum_buffer()), field(r->grad_avg())};
+    *step = &const_cast<int64_t&>(r->step());
+  } else if (auto* ag = dynamic_cast<torch::optim::AdagradParamState*>(s)) {
+    t = {field(ag->sum())};
+    *step = &const_cast<int64_t&>(ag->step());
   }
+  const std::vector<std::string> names = state_fields(kind);
+  std::vector<std::pair<std::string, at::Tensor*>> out;
+  for (size_t i = 0; i < t.size() && i < names.size(); ++i) out.emplace_back(names[i], t[i]);
   return out;
 }
 
@@ -164,9 +195,7 @@ std::vector<ParamState> read_optimizer_states(torch::optim::Optimizer& optimizer
   if (it->second != kind)
     throw Error("the checkpoint's optimizer state is " + it->second + "'s, the optimizer given is " + kind);
   if (!options.zero) check_optimizer_params(optimizer, items);
-  const std::vector<std::string> fields =
-      kind == "sgd" ? std::vector<std::string>{"momentum_buffer"}
-                    : std::vector<std::string>{"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  const std::vector<std::string> fields = state_fields(kind);
   std::vector<ParamState> out;
   for (const Item& item : items) {
     if (!item.param.defined()) continue;

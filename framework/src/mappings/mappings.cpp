@@ -124,13 +124,21 @@ at::Tensor all_gather_from_group(const at::Tensor& x, Communicator& g, int64_t d
   return AllGatherFromGroup::apply(x, group_handle(g), wrap(x, dim));
 }
 
+namespace {
+thread_local bool whole_sequence = false;
+}  // namespace
+
+WholeSequence::WholeSequence() : previous_(whole_sequence) { whole_sequence = true; }
+WholeSequence::~WholeSequence() { whole_sequence = previous_; }
+bool WholeSequence::active() { return whole_sequence; }
+
 int64_t checked_sequence_dim(const at::Tensor& x, Communicator& g, int64_t dim, bool split) {
   const int64_t n = x.dim();
   if (dim < -n || dim >= n)
     throw Error("sequence parallel: sequence dim " + std::to_string(dim) + " does not exist in an activation of " +
                 std::to_string(n) + " dims " + shape_str(x.sizes()) + " (check the plan's sequence_parallel.dim)");
   const int64_t d = dim < 0 ? dim + n : dim;
-  if (split && x.size(d) % g.size() != 0)
+  if (split && !whole_sequence && x.size(d) % g.size() != 0)
     throw Error("sequence parallel: the sequence (dim " + std::to_string(d) + " of " + shape_str(x.sizes()) +
                 ", length " + std::to_string(x.size(d)) + ") is not divisible by the " + std::to_string(g.size()) +
                 " ranks of group '" + g.name() + "'; uneven sequences are not supported: pad or pick a length "
@@ -141,23 +149,26 @@ int64_t checked_sequence_dim(const at::Tensor& x, Communicator& g, int64_t dim, 
 at::Tensor gather_sequence(const at::Tensor& x, Communicator& g, int64_t dim) {
   const int64_t d = checked_sequence_dim(x, g, dim, false);
   if (g.size() == 1) return x;
+  if (whole_sequence) return CopyToGroup::apply(x, group_handle(g));
   return AllGatherFromGroup::apply(x, group_handle(g), d);
 }
 
 at::Tensor reduce_scatter_sequence(const at::Tensor& x, Communicator& g, int64_t dim) {
   const int64_t d = checked_sequence_dim(x, g, dim, true);
   if (g.size() == 1) return x;
+  if (whole_sequence) return ReduceFromGroup::apply(x, group_handle(g));
   return ReduceScatterToGroup::apply(x, group_handle(g), d);
 }
 
 at::Tensor split_sequence(const at::Tensor& x, Communicator& g, int64_t dim) {
   const int64_t d = checked_sequence_dim(x, g, dim, true);
-  if (g.size() == 1) return x;
+  if (g.size() == 1 || whole_sequence) return x;
   return ScatterToGroup::apply(x, group_handle(g), d);
 }
 
 at::Tensor sequence_parallel_param(const at::Tensor& p, Communicator& g) {
-  if (!p.defined()) return p;
+  // Over the whole sequence every rank's gradient is already the whole one.
+  if (!p.defined() || whole_sequence) return p;
   return copy_to_group(p, g);
 }
 

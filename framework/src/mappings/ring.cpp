@@ -265,6 +265,7 @@ at::Tensor ring_gather_linear(const at::Tensor& x, const at::Tensor& w, const at
                               int64_t dim, RingDirection direction) {
   const int64_t d = checked_sequence_dim(x, g, dim, false);
   if (g.size() == 1) return at::linear(x, w, b);
+  if (WholeSequence::active()) return at::linear(copy_to_group(x, g), w, b);
   at::Tensor y = RingGatherLinear::apply(x, w, group_handle(g), d, static_cast<int64_t>(direction));
   return b.defined() ? y + b : y;
 }
@@ -273,6 +274,7 @@ at::Tensor ring_linear_reduce_scatter(const at::Tensor& x, const at::Tensor& w, 
                                       RingDirection direction) {
   const int64_t d = checked_sequence_dim(x, g, dim, true);
   if (g.size() == 1) return at::linear(x, w);
+  if (WholeSequence::active()) return reduce_from_group(at::linear(x, w), g);
   return RingLinearReduceScatter::apply(x, w, group_handle(g), d, static_cast<int64_t>(direction));
 }
 

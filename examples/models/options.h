@@ -1,0 +1,54 @@
+#pragma once
+// Option values for the example drivers, parsed whole: std::stoi("1e9") is 1
+// and std::stoi("12abc") 12, so a typo would train with another value. These
+// throw std::invalid_argument for anything but the whole text as one number
+// (std::out_of_range past the type), which the drivers report as a bad value
+// of the option before anything runs.
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace shardplan {
+namespace examples {
+
+inline long long option_integer(const std::string& text, long long lo, long long hi) {
+  if (text.empty() || text.find_first_of(" \t\n") != std::string::npos) throw std::invalid_argument(text);
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (*end != '\0') throw std::invalid_argument(text);
+  if (errno == ERANGE || v < lo || v > hi) throw std::out_of_range(text);
+  return v;
+}
+
+inline int option_int(const std::string& text) {
+  return static_cast<int>(
+      option_integer(text, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
+}
+
+// Seeds: strtoull would take "-1" as 2^64 - 1.
+inline uint64_t option_seed(const std::string& text) {
+  if (text.empty() || text[0] < '0' || text[0] > '9') throw std::invalid_argument(text);
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+  if (*end != '\0') throw std::invalid_argument(text);
+  if (errno == ERANGE) throw std::out_of_range(text);
+  return v;
+}
+
+// A finite number (nan and inf are refused here, ranges by the driver).
+inline double option_double(const std::string& text) {
+  if (text.empty() || text.find_first_of(" \t\n") != std::string::npos) throw std::invalid_argument(text);
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (*end != '\0' || !std::isfinite(v)) throw std::invalid_argument(text);
+  return v;
+}
+
+}  // namespace examples
+}  // namespace shardplan

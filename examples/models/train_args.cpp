@@ -1,0 +1,173 @@
+#include "models/train_args.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "models/model.h"
+#include "models/options.h"
+#include "models/train_checks.h"
+
+namespace shardplan {
+namespace examples {
+namespace {
+
+// Defaults that make each model learn visibly in a minute or two on 2 cores.
+struct Defaults {
+  const char* model;
+  int steps, batch, log_every;
+  double lr;
+};
+const Defaults kDefaults[] = {
+    {"gpt", 300, 16, 20, 2e-3},
+    {"convnet", 100, 32, 10, 1e-3},
+    {"lstm_lm", 200, 16, 20, 3e-3},
+};
+
+}  // namespace
+
+[[noreturn]] void usage(const std::string& program, const std::string& only, const std::string& why) {
+  const bool fixed = !only.empty();
+  std::string models;
+  for (const auto& n : model_names())
+    if (!fixed || n == only) models += "\n  " + n + ": " + model_help(n);
+  std::fprintf(stderr,
+               "%s: %s\nusage: %s %s[--config KEY=VALUE,...] [--plan PLAN.yaml|auto] [--ranks N] [--steps N]\n"
+               "       [--batch N] [--lr X] [--optimizer adam|adamw|sgd|rmsprop|adagrad] [--dtype float32|float64]\n"
+               "       [--seed N] [--threads N] [--log-every N] [--data TEXT_FILE] [--report]\n"
+               "       [--save DIR [--save-every N]] [--load DIR] [--micro-batches N] [--check-replicas N]\n"
+               "       [--generate N [--prompt TEXT] [--temperature X] [--top-k K] [--samples S]]\n"
+               "--save writes a sharded checkpoint (model, optimizer, step) to DIR after the last step, and\n"
+               "every N steps with --save-every; --load resumes from one, saved at any number of ranks,\n"
+               "training on from its step to --steps (docs/CHECKPOINTS.md); --threads sets libtorch's and\n"
+               "the BLAS pool's threads per rank (default: SHARDPLAN_NUM_THREADS, else cores / ranks on\n"
+               "this machine; docs/THREADS.md)\n"
+               "--plan auto plans the model by itself (shardplan::auto_plan, docs/AUTO_PLAN.md; --report shows it)\n"
+               "--batch is the global batch: a plan with a batch axis (mesh {data: 2, model: 2}) gives each\n"
+               "data rank its slice; --micro-batches accumulates gradients over N slices of it per step;\n"
+               "--check-replicas N compares every replicated parameter across its groups every N steps\n"
+               "--generate N (gpt): after training, S samples (default 3) of N new bytes each after --prompt\n"
+               "(default \"From fairest creatures\"), temperature X (default 0.8; 0: greedy) over the top K\n"
+               "(default 20; 0: all), with a key/value cache split by heads; prompt + N must fit the context,\n"
+               "and the S samples' caches this machine's memory (both checked before training)\n"
+               "--optimizer: adam (default), adamw, sgd (momentum 0.9), rmsprop, adagrad (torch's defaults)\n"
+               "%s%s\n",
+               program.c_str(), why.c_str(), program.c_str(), fixed ? "" : "[--model NAME] ",
+               fixed ? "model:" : "models:", models.c_str());
+  std::exit(2);
+}
+
+namespace {
+
+// The option values that need each other or the model's defaults; every
+// check a run could otherwise fail later in is made here or before step 1.
+void check_args(Args& a, const std::string& program, const std::string& only) {
+  if (a.optimizer != "adam" && a.optimizer != "adamw" && a.optimizer != "sgd" && a.optimizer != "rmsprop" &&
+      a.optimizer != "adagrad")
+    usage(program, only, "--optimizer must be adam, adamw, sgd, rmsprop or adagrad, got '" + a.optimizer + "'");
+  if (a.dtype != "float32" && a.dtype != "float64") usage(program, only, "--dtype must be float32 or float64");
+  const Defaults* d = nullptr;
+  for (const auto& x : kDefaults)
+    if (a.model == x.model) d = &x;
+  if (!d) usage(program, only, "unknown model '" + a.model + "'");
+  if (a.steps < 0) a.steps = d->steps;
+  if (a.batch < 0) a.batch = d->batch;
+  if (a.log_every < 0) a.log_every = d->log_every;
+  if (std::isnan(a.lr)) a.lr = d->lr;
+  if (!(a.lr > 0)) usage(program, only, "--lr must be a positive number");
+  if (a.save_every < 0 || (a.save_every > 0 && a.save.empty()))
+    usage(program, only, "--save-every needs --save DIR and a positive step count");
+  if (a.micro_batches < 1 || a.check_replicas < 0)
+    usage(program, only, "--micro-batches must be at least 1, --check-replicas not negative");
+  if (a.generate < 0 || a.samples < 1)
+    usage(program, only, "--generate must not be negative, --samples at least 1");
+  if (a.generate == 0 && !a.generation_option.empty())
+    usage(program, only, a.generation_option + " takes effect with --generate N only");
+  if (a.steps < 1 || a.batch < 1 || a.log_every < 1 || a.ranks < 0 || a.threads < 0)
+    usage(program, only, "--steps, --batch and --log-every must be at least 1, --ranks and --threads not negative");
+  // As SHARDPLAN_NUM_THREADS: a larger count is a typo, not a machine.
+  if (a.ranks > 4096 || a.threads > 4096) usage(program, only, "--ranks and --threads must be at most 4096");
+  try {
+    if (!a.save.empty()) check_save_dir(a.save);
+  } catch (const std::exception& e) {
+    usage(program, only, e.what());
+  }
+}
+
+}  // namespace
+
+Args parse_args(int argc, char** argv, const std::string& program, const std::string& default_model, bool fixed) {
+  const std::string only = fixed ? default_model : "";
+  Args a;
+  a.model = default_model;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i], v;
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(program, only, "missing value for " + k);
+      return v = argv[++i];
+    };
+    if (k == "--prompt" || k == "--temperature" || k == "--top-k" || k == "--samples") a.generation_option = k;
+    try {
+      if (k == "--model" && !fixed)
+        a.model = value();
+      else if (k == "--config")
+        a.config += (a.config.empty() ? "" : ",") + value();
+      else if (k == "--plan")
+        a.plan = value();
+      else if (k == "--data")
+        a.data = value();
+      else if (k == "--ranks")
+        a.ranks = option_int(value());
+      else if (k == "--steps")
+        a.steps = option_int(value());
+      else if (k == "--batch")
+        a.batch = option_int(value());
+      else if (k == "--log-every")
+        a.log_every = option_int(value());
+      else if (k == "--lr")
+        a.lr = option_double(value());
+      else if (k == "--optimizer")
+        a.optimizer = value();
+      else if (k == "--dtype")
+        a.dtype = value();
+      else if (k == "--seed")
+        a.seed = option_seed(value());
+      else if (k == "--threads")
+        a.threads = option_int(value());
+      else if (k == "--report")
+        a.report = true;
+      else if (k == "--save")
+        a.save = value();
+      else if (k == "--save-every")
+        a.save_every = option_int(value());
+      else if (k == "--load")
+        a.load = value();
+      else if (k == "--micro-batches")
+        a.micro_batches = option_int(value());
+      else if (k == "--check-replicas")
+        a.check_replicas = option_int(value());
+      else if (k == "--generate")
+        a.generate = option_int(value());
+      else if (k == "--prompt")
+        a.prompt = value();
+      else if (k == "--temperature")
+        a.temperature = option_double(value());
+      else if (k == "--top-k")
+        a.top_k = option_int(value());
+      else if (k == "--samples")
+        a.samples = option_int(value());
+      else if (k == "--help" || k == "-h")
+        usage(program, only, "tensor-parallel training of an example model");
+      else
+        usage(program, only, "unknown argument '" + k + "'");
+    } catch (const std::logic_error&) {
+      usage(program, only, "bad value for " + k + ": '" + v + "'");
+    }
+  }
+  check_args(a, program, only);
+  return a;
+}
+
+}  // namespace examples
+}  // namespace shardplan

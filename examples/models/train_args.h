@@ -1,0 +1,46 @@
+#pragma once
+// The command line of the training driver (train_loop.cpp): every option,
+// parsed whole and checked against the others before anything runs.
+// Torch-free.
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+namespace shardplan {
+namespace examples {
+
+struct Args {
+  std::string model;
+  std::string config;  // key=value,...
+  std::string plan;
+  std::string data;
+  int ranks = 0;  // 0: from the launcher's environment, else 1
+  int steps = -1, batch = -1, log_every = -1;
+  double lr = std::nan("");  // unset: the model's default (options never parse to nan)
+  std::string optimizer = "adam";
+  std::string dtype = "float32";
+  uint64_t seed = 0;
+  int threads = 0;  // 0: SHARDPLAN_NUM_THREADS, else the cores shared out among this machine's ranks
+  bool report = false;
+  std::string save, load;  // checkpoint directories
+  int save_every = 0;      // 0: save once, after the last step
+  int micro_batches = 1;   // gradient accumulation: micro-batches per step
+  int check_replicas = 0;  // every N steps (0: never)
+  // Text generation after training (gpt only).
+  int generate = 0;  // new tokens per sample (0: none)
+  std::string prompt = "From fairest creatures";  // the sonnets' first line, begun
+  double temperature = 0.8;
+  int top_k = 20;
+  int samples = 3;
+  std::string generation_option;  // the last of --prompt ... --samples given (they need --generate)
+};
+
+// Prints why and the usage to stderr and exits with status 2. `only`: the one
+// model a fixed program trains ("" lists every model).
+[[noreturn]] void usage(const std::string& program, const std::string& only, const std::string& why);
+
+// The options, with the model's defaults filled in; a bad one ends in usage().
+Args parse_args(int argc, char** argv, const std::string& program, const std::string& default_model, bool fixed);
+
+}  // namespace examples
+}  // namespace shardplan
