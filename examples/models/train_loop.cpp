@@ -160,7 +160,10 @@ std::string model_whereabouts(const Args& a, int start) {
 // fails right after the last step, as an unforeseen error there would.
 void test_fail_after_training() {
   const char* env = std::getenv("SHARDPLAN_TEST_FAIL_AFTER_TRAINING");
-  if (env && std::string(env) == "1") throw Error("SHARDPLAN_TEST_FAIL_AFTER_TRAINING=1 (a test hook)");
+  if (!env || !*env || std::string(env) == "0") return;
+  if (std::string(env) != "1")
+    throw Error(std::string("SHARDPLAN_TEST_FAIL_AFTER_TRAINING='") + env + "' is not one of: 0, 1");
+  throw Error("SHARDPLAN_TEST_FAIL_AFTER_TRAINING=1 (a test hook)");
 }
 
 // Ranks that are threads share torch's global generator: build models one at
