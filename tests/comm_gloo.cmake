@@ -61,7 +61,7 @@ set_tests_properties(comm_gloo_bad_link_env PROPERTIES TIMEOUT 60 LABELS "comm;g
 
 find_program(SHARDPLAN_BASH bash REQUIRED)
 add_test(NAME comm_gloo_shm_no_leftovers
-  COMMAND ${SHARDPLAN_BASH} -c "\"$1\" --backend gloo --threads 4 --quick --option shm=on >/dev/null & pid=$!; wait $pid || exit 1; left=$(ls /dev/shm | grep \"^shardplan-gloo-$pid-\"); [ -z \"$left\" ] || { echo \"left in /dev/shm: $left\"; exit 1; }" _ $<TARGET_FILE:comm_conformance>)
+  COMMAND ${SHARDPLAN_BASH} -c "\"$1\" --backend gloo --threads 4 --quick --option shm=on >/dev/null & pid=$!; wait $pid || exit 1; left=$(ls /dev/shm | grep \"^shardplan-gloo-nojob-$pid-\"); [ -z \"$left\" ] || { echo \"left in /dev/shm: $left\"; exit 1; }" _ $<TARGET_FILE:comm_conformance>)
 set_tests_properties(comm_gloo_shm_no_leftovers PROPERTIES TIMEOUT 300 LABELS "comm;gloo")
 # tests/e2e/two_nodes_gloo.sh picks a free port with launcher_probe.
 add_test(NAME comm_gloo_two_nodes
