@@ -52,12 +52,30 @@ set_tests_properties(comm_gloo_bad_shm_option PROPERTIES TIMEOUT 60 LABELS "comm
 # a rate; its pacing is tested in test_comm_gloo.cpp.
 add_test(NAME comm_gloo_bad_link_option
   COMMAND comm_conformance --backend gloo --threads 1 --option link_gbps=fast)
-add_test(NAME comm_gloo_bad_link_env
-  COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_GLOO_LINK_GBPS=-1 $<TARGET_FILE:comm_conformance> --backend gloo --threads 1)
 set_tests_properties(comm_gloo_bad_link_option PROPERTIES TIMEOUT 60 LABELS "comm;gloo"
   PASS_REGULAR_EXPRESSION "bad option link_gbps=fast \\(expected a number of Gbit/s > 0, or 0 for no emulated link\\)")
-set_tests_properties(comm_gloo_bad_link_env PROPERTIES TIMEOUT 60 LABELS "comm;gloo"
-  PASS_REGULAR_EXPRESSION "bad option SHARDPLAN_GLOO_LINK_GBPS \\(expected")
+
+# Each variable of docs/ENV_GLOO.md is refused at create like its option,
+# naming the variable, its value and what it accepts (a typo used to be
+# ignored silently).
+add_test(NAME comm_gloo_bad_link_env
+  COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_GLOO_LINK_GBPS=-1 $<TARGET_FILE:comm_conformance> --backend gloo --threads 1)
+add_test(NAME comm_gloo_bad_shm_env
+  COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_GLOO_SHM=of $<TARGET_FILE:comm_conformance> --backend gloo --threads 2)
+add_test(NAME comm_gloo_bad_job_id_env
+  COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_JOB_ID=a/b $<TARGET_FILE:comm_conformance> --backend gloo --threads 2)
+add_test(NAME comm_gloo_bad_shm_pause_env
+  COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_TEST_GLOO_SHM_PAUSE_MS=x $<TARGET_FILE:comm_conformance> --backend gloo --threads 2)
+set_tests_properties(comm_gloo_bad_link_env comm_gloo_bad_shm_env comm_gloo_bad_job_id_env comm_gloo_bad_shm_pause_env PROPERTIES
+  TIMEOUT 60 LABELS "comm;gloo")
+set_tests_properties(comm_gloo_bad_link_env PROPERTIES PASS_REGULAR_EXPRESSION
+  "bad environment variable SHARDPLAN_GLOO_LINK_GBPS=-1 \\(expected a number of Gbit/s > 0, or 0 for no emulated link\\)")
+set_tests_properties(comm_gloo_bad_shm_env PROPERTIES PASS_REGULAR_EXPRESSION
+  "bad environment variable SHARDPLAN_GLOO_SHM=of \\(expected auto, on or off; 1/true for on, 0/false for off\\)")
+set_tests_properties(comm_gloo_bad_job_id_env PROPERTIES PASS_REGULAR_EXPRESSION
+  "bad environment variable SHARDPLAN_JOB_ID=a/b \\(expected 1 to 24 letters, digits")
+set_tests_properties(comm_gloo_bad_shm_pause_env PROPERTIES PASS_REGULAR_EXPRESSION
+  "bad environment variable SHARDPLAN_TEST_GLOO_SHM_PAUSE_MS=x \\(expected a number of milliseconds")
 
 find_program(SHARDPLAN_BASH bash REQUIRED)
 add_test(NAME comm_gloo_shm_no_leftovers

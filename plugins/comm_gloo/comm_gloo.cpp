@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "comm.h"
+#include "env.h"
 #include "errors.h"
 #include "link.h"
 #include "reduce.h"
@@ -68,26 +69,31 @@ struct Options {
   std::string file_store;
   std::string prefix;
   bool blocking_inline = false;  // blocking=inline|worker
-  ShmMode shm = shm_mode_default();  // shm=auto|on|off
-  double link_gbps = link_gbps_default();  // link_gbps=X
-  std::string bad;               // the first option with a bad value
+  ShmMode shm = ShmMode::kAuto;  // shm=auto|on|off
+  double link_gbps = 0;          // link_gbps=X
+  std::string bad;               // the first bad option or variable, as create() reports it
 };
 
 Options parse_options(const char* const* options) {
   Options o;
+  const EnvDefaults env = env_defaults();
+  o.shm = env.shm;
+  o.link_gbps = env.link_gbps;
+  o.bad = env.bad;
+  auto refuse = [&](const std::string& what) {
+    if (o.bad.empty()) o.bad = "bad option " + what;
+  };
   shardplan::comm::for_each_option(options, [&](const std::string& k, const std::string& v) {
     if (k == "local_addr") o.local_addr = v;
     else if (k == "iface") o.iface = v;
     else if (k == "file_store") o.file_store = v;
     else if (k == "prefix") o.prefix = v;
     else if (k == "blocking" && (v == "inline" || v == "worker")) o.blocking_inline = v == "inline";
-    else if (k == "blocking" && o.bad.empty()) o.bad = "blocking=" + v + " (expected blocking=worker or blocking=inline)";
-    else if (k == "shm" && !parse_shm_mode(v, o.shm) && o.bad.empty()) o.bad = "shm=" + v + " (expected shm=auto, shm=on or shm=off)";
-    else if (k == "link_gbps" && !parse_link_gbps(v, o.link_gbps) && o.bad.empty())
-      o.bad = "link_gbps=" + v + " (expected a number of Gbit/s > 0, or 0 for no emulated link)";
+    else if (k == "blocking") refuse("blocking=" + v + " (expected blocking=worker or blocking=inline)");
+    else if (k == "shm" && !parse_shm_mode(v, o.shm)) refuse("shm=" + v + " (expected shm=auto, shm=on or shm=off)");
+    else if (k == "link_gbps" && !parse_link_gbps(v, o.link_gbps))
+      refuse("link_gbps=" + v + " (expected a number of Gbit/s > 0, or 0 for no emulated link)");
   });
-  if (std::isnan(o.link_gbps) && o.bad.empty())
-    o.bad = "SHARDPLAN_GLOO_LINK_GBPS (expected a number of Gbit/s > 0, or 0 for no emulated link)";
   return o;
 }
 
@@ -100,7 +106,7 @@ int api_create(const sp_comm_config* config, sp_comm** out) {
   const std::string who = "gloo " + op;
 
   return guarded(op.c_str(), [&]() -> int {
-    if (!opt.bad.empty()) return fail(SP_ERR_INVALID, who + ": bad option " + opt.bad);
+    if (!opt.bad.empty()) return fail(SP_ERR_INVALID, who + ": " + opt.bad);
     std::shared_ptr<KeyStore> store;
     if (config->store) store = std::make_shared<HostStore>(*config->store, timeout);
     else if (!opt.file_store.empty()) store = std::make_shared<DirStore>(opt.file_store, timeout);

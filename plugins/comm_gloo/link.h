@@ -27,15 +27,6 @@ inline bool parse_link_gbps(const std::string& v, double& out) {
   return true;
 }
 
-// NaN when the variable is set to something parse_link_gbps refuses, so that
-// create() names it.
-inline double link_gbps_default() {
-  const char* v = std::getenv("SHARDPLAN_GLOO_LINK_GBPS");
-  double x = 0;
-  if (v && *v && !parse_link_gbps(v, x)) return std::nan("");
-  return x;
-}
-
 // The bytes a rank sends for `op` over `size` ranks, from the byte sizes of
 // the buffers submit_collective() queues (for a rooted collective's
 // non-root rank both are its own block).

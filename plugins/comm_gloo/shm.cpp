@@ -346,13 +346,6 @@ void ShmGroup::all_gather(const uint8_t* send, uint8_t* recv, size_t count, size
   barrier();
 }
 
-ShmMode shm_mode_default() {
-  const char* v = std::getenv("SHARDPLAN_GLOO_SHM");
-  ShmMode m = ShmMode::kAuto;
-  if (v && *v) parse_shm_mode(v, m);
-  return m;
-}
-
 bool parse_shm_mode(const std::string& v, ShmMode& out) {
   if (v == "auto") out = ShmMode::kAuto;
   else if (v == "on" || v == "1" || v == "true") out = ShmMode::kOn;

@@ -19,7 +19,7 @@
 //
 // Option shm=auto (default: use it when possible), shm=off (always TCP),
 // shm=on (an error when it cannot be used); environment SHARDPLAN_GLOO_SHM
-// (auto/on/off, 1/0) is the default for the option.
+// (auto/on/off, 1/0) is the default for the option (env.h).
 //
 // Nothing is left in /dev/shm: the segment's name is unlinked as soon as
 // every rank has mapped it, and on every way out of attach_shm before that
@@ -85,7 +85,6 @@ class ShmGroup {
   std::chrono::steady_clock::time_point deadline_;
 };
 
-ShmMode shm_mode_default();
 // "auto", "on", "off" (also 1/0, true/false); false for anything else.
 bool parse_shm_mode(const std::string& v, ShmMode& out);
 // What SHARDPLAN_JOB_ID may hold: it becomes part of a file name, and the
