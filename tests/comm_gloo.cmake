@@ -66,7 +66,10 @@ add_test(NAME comm_gloo_bad_job_id_env
   COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_JOB_ID=a/b $<TARGET_FILE:comm_conformance> --backend gloo --threads 2)
 add_test(NAME comm_gloo_bad_shm_pause_env
   COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_TEST_GLOO_SHM_PAUSE_MS=x $<TARGET_FILE:comm_conformance> --backend gloo --threads 2)
-set_tests_properties(comm_gloo_bad_link_env comm_gloo_bad_shm_env comm_gloo_bad_job_id_env comm_gloo_bad_shm_pause_env PROPERTIES
+add_test(NAME comm_gloo_bad_stall_env
+  COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_TEST_GLOO_STALL_MS=1s $<TARGET_FILE:comm_conformance> --backend gloo --threads 2)
+set_tests_properties(comm_gloo_bad_link_env comm_gloo_bad_shm_env comm_gloo_bad_job_id_env comm_gloo_bad_shm_pause_env
+  comm_gloo_bad_stall_env PROPERTIES
   TIMEOUT 60 LABELS "comm;gloo")
 set_tests_properties(comm_gloo_bad_link_env PROPERTIES PASS_REGULAR_EXPRESSION
   "bad environment variable SHARDPLAN_GLOO_LINK_GBPS=-1 \\(expected a number of Gbit/s > 0, or 0 for no emulated link\\)")
@@ -76,6 +79,8 @@ set_tests_properties(comm_gloo_bad_job_id_env PROPERTIES PASS_REGULAR_EXPRESSION
   "bad environment variable SHARDPLAN_JOB_ID=a/b \\(expected 1 to 24 letters, digits")
 set_tests_properties(comm_gloo_bad_shm_pause_env PROPERTIES PASS_REGULAR_EXPRESSION
   "bad environment variable SHARDPLAN_TEST_GLOO_SHM_PAUSE_MS=x \\(expected a number of milliseconds")
+set_tests_properties(comm_gloo_bad_stall_env PROPERTIES PASS_REGULAR_EXPRESSION
+  "bad environment variable SHARDPLAN_TEST_GLOO_STALL_MS=1s \\(expected a number of milliseconds")
 
 find_program(SHARDPLAN_BASH bash REQUIRED)
 add_test(NAME comm_gloo_shm_no_leftovers

@@ -32,6 +32,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -71,6 +72,7 @@ struct Options {
   bool blocking_inline = false;  // blocking=inline|worker
   ShmMode shm = ShmMode::kAuto;  // shm=auto|on|off
   double link_gbps = 0;          // link_gbps=X
+  long test_stall_ms = 0;        // SHARDPLAN_TEST_GLOO_STALL_MS
   std::string bad;               // the first bad option or variable, as create() reports it
 };
 
@@ -79,6 +81,7 @@ Options parse_options(const char* const* options) {
   const EnvDefaults env = env_defaults();
   o.shm = env.shm;
   o.link_gbps = env.link_gbps;
+  o.test_stall_ms = env.test_stall_ms;
   o.bad = env.bad;
   auto refuse = [&](const std::string& what) {
     if (o.bad.empty()) o.bad = "bad option " + what;
@@ -138,6 +141,7 @@ int api_create(const sp_comm_config* config, sp_comm** out) {
     auto comm = std::make_shared<Comm>(rank, size, timeout, store, prefix, device, opt.blocking_inline);
     comm->shm_mode = opt.shm;
     comm->link_bytes_per_second = opt.link_gbps * 1e9 / 8;
+    comm->test_stall_ms = opt.test_stall_ms;
     comm->connect();
     attach_shm(*comm, comm->shm_mode);
     *out = new sp_comm{comm};
@@ -178,6 +182,7 @@ int api_split(sp_comm* parent, int32_t color, int32_t key, sp_comm** out) {
                                         p->device, p->blocking_inline());
         c->shm_mode = p->shm_mode;
         c->link_bytes_per_second = p->link_bytes_per_second;
+        c->test_stall_ms = p->test_stall_ms;
         c->connect(&p->aborted);
         attach_shm(*c, c->shm_mode);
         child = std::move(c);
@@ -202,9 +207,21 @@ int api_abort(sp_comm* comm) {
   return SP_OK;
 }
 
+// A worker stuck in an operation a wait gave up on (comm.h, WorkerWatch)
+// would be joined forever, and could wake to use a freed communicator: such a
+// communicator is kept, reachable, for the life of the process, whose exit
+// ends the thread.
+void keep_forever(std::shared_ptr<Comm> c) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<std::shared_ptr<Comm>>;
+  std::lock_guard<std::mutex> lock(mu);
+  kept->push_back(std::move(c));
+}
+
 void api_destroy(sp_comm* comm) {
   SigpipeBlock no_sigpipe;
   try {
+    if (comm && comm->impl && comm->impl->worker_stuck()) keep_forever(std::move(comm->impl));
     delete comm;
   } catch (...) {
   }
@@ -225,10 +242,13 @@ int submit_collective(Comm* c, const char* name, const sp_buffer& send, const sp
   const size_t es = dtype_size(recv.dtype);
   const double link_s =
       link_seconds(c->link_bytes_per_second, name, c->size, double(send.count * es), double(recv.count * es));
+  const std::string too_slow = link_refusal(link_s, c->link_bytes_per_second, c->timeout);
+  if (!too_slow.empty()) return fail(SP_ERR_TIMEOUT, "gloo " + c->what(name) + ": " + too_slow);
   return c->submit(
       name,
       [c, s = send, r = recv, es, run, link_s] {
-        const LinkPace pace(link_s);
+        c->test_stall();
+        const LinkPace pace(link_s, c->aborted);
         if (r.count > 0) run(*c, s, r, es);
       },
       work);
@@ -428,6 +448,10 @@ int point_to_point(bool is_send, sp_comm* comm, const sp_buffer* buf, int32_t pe
           },
           work);
     }
+    // Refused before anything is posted, as a collective is before it is queued.
+    const double link_s = link_seconds(c->link_bytes_per_second, name, c->size, double(nbytes), double(nbytes));
+    const std::string too_slow = link_refusal(link_s, c->link_bytes_per_second, c->timeout);
+    if (!too_slow.empty()) return fail(SP_ERR_TIMEOUT, "gloo " + c->what(name) + ": " + too_slow);
     std::shared_ptr<gloo::transport::UnboundBuffer> ub;
     if (nbytes > 0) {
       ub = c->ctx->createUnboundBuffer(buf->data, nbytes);
@@ -436,12 +460,11 @@ int point_to_point(bool is_send, sp_comm* comm, const sp_buffer* buf, int32_t pe
       else ub->recv(peer, slot, 0, nbytes);
     }
     ms timeout = c->timeout;
-    const double link_s = link_seconds(c->link_bytes_per_second, name, c->size, double(nbytes), double(nbytes));
     return c->submit(
         name,
-        [ub, is_send, timeout, link_s] {
+        [c, ub, is_send, timeout, link_s] {
           if (!ub) return;
-          const LinkPace pace(link_s);
+          const LinkPace pace(link_s, c->aborted);
           if (is_send) ub->waitSend(timeout);
           else ub->waitRecv(timeout);
         },

@@ -14,6 +14,7 @@ namespace sp_gloo {
 struct EnvDefaults {
   ShmMode shm = ShmMode::kAuto;
   double link_gbps = 0;
+  long test_stall_ms = 0;  // SHARDPLAN_TEST_GLOO_STALL_MS (Comm::test_stall)
   std::string bad;  // "bad environment variable NAME=VALUE (expected ...)", or empty
 };
 
@@ -36,6 +37,10 @@ inline EnvDefaults env_defaults() {
     refuse("SHARDPLAN_JOB_ID", v, "1 to 24 letters, digits, '_' or '.'; set by shardplan launch");
   if (const char* v = std::getenv("SHARDPLAN_TEST_GLOO_SHM_PAUSE_MS"); v && *v && !is_count(v))
     refuse("SHARDPLAN_TEST_GLOO_SHM_PAUSE_MS", v, "a number of milliseconds >= 0; a test hook");
+  if (const char* v = std::getenv("SHARDPLAN_TEST_GLOO_STALL_MS"); v && *v) {
+    if (is_count(v)) d.test_stall_ms = std::atol(v);
+    else refuse("SHARDPLAN_TEST_GLOO_STALL_MS", v, "a number of milliseconds >= 0; a test hook");
+  }
   return d;
 }
 
