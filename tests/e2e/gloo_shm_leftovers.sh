@@ -10,6 +10,9 @@
 #                launcher): rank 0 fails and unlinks the segment itself
 #   kill-creator rank 0, which created the segment, killed inside the window
 #                under shardplan launch: the launcher removes the job's segment
+#   term-launch  SIGTERM to shardplan launch inside the window (Ctrl-C, a
+#                batch system's stop): the ranks die without running their
+#                destructors, and the launcher removes the job's segment
 set -uo pipefail
 case_name=$1 shardplan=$2 conformance=$3
 
@@ -85,6 +88,20 @@ kill-creator)
   grep -q "removed 1 shared-memory segment(s) of this job" "$work/out" || { cat "$work/out"; fail "the launcher did not say it removed the segment"; }
   shm_empty
   echo "PASS: the launcher removed the segment of a rank killed inside the attach window"
+  ;;
+term-launch)
+  export SHARDPLAN_TEST_GLOO_SHM_PAUSE_MS=5000
+  "$shardplan" launch -n 2 --backend gloo --timeout-ms 20000 -- "$conformance" --quick --option shm=on \
+    >"$work/out" 2>&1 &
+  launcher=$!
+  wait_for_pause 2 "$work/out"
+  [ -n "$(ls -A /dev/shm)" ] || fail "no segment inside the attach window"
+  kill -TERM $launcher
+  wait $launcher
+  status=$?
+  [ $status -eq 143 ] || { cat "$work/out"; fail "the launcher exited with $status, expected 143 (SIGTERM)"; }
+  shm_empty
+  echo "PASS: the launcher removed the segment when it was stopped inside the attach window"
   ;;
 *)
   fail "unknown case $case_name"
