@@ -72,15 +72,15 @@ set_tests_properties(comm_gloo_bad_link_env comm_gloo_bad_shm_env comm_gloo_bad_
   comm_gloo_bad_stall_env PROPERTIES
   TIMEOUT 60 LABELS "comm;gloo")
 set_tests_properties(comm_gloo_bad_link_env PROPERTIES PASS_REGULAR_EXPRESSION
-  "bad environment variable SHARDPLAN_GLOO_LINK_GBPS=-1 \\(expected a number of Gbit/s > 0, or 0 for no emulated link\\)")
+  "SHARDPLAN_GLOO_LINK_GBPS='-1' is not a link rate \\(a number of Gbit/s > 0, or 0 for no emulated link\\)")
 set_tests_properties(comm_gloo_bad_shm_env PROPERTIES PASS_REGULAR_EXPRESSION
-  "bad environment variable SHARDPLAN_GLOO_SHM=of \\(expected auto, on or off; 1/true for on, 0/false for off\\)")
+  "SHARDPLAN_GLOO_SHM='of' is not one of: auto, on, off, 1, 0, true, false \\(as option shm=\\)")
 set_tests_properties(comm_gloo_bad_job_id_env PROPERTIES PASS_REGULAR_EXPRESSION
-  "bad environment variable SHARDPLAN_JOB_ID=a/b \\(expected 1 to 24 letters, digits")
+  "SHARDPLAN_JOB_ID='a/b' is not a job id \\(1 to 24 letters, digits")
 set_tests_properties(comm_gloo_bad_shm_pause_env PROPERTIES PASS_REGULAR_EXPRESSION
-  "bad environment variable SHARDPLAN_TEST_GLOO_SHM_PAUSE_MS=x \\(expected a number of milliseconds")
+  "SHARDPLAN_TEST_GLOO_SHM_PAUSE_MS='x' is not a number of milliseconds \\(a whole number from 0 to 3600000\\)")
 set_tests_properties(comm_gloo_bad_stall_env PROPERTIES PASS_REGULAR_EXPRESSION
-  "bad environment variable SHARDPLAN_TEST_GLOO_STALL_MS=1s \\(expected a number of milliseconds")
+  "SHARDPLAN_TEST_GLOO_STALL_MS='1s' is not a number of milliseconds \\(a whole number from 0 to 3600000\\)")
 
 find_program(SHARDPLAN_BASH bash REQUIRED)
 add_test(NAME comm_gloo_shm_no_leftovers
