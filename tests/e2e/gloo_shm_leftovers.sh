@@ -48,6 +48,17 @@ wait_for_pause() {
   fail "the ranks never reached the attach window"
 }
 
+# Two ranks under shardplan launch, both paused inside the attach window
+# with the segment in /dev/shm; $launcher is the launcher's pid.
+launch_into_window() {
+  export SHARDPLAN_TEST_GLOO_SHM_PAUSE_MS=5000
+  "$shardplan" launch -n 2 --backend gloo --timeout-ms 20000 -- "$conformance" --quick --option shm=on \
+    >"$work/out" 2>&1 &
+  launcher=$!
+  wait_for_pause 2 "$work/out"
+  [ -n "$(ls -A /dev/shm)" ] || fail "no segment inside the attach window"
+}
+
 case $case_name in
 full-auto)
   "$conformance" --backend gloo --threads 2 --quick >"$work/out" 2>&1 || { cat "$work/out"; fail "shm=auto did not fall back to TCP"; }
@@ -75,14 +86,9 @@ kill-peer)
   echo "PASS: rank 0 unlinked the segment when its peer died inside the attach window"
   ;;
 kill-creator)
-  export SHARDPLAN_TEST_GLOO_SHM_PAUSE_MS=5000
-  "$shardplan" launch -n 2 --backend gloo --timeout-ms 20000 -- "$conformance" --quick --option shm=on \
-    >"$work/out" 2>&1 &
-  launcher=$!
-  wait_for_pause 2 "$work/out"
+  launch_into_window
   pid0=$(sed -n 's/.*gloo shm test pause: rank 0 pid \([0-9]*\) .*/\1/p' "$work/out" | head -1)
   [ -n "$pid0" ] || fail "no pid for rank 0"
-  [ -n "$(ls -A /dev/shm)" ] || fail "no segment inside the attach window"
   kill -KILL "$pid0"
   wait $launcher && fail "the launcher reported success"
   grep -q "removed 1 shared-memory segment(s) of this job" "$work/out" || { cat "$work/out"; fail "the launcher did not say it removed the segment"; }
@@ -90,12 +96,7 @@ kill-creator)
   echo "PASS: the launcher removed the segment of a rank killed inside the attach window"
   ;;
 term-launch)
-  export SHARDPLAN_TEST_GLOO_SHM_PAUSE_MS=5000
-  "$shardplan" launch -n 2 --backend gloo --timeout-ms 20000 -- "$conformance" --quick --option shm=on \
-    >"$work/out" 2>&1 &
-  launcher=$!
-  wait_for_pause 2 "$work/out"
-  [ -n "$(ls -A /dev/shm)" ] || fail "no segment inside the attach window"
+  launch_into_window
   kill -TERM $launcher
   wait $launcher
   status=$?
