@@ -52,16 +52,39 @@ set_tests_properties(comm_gloo_bad_shm_option PROPERTIES TIMEOUT 60 LABELS "comm
 # a rate; its pacing is tested in test_comm_gloo.cpp.
 add_test(NAME comm_gloo_bad_link_option
   COMMAND comm_conformance --backend gloo --threads 1 --option link_gbps=fast)
-add_test(NAME comm_gloo_bad_link_env
-  COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_GLOO_LINK_GBPS=-1 $<TARGET_FILE:comm_conformance> --backend gloo --threads 1)
 set_tests_properties(comm_gloo_bad_link_option PROPERTIES TIMEOUT 60 LABELS "comm;gloo"
   PASS_REGULAR_EXPRESSION "bad option link_gbps=fast \\(expected a number of Gbit/s > 0, or 0 for no emulated link\\)")
-set_tests_properties(comm_gloo_bad_link_env PROPERTIES TIMEOUT 60 LABELS "comm;gloo"
-  PASS_REGULAR_EXPRESSION "bad option SHARDPLAN_GLOO_LINK_GBPS \\(expected")
+
+# Each variable of docs/ENV_GLOO.md is refused at create like its option,
+# naming the variable, its value and what it accepts (a typo used to be
+# ignored silently).
+add_test(NAME comm_gloo_bad_link_env
+  COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_GLOO_LINK_GBPS=-1 $<TARGET_FILE:comm_conformance> --backend gloo --threads 1)
+add_test(NAME comm_gloo_bad_shm_env
+  COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_GLOO_SHM=of $<TARGET_FILE:comm_conformance> --backend gloo --threads 2)
+add_test(NAME comm_gloo_bad_job_id_env
+  COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_JOB_ID=a/b $<TARGET_FILE:comm_conformance> --backend gloo --threads 2)
+add_test(NAME comm_gloo_bad_shm_pause_env
+  COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_TEST_GLOO_SHM_PAUSE_MS=x $<TARGET_FILE:comm_conformance> --backend gloo --threads 2)
+add_test(NAME comm_gloo_bad_stall_env
+  COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_TEST_GLOO_STALL_MS=1s $<TARGET_FILE:comm_conformance> --backend gloo --threads 2)
+set_tests_properties(comm_gloo_bad_link_env comm_gloo_bad_shm_env comm_gloo_bad_job_id_env comm_gloo_bad_shm_pause_env
+  comm_gloo_bad_stall_env PROPERTIES
+  TIMEOUT 60 LABELS "comm;gloo")
+set_tests_properties(comm_gloo_bad_link_env PROPERTIES PASS_REGULAR_EXPRESSION
+  "SHARDPLAN_GLOO_LINK_GBPS='-1' is not a link rate \\(a number of Gbit/s > 0, or 0 for no emulated link\\)")
+set_tests_properties(comm_gloo_bad_shm_env PROPERTIES PASS_REGULAR_EXPRESSION
+  "SHARDPLAN_GLOO_SHM='of' is not one of: auto, on, off, 1, 0, true, false \\(as option shm=\\)")
+set_tests_properties(comm_gloo_bad_job_id_env PROPERTIES PASS_REGULAR_EXPRESSION
+  "SHARDPLAN_JOB_ID='a/b' is not a job id \\(1 to 24 letters, digits")
+set_tests_properties(comm_gloo_bad_shm_pause_env PROPERTIES PASS_REGULAR_EXPRESSION
+  "SHARDPLAN_TEST_GLOO_SHM_PAUSE_MS='x' is not a number of milliseconds \\(a whole number from 0 to 3600000\\)")
+set_tests_properties(comm_gloo_bad_stall_env PROPERTIES PASS_REGULAR_EXPRESSION
+  "SHARDPLAN_TEST_GLOO_STALL_MS='1s' is not a number of milliseconds \\(a whole number from 0 to 3600000\\)")
 
 find_program(SHARDPLAN_BASH bash REQUIRED)
 add_test(NAME comm_gloo_shm_no_leftovers
-  COMMAND ${SHARDPLAN_BASH} -c "\"$1\" --backend gloo --threads 4 --quick --option shm=on >/dev/null & pid=$!; wait $pid || exit 1; left=$(ls /dev/shm | grep \"^shardplan-gloo-$pid-\"); [ -z \"$left\" ] || { echo \"left in /dev/shm: $left\"; exit 1; }" _ $<TARGET_FILE:comm_conformance>)
+  COMMAND ${SHARDPLAN_BASH} -c "\"$1\" --backend gloo --threads 4 --quick --option shm=on >/dev/null & pid=$!; wait $pid || exit 1; left=$(ls /dev/shm | grep \"^shardplan-gloo-nojob-$pid-\"); [ -z \"$left\" ] || { echo \"left in /dev/shm: $left\"; exit 1; }" _ $<TARGET_FILE:comm_conformance>)
 set_tests_properties(comm_gloo_shm_no_leftovers PROPERTIES TIMEOUT 300 LABELS "comm;gloo")
 # tests/e2e/two_nodes_gloo.sh picks a free port with launcher_probe.
 add_test(NAME comm_gloo_two_nodes

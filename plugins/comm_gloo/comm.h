@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "context.h"
@@ -44,9 +45,13 @@ class Comm {
       : rank(rank), size(size), timeout(timeout), store(std::move(store)), prefix(std::move(prefix)),
         device(std::move(device)) {
     queue_.set_blocking_inline(blocking_inline);
+    queue_.set_stuck_handler([this](const std::string& why) { break_with(why); });
   }
 
-  ~Comm() { queue_.stop(); }
+  ~Comm() {
+    queue_.set_stuck_handler(nullptr);
+    queue_.stop();
+  }
 
   const int rank;
   const int size;
@@ -63,6 +68,8 @@ class Comm {
   // (0: none), this communicator's and its splits' (link.h).
   double link_bytes_per_second = 0;
   std::shared_ptr<ShmGroup> shm;      // set when its ranks share a host (shm.h)
+  // Test hook SHARDPLAN_TEST_GLOO_STALL_MS (env.h), this communicator's and its splits'.
+  long test_stall_ms = 0;
 
   // `cancel`: the abort flag of whoever else is waiting for this connect
   // (the parent of a split).
@@ -100,6 +107,16 @@ class Comm {
   // scheduler gives the core back. A worker that mostly sleeps is not
   // preempted that way. gloo's per-call scratch also stays out of the
   // training thread's malloc arena.
+  //
+  // No wait for the worker is unbounded: once the worker has spent the
+  // timeout plus a margin in one operation (WorkerWatch, comm_plugin.h), a
+  // waiting call fails with a timeout naming the operation and the limit,
+  // and the communicator is broken: aborted, so that what the worker waits
+  // in wakes and later calls fail at once. Buffers of an operation still on
+  // the worker stay in use until it ends. destroy() keeps a communicator
+  // whose worker does not come back instead of joining it (comm_gloo.cpp).
+  // Inline (blocking=inline) the caller runs the operation itself, so only
+  // the operation's own bounds apply.
   template <class F>
   int submit(const char* op, F&& run, sp_work** work) {
     const shardplan::comm::OpInfo info{"gloo", op, rank, size, timeout};
@@ -108,6 +125,26 @@ class Comm {
         queue_.run_inline(info, [&](std::string& err) { return execute(run, err); }, &status))
       return status;
     return queue_.submit(info, std::function<void()>(std::forward<F>(run)), work);
+  }
+
+  // Why calls are refused once it is aborted: by the user, or broken by a
+  // wait that gave up on a stuck worker.
+  std::string refusal() const {
+    if (!broken_.load()) return "the communicator was aborted";
+    return "the communicator is broken (" + broken_why_ + ")";
+  }
+
+  // Whether the worker is still inside an operation a wait gave up on, a
+  // second after that: destroying the communicator would join it forever.
+  bool worker_stuck() const { return queue_.stuck_after(ms(1000)); }
+
+  // Test hook SHARDPLAN_TEST_GLOO_STALL_MS: the worker sleeps that long at
+  // the start of each collective, deaf to abort, as a transport that never
+  // answers would; it then gives up if the communicator was broken meanwhile.
+  void test_stall() const {
+    if (test_stall_ms <= 0) return;
+    std::this_thread::sleep_for(ms(test_stall_ms));
+    if (aborted) throw RendezvousError(refusal(), SP_ERR_ABORTED);
   }
 
   void abort() {
@@ -124,7 +161,7 @@ class Comm {
   template <class F>
   int execute(F& run, std::string& err) {
     if (aborted) {
-      err = "the communicator was aborted";
+      err = refusal();
       return SP_ERR_ABORTED;
     }
     int status = SP_OK;
@@ -145,7 +182,7 @@ class Comm {
     }
     if (status != SP_OK && aborted) {
       status = SP_ERR_ABORTED;
-      err = "the communicator was aborted (" + err + ")";
+      err = refusal() + " (" + err + ")";
     }
     return status;
   }
@@ -158,7 +195,17 @@ class Comm {
     pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
   }
 
+  // Called by the queue's watch (under its lock, once): later calls fail at
+  // once, and aborting wakes whatever the worker waits in that can be woken.
+  void break_with(const std::string& why) {
+    broken_why_ = why;
+    broken_.store(true);
+    abort();
+  }
+
   uint32_t tag_ = 0;
+  std::string broken_why_;  // written once, before broken_
+  std::atomic<bool> broken_{false};
   shardplan::comm::InOrderQueue<std::function<void()>> queue_{
       [this](std::function<void()>& run, std::string& err) { return execute(run, err); }, &block_sigpipe};
 };

@@ -32,11 +32,13 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "comm.h"
+#include "env.h"
 #include "errors.h"
 #include "link.h"
 #include "reduce.h"
@@ -68,26 +70,33 @@ struct Options {
   std::string file_store;
   std::string prefix;
   bool blocking_inline = false;  // blocking=inline|worker
-  ShmMode shm = shm_mode_default();  // shm=auto|on|off
-  double link_gbps = link_gbps_default();  // link_gbps=X
-  std::string bad;               // the first option with a bad value
+  ShmMode shm = ShmMode::kAuto;  // shm=auto|on|off
+  double link_gbps = 0;          // link_gbps=X
+  long test_stall_ms = 0;        // SHARDPLAN_TEST_GLOO_STALL_MS
+  std::string bad;               // the first bad option or variable, as create() reports it
 };
 
 Options parse_options(const char* const* options) {
   Options o;
+  const EnvDefaults env = env_defaults();
+  o.shm = env.shm;
+  o.link_gbps = env.link_gbps;
+  o.test_stall_ms = env.test_stall_ms;
+  o.bad = env.bad;
+  auto refuse = [&](const std::string& what) {
+    if (o.bad.empty()) o.bad = "bad option " + what;
+  };
   shardplan::comm::for_each_option(options, [&](const std::string& k, const std::string& v) {
     if (k == "local_addr") o.local_addr = v;
     else if (k == "iface") o.iface = v;
     else if (k == "file_store") o.file_store = v;
     else if (k == "prefix") o.prefix = v;
     else if (k == "blocking" && (v == "inline" || v == "worker")) o.blocking_inline = v == "inline";
-    else if (k == "blocking" && o.bad.empty()) o.bad = "blocking=" + v + " (expected blocking=worker or blocking=inline)";
-    else if (k == "shm" && !parse_shm_mode(v, o.shm) && o.bad.empty()) o.bad = "shm=" + v + " (expected shm=auto, shm=on or shm=off)";
-    else if (k == "link_gbps" && !parse_link_gbps(v, o.link_gbps) && o.bad.empty())
-      o.bad = "link_gbps=" + v + " (expected a number of Gbit/s > 0, or 0 for no emulated link)";
+    else if (k == "blocking") refuse("blocking=" + v + " (expected blocking=worker or blocking=inline)");
+    else if (k == "shm" && !parse_shm_mode(v, o.shm)) refuse("shm=" + v + " (expected shm=auto, shm=on or shm=off)");
+    else if (k == "link_gbps" && !parse_link_gbps(v, o.link_gbps))
+      refuse("link_gbps=" + v + " (expected a number of Gbit/s > 0, or 0 for no emulated link)");
   });
-  if (std::isnan(o.link_gbps) && o.bad.empty())
-    o.bad = "SHARDPLAN_GLOO_LINK_GBPS (expected a number of Gbit/s > 0, or 0 for no emulated link)";
   return o;
 }
 
@@ -100,7 +109,7 @@ int api_create(const sp_comm_config* config, sp_comm** out) {
   const std::string who = "gloo " + op;
 
   return guarded(op.c_str(), [&]() -> int {
-    if (!opt.bad.empty()) return fail(SP_ERR_INVALID, who + ": bad option " + opt.bad);
+    if (!opt.bad.empty()) return fail(SP_ERR_INVALID, who + ": " + opt.bad);
     std::shared_ptr<KeyStore> store;
     if (config->store) store = std::make_shared<HostStore>(*config->store, timeout);
     else if (!opt.file_store.empty()) store = std::make_shared<DirStore>(opt.file_store, timeout);
@@ -132,6 +141,7 @@ int api_create(const sp_comm_config* config, sp_comm** out) {
     auto comm = std::make_shared<Comm>(rank, size, timeout, store, prefix, device, opt.blocking_inline);
     comm->shm_mode = opt.shm;
     comm->link_bytes_per_second = opt.link_gbps * 1e9 / 8;
+    comm->test_stall_ms = opt.test_stall_ms;
     comm->connect();
     attach_shm(*comm, comm->shm_mode);
     *out = new sp_comm{comm};
@@ -172,6 +182,7 @@ int api_split(sp_comm* parent, int32_t color, int32_t key, sp_comm** out) {
                                         p->device, p->blocking_inline());
         c->shm_mode = p->shm_mode;
         c->link_bytes_per_second = p->link_bytes_per_second;
+        c->test_stall_ms = p->test_stall_ms;
         c->connect(&p->aborted);
         attach_shm(*c, c->shm_mode);
         child = std::move(c);
@@ -196,9 +207,21 @@ int api_abort(sp_comm* comm) {
   return SP_OK;
 }
 
+// A worker stuck in an operation a wait gave up on (comm.h, WorkerWatch)
+// would be joined forever, and could wake to use a freed communicator: such a
+// communicator is kept, reachable, for the life of the process, whose exit
+// ends the thread.
+void keep_forever(std::shared_ptr<Comm> c) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<std::shared_ptr<Comm>>;
+  std::lock_guard<std::mutex> lock(mu);
+  kept->push_back(std::move(c));
+}
+
 void api_destroy(sp_comm* comm) {
   SigpipeBlock no_sigpipe;
   try {
+    if (comm && comm->impl && comm->impl->worker_stuck()) keep_forever(std::move(comm->impl));
     delete comm;
   } catch (...) {
   }
@@ -219,10 +242,13 @@ int submit_collective(Comm* c, const char* name, const sp_buffer& send, const sp
   const size_t es = dtype_size(recv.dtype);
   const double link_s =
       link_seconds(c->link_bytes_per_second, name, c->size, double(send.count * es), double(recv.count * es));
+  const std::string too_slow = link_refusal(link_s, c->link_bytes_per_second, c->timeout);
+  if (!too_slow.empty()) return fail(SP_ERR_TIMEOUT, "gloo " + c->what(name) + ": " + too_slow);
   return c->submit(
       name,
       [c, s = send, r = recv, es, run, link_s] {
-        const LinkPace pace(link_s);
+        c->test_stall();
+        const LinkPace pace(link_s, c->aborted);
         if (r.count > 0) run(*c, s, r, es);
       },
       work);
@@ -422,6 +448,10 @@ int point_to_point(bool is_send, sp_comm* comm, const sp_buffer* buf, int32_t pe
           },
           work);
     }
+    // Refused before anything is posted, as a collective is before it is queued.
+    const double link_s = link_seconds(c->link_bytes_per_second, name, c->size, double(nbytes), double(nbytes));
+    const std::string too_slow = link_refusal(link_s, c->link_bytes_per_second, c->timeout);
+    if (!too_slow.empty()) return fail(SP_ERR_TIMEOUT, "gloo " + c->what(name) + ": " + too_slow);
     std::shared_ptr<gloo::transport::UnboundBuffer> ub;
     if (nbytes > 0) {
       ub = c->ctx->createUnboundBuffer(buf->data, nbytes);
@@ -430,12 +460,11 @@ int point_to_point(bool is_send, sp_comm* comm, const sp_buffer* buf, int32_t pe
       else ub->recv(peer, slot, 0, nbytes);
     }
     ms timeout = c->timeout;
-    const double link_s = link_seconds(c->link_bytes_per_second, name, c->size, double(nbytes), double(nbytes));
     return c->submit(
         name,
-        [ub, is_send, timeout, link_s] {
+        [c, ub, is_send, timeout, link_s] {
           if (!ub) return;
-          const LinkPace pace(link_s);
+          const LinkPace pace(link_s, c->aborted);
           if (is_send) ub->waitSend(timeout);
           else ub->waitRecv(timeout);
         },

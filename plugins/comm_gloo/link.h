@@ -8,9 +8,20 @@
 // NIC busy and the CPU free; so a same-host run can show how much of a
 // cross-host sync a training step hides (docs/BENCHMARKS.md, bench_dp_step).
 // It is not a network model: no latency, no sharing between communicators.
+//
+// An operation whose bytes need longer than the communicator's timeout fails
+// at issue, on every rank alike, with a timeout error naming the link and
+// the limit (link_refusal), as it would on a real link that slow, only
+// without the wait. The rate is not refused at create: whether it is too
+// slow depends on the size of each operation, which only the operation
+// knows, and a slow link is legitimate for small messages. So no sleep
+// outlasts the timeout, and an abort cuts a sleep short.
+#include <atomic>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <string>
@@ -25,15 +36,6 @@ inline bool parse_link_gbps(const std::string& v, double& out) {
   if (v.empty() || *end != '\0' || !std::isfinite(x) || x < 0) return false;
   out = x;
   return true;
-}
-
-// NaN when the variable is set to something parse_link_gbps refuses, so that
-// create() names it.
-inline double link_gbps_default() {
-  const char* v = std::getenv("SHARDPLAN_GLOO_LINK_GBPS");
-  double x = 0;
-  if (v && *v && !parse_link_gbps(v, x)) return std::nan("");
-  return x;
 }
 
 // The bytes a rank sends for `op` over `size` ranks, from the byte sizes of
@@ -57,21 +59,38 @@ inline double link_seconds(double bytes_per_second, const char* op, int size, do
   return bytes_per_second > 0 ? link_bytes(op, size, send, recv) / bytes_per_second : 0;
 }
 
+// Empty when the emulated link moves an operation within `timeout`, else why
+// not (the message of a timeout error).
+inline std::string link_refusal(double seconds, double bytes_per_second, std::chrono::milliseconds timeout) {
+  if (seconds * 1000 <= static_cast<double>(timeout.count())) return {};
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "timed out: the emulated link of %g Gbit/s (option link_gbps, SHARDPLAN_GLOO_LINK_GBPS) needs %.3g s "
+                "for this operation's %.0f bytes, past the communicator's timeout of %lld ms",
+                bytes_per_second * 8 / 1e9, seconds, seconds * bytes_per_second,
+                static_cast<long long>(timeout.count()));
+  return buf;
+}
+
 // Holds the operation it is declared in to at least `seconds`, unless that
-// operation fails.
+// operation fails or the communicator is aborted.
 class LinkPace {
  public:
-  explicit LinkPace(double seconds) : seconds_(seconds), start_(std::chrono::steady_clock::now()) {}
+  LinkPace(double seconds, const std::atomic<bool>& aborted)
+      : seconds_(seconds), aborted_(aborted), start_(std::chrono::steady_clock::now()) {}
   ~LinkPace() {
-    if (seconds_ > 0 && std::uncaught_exceptions() == 0)
-      std::this_thread::sleep_until(start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                                                 std::chrono::duration<double>(seconds_)));
+    if (seconds_ <= 0 || std::uncaught_exceptions() != 0) return;
+    const auto until = start_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                    std::chrono::duration<double>(seconds_));
+    while (!aborted_.load() && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_until(std::min(until, std::chrono::steady_clock::now() + std::chrono::milliseconds(50)));
   }
   LinkPace(const LinkPace&) = delete;
   LinkPace& operator=(const LinkPace&) = delete;
 
  private:
   double seconds_;
+  const std::atomic<bool>& aborted_;
   std::chrono::steady_clock::time_point start_;
 };
 

@@ -14,12 +14,15 @@
 #include <gloo/broadcast.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <thread>
+#include <utility>
 
 #include "comm.h"
 #include "run_gloo.h"
@@ -102,9 +105,67 @@ size_t slot_bytes_for(int size) {
 
 struct Offer {
   int32_t ok;
-  char name[60];
+  int32_t err;    // why rank 0 could not create it (errno), for every rank's message
+  char name[96];  // "/shardplan-gloo-" + a job id of up to 24 + pid, serial, nonce
   uint64_t nonce;
 };
+
+// The name of the segment rank 0 created, until it is unlinked: at once when
+// every rank has mapped it (the mappings outlive the name), and on any way
+// out before that, so a failed attach leaves nothing in /dev/shm.
+class OwnedName {
+ public:
+  OwnedName() = default;
+  OwnedName(const OwnedName&) = delete;
+  OwnedName& operator=(const OwnedName&) = delete;
+  ~OwnedName() { unlink(); }
+  void own(const char* name) { name_ = name; }
+  void unlink() {
+    if (!name_.empty()) shm_unlink(name_.c_str());
+    name_.clear();
+  }
+
+ private:
+  std::string name_;
+};
+
+// A mapping of the segment, unmapped unless handed on to a ShmGroup.
+struct Mapping {
+  void* base = MAP_FAILED;
+  size_t bytes = 0;
+  Mapping() = default;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() {
+    if (base != MAP_FAILED) munmap(base, bytes);
+  }
+  void* release() { return std::exchange(base, MAP_FAILED); }
+};
+
+// "/shardplan-gloo-<job>-<pid>-<serial>-<nonce>": the job (SHARDPLAN_JOB_ID,
+// "nojob" without the launcher) lets shardplan launch remove what a killed
+// rank left; the pid and serial keep names unique on the host.
+void make_name(Offer& offer) {
+  static std::atomic<unsigned> serial{0};
+  const char* job = std::getenv("SHARDPLAN_JOB_ID");
+  if (!job || !*job || !valid_job_id(job)) job = "nojob";
+  std::snprintf(offer.name, sizeof offer.name, "/shardplan-gloo-%s-%d-%u-%08x", job, static_cast<int>(getpid()),
+                serial.fetch_add(1), static_cast<unsigned>(offer.nonce));
+}
+
+// Test hook (tests/comm_gloo_shm.cmake): SHARDPLAN_TEST_GLOO_SHM_PAUSE_MS=N
+// makes every rank announce itself on stderr and sleep N ms with the segment
+// created and opened but not yet unlinked, the window in which a killed rank
+// must still leave nothing behind.
+void test_pause(int rank, const char* name) {
+  const char* env = std::getenv("SHARDPLAN_TEST_GLOO_SHM_PAUSE_MS");
+  if (!env || !*env) return;
+  const long ms = std::atol(env);
+  std::fprintf(stderr, "gloo shm test pause: rank %d pid %ld pausing %ld ms with %s open\n", rank,
+               static_cast<long>(getpid()), ms, name);
+  std::fflush(stderr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
 
 }  // namespace
 
@@ -285,13 +346,6 @@ void ShmGroup::all_gather(const uint8_t* send, uint8_t* recv, size_t count, size
   barrier();
 }
 
-ShmMode shm_mode_default() {
-  const char* v = std::getenv("SHARDPLAN_GLOO_SHM");
-  ShmMode m = ShmMode::kAuto;
-  if (v && *v) parse_shm_mode(v, m);
-  return m;
-}
-
 bool parse_shm_mode(const std::string& v, ShmMode& out) {
   if (v == "auto") out = ShmMode::kAuto;
   else if (v == "on" || v == "1" || v == "true") out = ShmMode::kOn;
@@ -300,6 +354,71 @@ bool parse_shm_mode(const std::string& v, ShmMode& out) {
   return true;
 }
 
+bool valid_job_id(const std::string& v) {
+  return !v.empty() && v.size() <= 24 &&
+         std::all_of(v.begin(), v.end(), [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.'; });
+}
+
+namespace {
+
+struct Card {
+  uint64_t host;
+  int64_t pid;
+};
+
+// Rank 0: creates, sizes and maps the segment and writes its header, or
+// says in the offer why not. The name is owned from the moment it exists.
+void create_segment(Comm& c, Offer& offer, size_t bytes, size_t slot, OwnedName& name, Mapping& map) {
+  std::random_device rd;
+  offer.nonce = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+  make_name(offer);
+  const int fd = shm_open(offer.name, O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd >= 0) name.own(offer.name);
+  // posix_fallocate, not ftruncate alone: a full /dev/shm must fail here,
+  // not raise SIGBUS at the first write into the segment.
+  int err = fd < 0 ? errno : posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  if (err == 0) map.base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (err == 0 && map.base == MAP_FAILED) err = errno;
+  if (fd >= 0) close(fd);
+  if (err != 0) {
+    name.unlink();  // nobody else will open it: the offer says it failed
+    offer.err = err;
+    return;
+  }
+  std::memset(map.base, 0, kHeaderBytes);
+  auto* h = static_cast<Header*>(map.base);
+  h->nonce = offer.nonce;
+  h->size = static_cast<uint32_t>(c.size);
+  h->slot_bytes = static_cast<uint32_t>(slot);
+  std::atomic_thread_fence(std::memory_order_release);
+  h->magic = kMagic;
+  offer.ok = 1;
+}
+
+// The other ranks: open and map rank 0's segment and check its header.
+void open_segment(Comm& c, Offer& offer, size_t bytes, Mapping& map, std::string& why) {
+  const int fd = shm_open(offer.name, O_RDWR, 0);
+  struct stat st {};
+  if (fd >= 0 && fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == bytes)
+    map.base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (fd >= 0) close(fd);
+  const auto* h = map.base == MAP_FAILED ? nullptr : static_cast<const Header*>(map.base);
+  if (!h || h->magic != kMagic || h->nonce != offer.nonce || h->size != static_cast<uint32_t>(c.size))
+    why = std::string("cannot attach ") + offer.name;
+}
+
+template <class T>
+std::vector<T> all_gather_value(Comm& c, T mine) {
+  std::vector<T> all(static_cast<size_t>(c.size));
+  run_gloo(c, gloo::allgather, [&](auto& o) {
+    o.setInput(reinterpret_cast<uint8_t*>(&mine), sizeof mine);
+    o.setOutput(reinterpret_cast<uint8_t*>(all.data()), sizeof(T) * all.size());
+  });
+  return all;
+}
+
+}  // namespace
+
 void attach_shm(Comm& c, ShmMode mode) {
   if (mode == ShmMode::kOff || c.size < 2) return;
   auto refuse = [&](const std::string& why) {
@@ -307,82 +426,34 @@ void attach_shm(Comm& c, ShmMode mode) {
   };
   if (static_cast<size_t>(c.size) > kMaxRanks) return refuse("more than " + std::to_string(kMaxRanks) + " ranks");
 
-  struct Card {
-    uint64_t host;
-    int64_t pid;
-  };
-  Card mine{host_key(), static_cast<int64_t>(getpid())};
-  std::vector<Card> cards(static_cast<size_t>(c.size));
-  run_gloo(c, gloo::allgather, [&](auto& o) {
-    o.setInput(reinterpret_cast<uint8_t*>(&mine), sizeof mine);
-    o.setOutput(reinterpret_cast<uint8_t*>(cards.data()), sizeof(Card) * cards.size());
-  });
+  const std::vector<Card> cards = all_gather_value(c, Card{host_key(), static_cast<int64_t>(getpid())});
   for (const Card& k : cards)
     if (k.host != cards[0].host) return refuse("the ranks are not all on one host");
 
   const size_t slot = slot_bytes_for(c.size);
-  const size_t bytes = kHeaderBytes + 2 * static_cast<size_t>(c.size) * slot;
   Offer offer{};
-  int fd = -1;
-  void* base = MAP_FAILED;
+  OwnedName name;
+  Mapping map;
+  map.bytes = kHeaderBytes + 2 * static_cast<size_t>(c.size) * slot;
   std::string why;
-  if (c.rank == 0) {
-    std::random_device rd;
-    offer.nonce = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ static_cast<uint64_t>(Clock::now().time_since_epoch().count());
-    static std::atomic<unsigned> serial{0};
-    std::snprintf(offer.name, sizeof offer.name, "/shardplan-gloo-%d-%u-%08x", static_cast<int>(getpid()),
-                  serial.fetch_add(1), static_cast<unsigned>(offer.nonce));
-    fd = shm_open(offer.name, O_CREAT | O_EXCL | O_RDWR, 0600);
-    // posix_fallocate, not ftruncate alone: a full /dev/shm must fail here,
-    // not raise SIGBUS at the first write into the segment.
-    int err = fd < 0 ? errno : posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-    if (err == 0) base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (err == 0 && base == MAP_FAILED) err = errno;
-    if (err == 0) {
-      std::memset(base, 0, kHeaderBytes);
-      auto* h = static_cast<Header*>(base);
-      h->nonce = offer.nonce;
-      h->size = static_cast<uint32_t>(c.size);
-      h->slot_bytes = static_cast<uint32_t>(slot);
-      std::atomic_thread_fence(std::memory_order_release);
-      h->magic = kMagic;
-      offer.ok = 1;
-    } else {
-      why = std::string("cannot create ") + offer.name + " (" + std::strerror(err) + ")";
-    }
-  }
+  if (c.rank == 0) create_segment(c, offer, map.bytes, slot, name, map);
   run_gloo(c, gloo::broadcast, [&](auto& o) {
     o.setRoot(0);
     o.setOutput(reinterpret_cast<uint8_t*>(&offer), sizeof offer);
   });
-  if (c.rank != 0 && offer.ok) {
-    offer.name[sizeof offer.name - 1] = '\0';
-    fd = shm_open(offer.name, O_RDWR, 0);
-    struct stat st {};
-    if (fd >= 0 && fstat(fd, &st) == 0 && static_cast<size_t>(st.st_size) == bytes)
-      base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    const auto* h = base == MAP_FAILED ? nullptr : static_cast<const Header*>(base);
-    if (!h || h->magic != kMagic || h->nonce != offer.nonce || h->size != static_cast<uint32_t>(c.size))
-      why = std::string("cannot attach ") + offer.name;
-  }
-  if (fd >= 0) close(fd);
-  int32_t ok = base != MAP_FAILED && why.empty();
-  std::vector<int32_t> oks(static_cast<size_t>(c.size));
-  run_gloo(c, gloo::allgather, [&](auto& o) {
-    o.setInput(reinterpret_cast<uint8_t*>(&ok), sizeof ok);
-    o.setOutput(reinterpret_cast<uint8_t*>(oks.data()), sizeof(int32_t) * oks.size());
-  });
-  // Everyone has opened it (or given up): the name can go, the mappings stay.
-  if (c.rank == 0 && offer.ok) shm_unlink(offer.name);
-  const bool all_ok = std::all_of(oks.begin(), oks.end(), [](int32_t v) { return v != 0; });
-  if (!all_ok) {
-    if (base != MAP_FAILED) munmap(base, bytes);
-    if (why.empty()) why = "another rank could not attach the segment";
-    return refuse(why);
-  }
+  offer.name[sizeof offer.name - 1] = '\0';
+  // Every rank has the offer, so all give up alike, with rank 0's reason.
+  if (!offer.ok) return refuse(std::string("cannot create ") + offer.name + " (" + std::strerror(offer.err) + ")");
+  if (c.rank != 0) open_segment(c, offer, map.bytes, map, why);
+  test_pause(c.rank, offer.name);
+  const std::vector<int32_t> oks = all_gather_value<int32_t>(c, map.base != MAP_FAILED && why.empty());
+  name.unlink();  // everyone has mapped it (or given up): the mappings stay
+  if (!std::all_of(oks.begin(), oks.end(), [](int32_t v) { return v != 0; }))
+    return refuse(why.empty() ? "another rank could not attach the segment" : why);
   std::vector<int64_t> pids;
   for (const Card& k : cards) pids.push_back(k.pid);
-  c.shm = std::make_shared<ShmGroup>(c.rank, c.size, c.timeout, &c.aborted, base, bytes, slot, std::move(pids));
+  const size_t bytes = map.bytes;
+  c.shm = std::make_shared<ShmGroup>(c.rank, c.size, c.timeout, &c.aborted, map.release(), bytes, slot, std::move(pids));
 }
 
 }  // namespace sp_gloo

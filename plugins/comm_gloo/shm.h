@@ -19,7 +19,14 @@
 //
 // Option shm=auto (default: use it when possible), shm=off (always TCP),
 // shm=on (an error when it cannot be used); environment SHARDPLAN_GLOO_SHM
-// (auto/on/off, 1/0) is the default for the option.
+// (auto/on/off, 1/0) is the default for the option (env.h).
+//
+// Nothing is left in /dev/shm: the segment's name is unlinked as soon as
+// every rank has mapped it, and on every way out of attach_shm before that
+// (a peer died, /dev/shm is full). A rank killed outright inside that window
+// runs no destructor, so the name carries the job (SHARDPLAN_JOB_ID, which
+// shardplan launch exports): /shardplan-gloo-<job>-<pid>-..., and the
+// launcher removes its own job's names once its ranks are gone.
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -78,9 +85,12 @@ class ShmGroup {
   std::chrono::steady_clock::time_point deadline_;
 };
 
-ShmMode shm_mode_default();
 // "auto", "on", "off" (also 1/0, true/false); false for anything else.
 bool parse_shm_mode(const std::string& v, ShmMode& out);
+// What SHARDPLAN_JOB_ID may hold: it becomes part of a file name, and the
+// launcher finds a job's segments by the prefix "shardplan-gloo-<job>-", so
+// no '-' and no '/'.
+bool valid_job_id(const std::string& v);
 
 // Collective over `c` (every rank calls it right after connecting): attaches
 // c.shm when all ranks share a host and the segment can be made, else leaves

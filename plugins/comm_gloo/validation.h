@@ -61,8 +61,7 @@ inline int check_reduction(const char* op, const sp_buffer* send, const sp_buffe
 
 inline int check_comm(const char* op, sp_comm* comm) {
   if (!comm || !comm->impl) return fail(SP_ERR_INVALID, std::string("gloo ") + op + ": NULL communicator");
-  if (comm->impl->aborted)
-    return fail(SP_ERR_ABORTED, "gloo " + comm->impl->what(op) + ": the communicator was aborted");
+  if (comm->impl->aborted) return fail(SP_ERR_ABORTED, "gloo " + comm->impl->what(op) + ": " + comm->impl->refusal());
   return SP_OK;
 }
 

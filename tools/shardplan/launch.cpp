@@ -307,6 +307,7 @@ int Launcher::run() {
     close_stream(r, r.out);
     close_stream(r, r.err);
   }
+  if (!mpi) remove_job_segments(job_id());
 
   if (interrupted_by_) return 128 + interrupted_by_;
   return failed_ ? kExitFailure : 0;

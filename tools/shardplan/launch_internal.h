@@ -3,7 +3,8 @@
 // run loop; launch_options.cpp: the command line; launch_env.cpp: the ranks'
 // environment and mpirun's command; launch_output.cpp: the ranks' output,
 // prefixed, and mpirun's tags; launch_posix.cpp: pipes, signals, waits and
-// the temporary store directory). Internal to the tool.
+// the temporary store directory; launch_shm_cleanup.cpp: the job's id and
+// its shared-memory segments). Internal to the tool.
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -105,6 +106,13 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// ---------------------------------------------------------------- shm
+
+// SHARDPLAN_JOB_ID of this launcher's ranks, made once per process.
+const std::string& job_id();
+// Removes /dev/shm/shardplan-gloo-<job>-*; says how many when any.
+int remove_job_segments(const std::string& job);
 
 // ---------------------------------------------------------------- launcher
 

@@ -188,6 +188,76 @@ struct OpInfo {
   }
 };
 
+// What a communicator's worker is running and since when, shared with the
+// waits on its operations so that no wait outlasts a worker stuck past the
+// communicator's timeout. Off until a backend gives it a handler
+// (InOrderQueue::set_stuck_handler; gloo does); then a wait that finds the
+// running operation `margin()` past its limit fails with SP_ERR_TIMEOUT and
+// the handler is told once, to break the communicator (abort it, so that
+// later calls fail at once instead of racing a worker that may still wake).
+class WorkerWatch {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using Handler = std::function<void(const std::string& why)>;
+
+  // Past the limit, the operation's own timeout has had its chance to fire
+  // with a better message; the margin covers scheduling delays only.
+  static std::chrono::milliseconds margin(std::chrono::milliseconds limit) {
+    return std::max(std::chrono::milliseconds(1000), limit / 10);
+  }
+
+  void set_handler(Handler h) {
+    std::lock_guard<std::mutex> lock(mu_);
+    handler_ = std::move(h);
+  }
+  bool armed() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<bool>(handler_);
+  }
+  void running(const OpInfo& info) {
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_ = true;
+    op_ = info.op;
+    limit_ = info.limit;
+    since_ = Clock::now();
+  }
+  void idle() {
+    std::lock_guard<std::mutex> lock(mu_);
+    busy_ = false;
+  }
+  bool busy() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return busy_;
+  }
+  bool tripped() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !why_.empty();
+  }
+
+  // Empty while the worker is not stuck. Otherwise why, the handler having
+  // been called (under the lock, so set_handler(nullptr) in a destructor
+  // waits for it) the first time.
+  std::string check() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!why_.empty() || !handler_ || !busy_) return why_;
+    const auto ran = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - since_);
+    if (ran <= limit_ + margin(limit_)) return why_;
+    why_ = std::string("timed out: the worker has been running ") + op_ + " for " + std::to_string(ran.count()) +
+           " ms, past the communicator's timeout of " + std::to_string(limit_.count()) + " ms";
+    handler_(why_);
+    return why_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  Handler handler_;
+  bool busy_ = false;
+  const char* op_ = "";
+  std::chrono::milliseconds limit_{0};
+  Clock::time_point since_;
+  std::string why_;
+};
+
 // One operation of a backend whose operations run to completion, one at a
 // time, on a communicator's worker (InOrderQueue): what wait() and test()
 // look at, and a blocking call that had to queue behind others.
@@ -195,7 +265,8 @@ class WorkState {
  public:
   using Clock = std::chrono::steady_clock;
 
-  explicit WorkState(const OpInfo& info) : info(info) {}
+  explicit WorkState(const OpInfo& info, std::shared_ptr<WorkerWatch> watch = nullptr)
+      : info(info), watch_(std::move(watch)) {}
   WorkState(const WorkState&) = delete;
   WorkState& operator=(const WorkState&) = delete;
 
@@ -219,11 +290,15 @@ class WorkState {
     cv_.notify_all();
   }
 
-  // For a blocking call: no bound of its own, the operation gives up after
-  // the communicator's timeout by itself.
-  void wait_done() {
+  // For a blocking call: the operation gives up after the communicator's
+  // timeout by itself; with a watch, the wait also ends when the worker is
+  // stuck past it (in this operation or one queued before it).
+  int wait_blocking() {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_; });
+    while (!cv_.wait_for(lock, std::chrono::milliseconds(100), [&] { return done_; })) {
+      if (int rc = stuck(lock)) return rc;
+    }
+    return report();
   }
 
   // The status of a finished operation; a failure's message goes to last_error().
@@ -245,7 +320,8 @@ class WorkState {
       return report();
     }
     while (!cv_.wait_for(lock, milliseconds(200), [&] { return done_; })) {
-      if (started_ && Clock::now() - start_ > info.limit + milliseconds(30000))
+      if (int rc = stuck(lock)) return rc;
+      if (!watch_ && started_ && Clock::now() - start_ > info.limit + milliseconds(30000))
         return fail(SP_ERR_TIMEOUT, what() + ": no answer from " + engine + " " +
                                         std::to_string(info.limit.count()) + " ms after it started");
     }
@@ -260,6 +336,18 @@ class WorkState {
   }
 
  private:
+  // SP_ERR_TIMEOUT, the message in last_error(), when the watch finds the
+  // worker stuck; `lock` (on mu_) is let go meanwhile.
+  int stuck(std::unique_lock<std::mutex>& lock) {
+    if (!watch_) return SP_OK;
+    lock.unlock();
+    const std::string why = watch_->check();
+    lock.lock();
+    if (why.empty() || done_) return SP_OK;
+    return fail(SP_ERR_TIMEOUT, what() + ": " + why + "; the communicator is broken now");
+  }
+
+  const std::shared_ptr<WorkerWatch> watch_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool started_ = false;
@@ -323,6 +411,21 @@ class InOrderQueue {
   void set_blocking_inline(bool on) { blocking_inline_ = on; }
   bool blocking_inline() const { return blocking_inline_; }
 
+  // Bounds every wait on the worker by the communicator's timeout (see
+  // WorkerWatch); `on_stuck` must break the communicator. Set it before the
+  // first operation; the owner clears it (nullptr) before it goes away.
+  void set_stuck_handler(WorkerWatch::Handler on_stuck) { watch_->set_handler(std::move(on_stuck)); }
+  // Whether the worker is still in an operation the watch gave up on, after
+  // waiting up to `grace` for it to end: joining it could then hang.
+  bool stuck_after(std::chrono::milliseconds grace) const {
+    const auto until = WorkerWatch::Clock::now() + grace;
+    while (watch_->tripped() && watch_->busy()) {
+      if (WorkerWatch::Clock::now() >= until) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
   // Lets the worker run what is queued, then ends it. The owner calls this
   // before it tears down anything its operations use.
   void stop() {
@@ -363,7 +466,8 @@ class InOrderQueue {
     if (!work && blocking_inline_ &&
         run_inline(info, [&](std::string& err) { return execute_and_free(run, err); }, &status))
       return status;
-    auto state = std::make_shared<WorkState>(info);
+    // Unarmed (mpi), waits keep their own bounds.
+    auto state = std::make_shared<WorkState>(info, watch_->armed() ? watch_ : nullptr);
     std::unique_lock<std::mutex> lock(mu_);
     if (!worker_.joinable()) worker_ = std::thread(&InOrderQueue::worker_loop, this);
     queue_.push_back(Task{state, std::move(run)});
@@ -373,8 +477,7 @@ class InOrderQueue {
       *work = reinterpret_cast<sp_work*>(new WorkHandle{std::move(state)});
       return SP_OK;
     }
-    state->wait_done();
-    return state->report();
+    return state->wait_blocking();
   }
 
  private:
@@ -391,8 +494,10 @@ class InOrderQueue {
 
   void execute(WorkState& state, Run& run) {
     state.start();
+    watch_->running(state.info);
     std::string err;
     const int status = execute_and_free(run, err);
+    watch_->idle();
     state.finish(status, std::move(err));
   }
 
@@ -424,6 +529,7 @@ class InOrderQueue {
   bool busy_ = false;
   bool stopping_ = false;
   bool blocking_inline_ = true;
+  const std::shared_ptr<WorkerWatch> watch_ = std::make_shared<WorkerWatch>();
   std::thread worker_;
 };
 

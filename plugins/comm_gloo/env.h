@@ -1,0 +1,51 @@
+#pragma once
+// The SHARDPLAN_GLOO_* environment variables (docs/ENV_GLOO.md). Each is the
+// default of an option, so a bad value is refused at create exactly as the
+// option's would be: a typo must not silently fall back to the default.
+#include <cstdlib>
+#include <string>
+
+#include "link.h"
+#include "shm.h"
+
+namespace sp_gloo {
+
+// Defaults of the options shm= and link_gbps=, from the environment.
+struct EnvDefaults {
+  ShmMode shm = ShmMode::kAuto;
+  double link_gbps = 0;
+  long test_stall_ms = 0;  // SHARDPLAN_TEST_GLOO_STALL_MS (Comm::test_stall)
+  std::string bad;  // "NAME='VALUE' is not ...", or empty
+};
+
+// A test hook's pause: a whole number of milliseconds up to an hour, the
+// range of SHARDPLAN_TEST_CKPT_PAUSE_MS (docs/ENVIRONMENT.md).
+inline bool is_pause_ms(const std::string& v) {
+  return !v.empty() && v.size() <= 7 && v.find_first_not_of("0123456789") == std::string::npos &&
+         std::atol(v.c_str()) <= 3600000;
+}
+constexpr const char* kPauseMs = "a number of milliseconds (a whole number from 0 to 3600000)";
+
+inline EnvDefaults env_defaults() {
+  EnvDefaults d;
+  // Worded as the library's own variables are (framework/src/base/env.h).
+  auto refuse = [&](const char* name, const char* value, const char* what) {
+    if (d.bad.empty()) d.bad = std::string(name) + "='" + value + "' is not " + what;
+  };
+  // Set but empty counts as unset, as for the other SHARDPLAN_* variables.
+  if (const char* v = std::getenv("SHARDPLAN_GLOO_SHM"); v && *v && !parse_shm_mode(v, d.shm))
+    refuse("SHARDPLAN_GLOO_SHM", v, "one of: auto, on, off, 1, 0, true, false (as option shm=)");
+  if (const char* v = std::getenv("SHARDPLAN_GLOO_LINK_GBPS"); v && *v && !parse_link_gbps(v, d.link_gbps))
+    refuse("SHARDPLAN_GLOO_LINK_GBPS", v, "a link rate (a number of Gbit/s > 0, or 0 for no emulated link)");
+  if (const char* v = std::getenv("SHARDPLAN_JOB_ID"); v && *v && !valid_job_id(v))
+    refuse("SHARDPLAN_JOB_ID", v, "a job id (1 to 24 letters, digits, '_' or '.'; shardplan launch sets it)");
+  if (const char* v = std::getenv("SHARDPLAN_TEST_GLOO_SHM_PAUSE_MS"); v && *v && !is_pause_ms(v))
+    refuse("SHARDPLAN_TEST_GLOO_SHM_PAUSE_MS", v, kPauseMs);
+  if (const char* v = std::getenv("SHARDPLAN_TEST_GLOO_STALL_MS"); v && *v) {
+    if (is_pause_ms(v)) d.test_stall_ms = std::atol(v);
+    else refuse("SHARDPLAN_TEST_GLOO_STALL_MS", v, kPauseMs);
+  }
+  return d;
+}
+
+}  // namespace sp_gloo
