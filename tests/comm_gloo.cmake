@@ -55,7 +55,7 @@ add_test(NAME comm_gloo_bad_link_option
 set_tests_properties(comm_gloo_bad_link_option PROPERTIES TIMEOUT 60 LABELS "comm;gloo"
   PASS_REGULAR_EXPRESSION "bad option link_gbps=fast \\(expected a number of Gbit/s > 0, or 0 for no emulated link\\)")
 
-# Each variable of docs/ENV_GLOO.md is refused at create like its option,
+# Each variable of docs/ENVIRONMENT.md is refused at create like its option,
 # naming the variable, its value and what it accepts (a typo used to be
 # ignored silently).
 add_test(NAME comm_gloo_bad_link_env

@@ -1,5 +1,5 @@
 #pragma once
-// The SHARDPLAN_GLOO_* environment variables (docs/ENV_GLOO.md). Each is the
+// The SHARDPLAN_GLOO_* environment variables (docs/ENVIRONMENT.md). Each is the
 // default of an option, so a bad value is refused at create exactly as the
 // option's would be: a typo must not silently fall back to the default.
 #include <cstdlib>

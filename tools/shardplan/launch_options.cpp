@@ -39,6 +39,8 @@ const char* const kUsage =
     "  SHARDPLAN_STORE=file://<temporary dir>/store with one node (the directory is\n"
     "    removed when the launcher exits), tcp://A:P with several\n"
     "  SHARDPLAN_LOCAL_ADDR=ADDR, SHARDPLAN_TIMEOUT_MS=T when those options are given\n"
+    "  SHARDPLAN_JOB_ID: new per launch; names the job's shared-memory segments,\n"
+    "    which the launcher removes when the ranks are gone\n"
     "  SHARDPLAN_NUM_THREADS, OMP_NUM_THREADS and OPENBLAS_NUM_THREADS: each rank's\n"
     "    CPU threads, $SHARDPLAN_NUM_THREADS or else the cores / N (at least 1); a\n"
     "    variable already set is left as it is (docs/THREADS.md)\n"
