@@ -109,7 +109,7 @@ collective_timeout | collective_timeout_group | collective_timeout_mpi)
   expect_rc 1
   ((ELAPSED_MS >= 2000)) || fail "gave up after ${ELAPSED_MS} ms, before the 2000 ms timeout"
   expect_faster_than 30000
-  expect_line_re err "\[rank 0\] fault_probe: error: $backend $coll on group '$group' \(rank 0 of 2\): .* \(a rank of group '$group' did not join it within 2000 ms; the limit is SHARDPLAN_TIMEOUT_MS, or shardplan launch --timeout-ms\)"
+  expect_line_re err "\[rank 0\] fault_probe: error: $backend $coll on group '$group' \(rank 0 of 2\): .* \(a rank of group '$group' did not join it, or it could not finish, within 2000 ms; the limit is SHARDPLAN_TIMEOUT_MS, or shardplan launch --timeout-ms\)"
   if [[ $backend == mpi ]]; then
     expect_line_re err "shardplan launch: mpirun \(pid [0-9]+\) exited with status 1"
   else

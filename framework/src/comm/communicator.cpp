@@ -106,7 +106,7 @@ void Communicator::check(int status, const char* collective) const {
   // A timeout almost always means a peer never called the collective (it
   // died, hangs, or took another code path); say so, and where the limit is set.
   const std::string hint = status == SP_ERR_TIMEOUT
-                               ? " (a rank of group '" + name_ + "' did not join it within " +
+                               ? " (a rank of group '" + name_ + "' did not join it, or it could not finish, within " +
                                      std::to_string(timeout_.count()) +
                                      " ms; the limit is SHARDPLAN_TIMEOUT_MS, or shardplan launch --timeout-ms)"
                                : "";
