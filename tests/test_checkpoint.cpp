@@ -123,6 +123,33 @@ TEST_P(CollectRelocate, RoundTripsThroughWholeTensors) {
   EXPECT_TRUE(failures.empty()) << failures.front();
 }
 
+// collect_gradients: after one backward, the whole gradients equal one
+// process's, by name; a parameter without a gradient anywhere is left out.
+TEST_P(CollectRelocate, GradientsAreWholeAsInOneProcess) {
+  const int world = GetParam();
+  Net ref = reference();
+  const torch::Tensor ids = batches(1).front();
+  Net plain = std::dynamic_pointer_cast<NetImpl>(ref->clone());
+  plain->head->bias.set_requires_grad(false);  // after clone(), which does not keep it
+  plain->forward(ids).pow(2).mean().backward();
+  StateDict expected;
+  for (const auto& p : plain->named_parameters())
+    if (p.value().grad().defined()) expected.emplace_back(p.key(), p.value().grad());
+  ASSERT_EQ(expected.size(), plain->parameters().size() - 1);
+  auto failures = on_ranks(world, ref, [&](shardplan::World& w, Net& net, const shardplan::ParallelReport& report) {
+    net->head->bias.set_requires_grad(false);
+    net->forward(ids).pow(2).mean().backward();
+    StateDict all = shardplan::collect_gradients(*net, report, w, /*root=*/-1);
+    if (all.size() != expected.size()) throw std::runtime_error("got " + std::to_string(all.size()) + " gradients");
+    for (size_t i = 0; i < all.size(); ++i)
+      if (all[i].first != expected[i].first || !all[i].second.allclose(expected[i].second, 1e-12, 1e-12))
+        throw std::runtime_error("gradient of " + expected[i].first + " differs");
+    StateDict at_root = shardplan::collect_gradients(*net, report, w, /*root=*/0);
+    if ((w.rank() == 0) != !at_root.empty()) throw std::runtime_error("root-only collect returned on the wrong ranks");
+  });
+  EXPECT_TRUE(failures.empty()) << failures.front();
+}
+
 TEST_P(CollectRelocate, CollectedStateLoadsIntoThePlainModel) {
   const int world = GetParam();
   Net ref = reference();

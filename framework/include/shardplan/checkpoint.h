@@ -41,6 +41,13 @@ StateDict local_state_dict(torch::nn::Module& model);
 // rank when root < 0. Collective over `world`.
 StateDict collect_state_dict(torch::nn::Module& model, const ParallelReport& report, World& world, int root = 0);
 
+// The whole gradient of every parameter, by name, as one process would hold
+// it after backward (to log or check them): gathered like
+// collect_state_dict, on `root` or on every rank when root < 0. A parameter
+// no rank has a gradient for is left out. Under data parallelism, call it
+// after the gradients are averaged. Collective over `world`.
+StateDict collect_gradients(torch::nn::Module& model, const ParallelReport& report, World& world, int root = 0);
+
 // This rank's shard of every tensor of a whole state dict (as collected, or
 // as the plain model's), ready for load_state_dict. Throws shardplan::Error
 // naming the first tensor that is missing or has another shape.
@@ -51,9 +58,10 @@ StateDict relocate_state_dict(const StateDict& full, const ParallelReport& repor
 void load_state_dict(torch::nn::Module& model, const StateDict& state);
 
 struct CheckpointOptions {
-  // Its per-parameter state (SGD momentum, Adam/AdamW moments and step) is
+  // Its per-parameter state (SGD, Adam, AdamW, RMSprop, Adagrad) is
   // saved and resharded with the parameters. Must be built over
-  // model.parameters() (the order is how states are matched to names).
+  // the model's parameter tensors: model.parameters(), or unique_parameters(model)
+  // for tied weights (states are matched to names by the tensor, in any order).
   torch::optim::Optimizer* optimizer = nullptr;
   // Instead of `optimizer`, with data_parallel.zero: ZeRO-1's slices of the
   // state are saved as the same per-parameter tensors a plain optimizer's

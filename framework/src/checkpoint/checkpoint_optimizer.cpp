@@ -137,7 +137,8 @@ void check_optimizer_params(torch::optim::Optimizer& opt, const std::vector<Item
     for (const auto& p : group.params())
       if (!params.count(p.unsafeGetTensorImpl()))
         throw Error("the optimizer has a tensor of shape " + shape_str(p.sizes()) +
-                    " that is not a parameter of the model: build it over model.parameters() (for a "
+                    " that is not a parameter of the model: build it over model.parameters() or "
+                    "unique_parameters(model) (for a "
                     "ZeroOptimizer pass CheckpointOptions::zero, not its inner optimizer)");
 }
 

@@ -1,5 +1,6 @@
 // State dicts without files: a model's tensors by name, gathered whole over
-// the mesh (collect), cut to this rank's pieces (relocate), copied in (load).
+// the mesh (collect; the gradients too), cut to this rank's pieces
+// (relocate), copied in (load).
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/nn/module.h>
@@ -69,6 +70,31 @@ StateDict collect_state_dict(torch::nn::Module& model, const ParallelReport& rep
   StateDict out;
   for (auto& item : inventory(model, report)) {
     at::Tensor t = item.local;
+    for (auto s = item.splits.rbegin(); s != item.splits.rend(); ++s)
+      t = gather_split(t, *s, item.global_shape[s->dim], *world.group(report.mesh, s->axis));
+    if (root < 0 || world.rank() == root) out.emplace_back(item.name, t.contiguous());
+  }
+  return out;
+}
+
+StateDict collect_gradients(torch::nn::Module& model, const ParallelReport& report, World& world, int root) {
+  at::NoGradGuard no_grad;
+  std::vector<ckpt_detail::Item> params;
+  for (auto& item : inventory(model, report))
+    if (!item.buffer) params.push_back(std::move(item));
+  // Every rank must gather the same tensors, and a parameter no rank gave a
+  // gradient stays out, as its .grad stays undefined in one process; a rank
+  // without one where others have it contributes zeros (it did not use it).
+  at::Tensor has = at::zeros({static_cast<int64_t>(params.size())}, at::kInt);
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i].param.grad().defined()) has[static_cast<int64_t>(i)] = 1;
+  world.comm().all_reduce(has, ReduceOp::Max);
+  StateDict out;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (has[static_cast<int64_t>(i)].item<int>() == 0) continue;
+    const auto& item = params[i];
+    at::Tensor g = item.param.grad();
+    at::Tensor t = g.defined() ? g.detach() : at::zeros_like(item.local);
     for (auto s = item.splits.rbegin(); s != item.splits.rend(); ++s)
       t = gather_split(t, *s, item.global_shape[s->dim], *world.group(report.mesh, s->axis));
     if (root < 0 || world.rank() == root) out.emplace_back(item.name, t.contiguous());
