@@ -516,6 +516,14 @@ TEST(Checkpoint2dBroken, MissingPieceNamesTheFileAndChangesNothing) {
   fs::remove_all(base);
   const Layout two_d{"2d", 4, gpt_2d_plan(true)};
   stage(c, two_d, ref, data, "adam", "", "", 0, 1, base / "a");
+  // The saved mesh {data: 2, model: 2} fits 4 ranks only: the error says how to name another.
+  try {
+    shardplan::reshard_checkpoint((base / "a").string(), (base / "three").string(), 3);
+    ADD_FAILURE() << "resharded a {data: 2, model: 2} checkpoint for 3 ranks";
+  } catch (const shardplan::Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("has 4 ranks but the world has 3 ranks (the plan saved with the "
+                                               "checkpoint fixes its mesh; give a plan whose mesh fits 3 ranks"));
+  }
   fs::remove(base / "a" / "rank-00001.bin");
   const auto other = build(c, 99);
   std::vector<std::string> errors(4);

@@ -102,7 +102,8 @@ class DataParallel {
   // checksum of the bytes of each parameter that should be identical across
   // an axis' group (not split over it; for the batch axis, not ignored) and
   // throws shardplan::Error naming the first parameter that differs, the
-  // axis and the ranks.
+  // axis and the ranks; every other rank throws too, naming the world rank
+  // that found it (so no rank trains on while another stops).
   void check_replicas() const;
 
   // The bucket plan and what is averaged.

@@ -177,8 +177,18 @@ void reshard_checkpoint(const std::string& src, const std::string& dst, int worl
   meta.plan = plan_yaml.empty() ? old.plan : plan_yaml;
   Mesh mesh;
   if (!meta.plan.empty()) {
-    mesh = parse_plan(meta.plan, plan_yaml.empty() ? (from / ckpt::kMetaFile).string() + " (plan)" : "--plan")
-               .resolve_mesh(world_size);
+    const Plan plan =
+        parse_plan(meta.plan, plan_yaml.empty() ? (from / ckpt::kMetaFile).string() + " (plan)" : "--plan");
+    try {
+      mesh = plan.resolve_mesh(world_size);
+    } catch (const Error& e) {
+      // A saved mesh with fixed sizes ({data: 2, model: 2}) fits one world
+      // size only: say how to name another.
+      if (!plan_yaml.empty()) throw;
+      throw Error(std::string(e.what()) + " (the plan saved with the checkpoint fixes its mesh; give a plan whose "
+                  "mesh fits " + std::to_string(world_size) + " ranks, e.g. shardplan ckpt convert --plan PLAN.yaml "
+                  "with mesh {model: auto})");
+    }
     meta.plan = parse_plan(meta.plan).to_yaml();
   }
   meta.mesh = mesh.axes();

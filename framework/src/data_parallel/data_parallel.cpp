@@ -474,7 +474,18 @@ void DataParallel::check_replicas() const {
                   " holds other values than world rank " + std::to_string(group->ranks()[0]) +
                   "): the replicas have drifted";
   }
+  // Only the ranks of the group that differs saw it: pass the word along
+  // every axis in turn (which reaches the whole mesh), so every rank throws.
+  int me = -1;
+  for (const auto& group : d.axis_groups)
+    if (group) me = group->ranks()[group->rank()];
+  at::Tensor reporter = at::full({1}, first.empty() ? int64_t{0} : int64_t{me} + 1, at::kLong);
+  for (const auto& group : d.axis_groups)
+    if (group && group->size() > 1) group->all_reduce(reporter, ReduceOp::Max);
   if (!first.empty()) throw Error(first);
+  if (const int64_t r = reporter.item<int64_t>(); r > 0)
+    throw Error("replica check: world rank " + std::to_string(r - 1) +
+                " found a parameter that differs across its replicas (its error names it): the replicas have drifted");
 }
 
 int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer) {
