@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <mutex>
 
@@ -53,7 +54,7 @@ rules:
   - {match: 'fc\.weight', layout: [null, model]}
 )";
 
-shardplan::Plan plan() { return shardplan::parse_plan(kPlan, "ckpt.yaml"); }
+shardplan::Plan plan(const char* text = kPlan) { return shardplan::parse_plan(text, "ckpt.yaml"); }
 
 Net reference(uint64_t seed = 7) {
   torch::manual_seed(seed);
@@ -74,7 +75,7 @@ double loss_of(Net& net, const torch::Tensor& ids) { return net->forward(ids).po
 // Runs `body` on `world` ranks as threads, each with its own clone of `ref`
 // parallelized by the plan; returns the first failure message, if any.
 template <class F>
-std::vector<std::string> on_ranks(int world, const Net& ref, F body) {
+std::vector<std::string> on_ranks(int world, const Net& ref, F body, const char* plan_text = kPlan) {
   std::vector<Net> replicas;
   for (int r = 0; r < world; ++r) replicas.push_back(std::dynamic_pointer_cast<NetImpl>(ref->clone()));
   std::mutex mu;
@@ -82,7 +83,7 @@ std::vector<std::string> on_ranks(int world, const Net& ref, F body) {
   shardplan::run_ranks_in_threads(world, [&](shardplan::World& w) {
     try {
       Net net = replicas[w.rank()];
-      auto report = shardplan::parallelize(*net, plan(), w);
+      auto report = shardplan::parallelize(*net, plan(plan_text), w);
       body(w, net, report);
     } catch (const std::exception& e) {
       std::lock_guard<std::mutex> lock(mu);
@@ -502,6 +503,62 @@ TEST_F(Broken, ReshardOfflineThenLoad) {
 }
 
 // ------------------------------------------------------------------ metadata
+
+std::string file_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// qkv.bias without a rule of its own follows qkv.weight (3 blocks): the
+// metadata records the layout it was cut with, [model], not [null]; the
+// checkpoint loads back under the same plan, and, layouts being
+// informational, one saved before with [null] there loads under kPlan.
+TEST(CheckpointMeta, InferredBiasIsRecordedWithTheLayoutItWasCutWith) {
+  const char* no_bias_rule = R"(mesh: {model: auto}
+rules:
+  - {match: 'emb\.weight', layout: [model, null]}
+  - {match: 'qkv\.weight', layout: [model, null], blocks: 3}
+  - {match: 'fc\.weight', layout: [null, model]}
+)";
+  const fs::path dir = fresh_dir("inferred_bias");
+  const StateDict expected = shardplan::local_state_dict(*reference());
+  auto save = [&](shardplan::World& w, Net& net, const shardplan::ParallelReport& report) {
+    shardplan::save_checkpoint(dir.string(), *net, report, w);
+  };
+  auto load = [&](shardplan::World& w, Net& net, const shardplan::ParallelReport& report) {
+    shardplan::load_checkpoint(dir.string(), *net, report, w);
+    if (!same(shardplan::collect_state_dict(*net, report, w, -1), expected))
+      throw std::runtime_error("loaded state differs from the saved model's");
+  };
+  auto failures = on_ranks(2, reference(), save, no_bias_rule);
+  ASSERT_TRUE(failures.empty()) << failures.front();
+  const fs::path meta_file = dir / shardplan::ckpt::kMetaFile;
+  shardplan::ckpt::Meta meta = shardplan::ckpt::parse_meta(file_text(meta_file), meta_file.string());
+  const shardplan::ckpt::TensorEntry* bias = meta.find("qkv.bias");
+  ASSERT_NE(bias, nullptr);
+  EXPECT_EQ(bias->layout, "[model]");
+  ASSERT_EQ(bias->pieces.size(), 2u);
+  for (const auto& piece : bias->pieces) {
+    EXPECT_EQ(piece.shape, (std::vector<int64_t>{12}));
+    ASSERT_EQ(piece.split.size(), 1u);
+    EXPECT_EQ(piece.split[0].dim, 0);
+    EXPECT_EQ(piece.split[0].axis, "model");
+    EXPECT_EQ(piece.split[0].parts, 2);
+    EXPECT_EQ(piece.split[0].index, piece.rank);
+    EXPECT_EQ(piece.split[0].blocks, 3);
+  }
+  EXPECT_EQ(meta.find("head.bias")->layout, "[null]");
+  failures = on_ranks(2, reference(99), load, no_bias_rule);
+  EXPECT_TRUE(failures.empty()) << failures.front();
+
+  for (auto& t : meta.tensors)
+    if (t.name == "qkv.bias") t.layout = "[null]";
+  const std::string old = shardplan::ckpt::to_yaml(meta);
+  shardplan::ckpt::write_file_atomic(meta_file.string(), old.data(), old.size());
+  failures = on_ranks(2, reference(99), load);
+  EXPECT_TRUE(failures.empty()) << failures.front();
+  fs::remove_all(dir);
+}
 
 TEST(CheckpointMeta, RejectsPiecesThatDoNotPartitionTheTensor) {
   const std::string good = R"(format_version: 1

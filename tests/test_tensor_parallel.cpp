@@ -14,6 +14,7 @@
 #include "shardplan/nn/cross_entropy.h"
 #include "shardplan/nn/embedding.h"
 #include "shardplan/nn/linear.h"
+#include "shardplan/parallelize.h"
 #include "shardplan/plan.h"
 #include "shardplan/tensor_parallel.h"
 #include "shardplan/tied.h"
@@ -483,6 +484,38 @@ TEST(TensorParallel, PlanErrorsNameTheRank) {
     EXPECT_NE(std::string(e.what()).find("TensorParallel: rank "), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("fc1.weight"), std::string::npos) << e.what();
   }
+}
+
+// A bias no rule places follows its column-parallel weight: the report says
+// so with the layout and split it really has (it said [null] of a [8]-of-[16]
+// shard), in its row and in the table.
+TEST(TensorParallel, ReportShowsTheSplitOfABiasThatFollowsItsWeight) {
+  torch::manual_seed(9);
+  const auto plan = shardplan::parse_plan("mesh: {model: auto}\nrules:\n  - {match: 'fc1\\.weight', layout: [model, null]}\n",
+                                          "bias.yaml");
+  shardplan::TensorParallel tp(std::make_shared<MLPImpl>(), plan, cpus(2));
+  const shardplan::ParallelReport& report = tp->report(1);
+  const shardplan::ReportRow& bias = report.rows.at(1);
+  ASSERT_EQ(bias.path, "fc1.bias");
+  EXPECT_EQ(bias.layout, "[model]");
+  EXPECT_EQ(bias.rule, "");
+  EXPECT_EQ(bias.note, "column-parallel, follows weight");
+  EXPECT_EQ(bias.global_shape, (std::vector<int64_t>{16}));
+  EXPECT_EQ(bias.local_shape, (std::vector<int64_t>{8}));
+  ASSERT_EQ(bias.splits.size(), 1u);
+  EXPECT_EQ(bias.splits[0].dim, 0);
+  EXPECT_EQ(bias.splits[0].axis, "model");
+  EXPECT_EQ(bias.splits[0].parts, 2);
+  EXPECT_EQ(bias.splits[0].index, 1);
+  EXPECT_EQ(bias.splits[0].blocks, 1);
+  EXPECT_NE(report.table().find("\nfc1.bias    [model]         [16]          [8]           dense   "
+                                "column-parallel, follows weight\n"),
+            std::string::npos)
+      << report.table();
+  // What no plugin splits keeps the layout of an unmatched parameter.
+  EXPECT_EQ(report.rows.at(3).path, "fc2.bias");
+  EXPECT_EQ(report.rows.at(3).layout, "[null]");
+  EXPECT_TRUE(report.rows.at(3).splits.empty());
 }
 
 }  // namespace

@@ -44,7 +44,10 @@ struct TensorEntry {
   std::string name;                // "fc1.weight", "optim.fc1.weight.exp_avg", ...
   std::string dtype;               // "float32", see dtype names in abi/comm.h
   std::vector<int64_t> shape;      // global
-  std::string layout;              // as the plan wrote it, "[model, null]"; informational
+  // "[model, null]": the plan's, or the one the plugin cut a parameter no
+  // rule places with (a bias following its weight: "[model]"). Informational:
+  // loading reads the pieces' splits.
+  std::string layout;
   bool buffer = false;             // a module buffer, not a parameter (written only when true)
   std::vector<Piece> pieces;       // together they cover the tensor exactly once
 };

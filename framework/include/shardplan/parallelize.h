@@ -28,7 +28,9 @@ struct ReportRow {
   std::string plan_path;
   std::string module_type;            // "shardplan::nn::LinearImpl"
   std::string rule;                   // "plans/mlp.yaml:12:5", or "" when unmatched
-  std::string layout;                 // "[model, null]"
+  // "[model, null]": the rule's, or for a parameter no rule places the axes
+  // its plugin's splits cut it along (a bias following its weight: "[model]").
+  std::string layout;
   std::string plugin;                 // "dense", or "" when replicated without a plugin
   std::string note;                   // what the plugin made of it
   std::vector<int64_t> global_shape;

@@ -62,6 +62,18 @@ std::vector<ShardSplit> resolve_splits(ParamShard& p, const Mesh& mesh, int rank
   return splits;
 }
 
+// The layout a parameter no rule placed really has: the axes its plugin
+// declared cutting it along (a column-parallel Linear's bias follows its
+// weight: [model]), so the report and the checkpoint metadata do not call a
+// [4]-of-[8] shard [null]. Taken from the declaration, before splits over
+// an axis of size 1 are dropped, as a rule's layout keeps such an axis.
+std::string declared_layout(const ParamShard& p) {
+  Layout layout(p.assignment.shape.size());
+  for (const ShardSplit& s : p.splits)
+    if (s.dim >= 0 && s.dim < static_cast<int64_t>(layout.size()) && !layout[s.dim]) layout[s.dim] = s.axis;
+  return layout_str(layout);
+}
+
 // A checked module's plugin results into its report rows, and the module
 // into the plan.
 void record_module(Planning& st, size_t c, LayerPlugin* plugin, const std::string& plugin_name) {
@@ -74,6 +86,7 @@ void record_module(Planning& st, size_t c, LayerPlugin* plugin, const std::strin
     row.local_shape = p.local_shape;
     if (!p.note.empty()) row.note = p.note;
     row.splits = resolve_splits(p, st.out.mesh, st.rank, plugin_name);
+    if (!p.assignment.rule && !p.splits.empty()) row.layout = declared_layout(p);
   }
   st.out.plugins.push_back(plugin);
   st.out.shards.push_back(std::move(s));
