@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "shardplan/error.h"
+#include "shardplan/nn/conv.h"
 #include "shardplan/nn/cross_entropy.h"
 #include "shardplan/nn/embedding.h"
 #include "shardplan/nn/linear.h"
@@ -516,6 +517,30 @@ TEST(TensorParallel, ReportShowsTheSplitOfABiasThatFollowsItsWeight) {
   EXPECT_EQ(report.rows.at(3).path, "fc2.bias");
   EXPECT_EQ(report.rows.at(3).layout, "[null]");
   EXPECT_TRUE(report.rows.at(3).splits.empty());
+}
+
+struct ConvNetImpl : torch::nn::Cloneable<ConvNetImpl> {
+  ConvNetImpl() { reset(); }
+  void reset() override { conv = register_module("conv", shardplan::nn::Conv2d(16, 32, 3)); }
+  shardplan::nn::Conv2d conv{nullptr};
+};
+
+// A 4-D layout and 4-D shapes are wider than the columns' usual width: the
+// columns widen, two spaces apart ("[model, null, null, null][32, 16, 3, 3]"
+// ran together before).
+TEST(TensorParallel, ReportTableKeepsWideColumnsApart) {
+  auto model = std::make_shared<ConvNetImpl>();
+  const auto plan = shardplan::parse_plan(
+      "mesh: {model: auto}\nrules:\n  - {match: 'conv\\.weight', layout: [model, null, null, null]}\n", "conv.yaml");
+  const std::string want =
+      "mesh {model: 2}, rank 0 of 2\n"
+      "parameter    layout                     global          local           plugin  rule / note\n"
+      "conv.weight  [model, null, null, null]  [32, 16, 3, 3]  [16, 16, 3, 3]  conv    "
+      "conv.yaml:3:5 output-channel parallel, output gathered\n"
+      "conv.bias    [model]                    [32]            [16]            conv    "
+      "output-channel parallel, follows weight\n"
+      "parameter bytes on this rank: 9280 of 18560\n";
+  EXPECT_EQ(shardplan::check_plan(*model, plan, 2, 0).table(), want);
 }
 
 }  // namespace

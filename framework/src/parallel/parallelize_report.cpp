@@ -72,22 +72,35 @@ std::string ParallelReport::json() const {
   return os.str();
 }
 
+// Each column as wide as its widest cell and two spaces, never narrower
+// than before (the printed reports people compare keep their shape): a
+// conv weight's "[model, null, null, null]" ran into its shape.
 std::string ParallelReport::table() const {
   std::ostringstream os;
   os << "mesh " << mesh.str() << ", rank " << rank << " of " << world_size << "\n";
-  size_t w = 9, pw = 6;
+  size_t w = 9, lw = 14, gw = 12, locw = 12, pw = 6;
   for (const auto& r : rows) {
     w = std::max(w, r.path.size());
+    lw = std::max(lw, r.layout.size());
+    gw = std::max(gw, shape_str(r.global_shape).size());
+    locw = std::max(locw, shape_str(r.local_shape).size());
     pw = std::max(pw, r.plugin.size());
   }
-  os << std::left << std::setw(static_cast<int>(w) + 2) << "parameter" << std::setw(16) << "layout"
-     << std::setw(14) << "global" << std::setw(14) << "local" << std::setw(static_cast<int>(pw) + 2) << "plugin"
-     << "rule / note\n";
+  auto col = [&os](size_t width) -> std::ostream& { return os << std::setw(static_cast<int>(width) + 2); };
+  os << std::left;
+  col(w) << "parameter";
+  col(lw) << "layout";
+  col(gw) << "global";
+  col(locw) << "local";
+  col(pw) << "plugin";
+  os << "rule / note\n";
   for (const auto& r : rows) {
-    os << std::setw(static_cast<int>(w) + 2) << r.path << std::setw(16) << r.layout << std::setw(14)
-       << shape_str(r.global_shape) << std::setw(14) << shape_str(r.local_shape) << std::setw(static_cast<int>(pw) + 2)
-       << (r.plugin.empty() ? "-" : r.plugin) << r.rule << (r.rule.empty() || r.note.empty() ? "" : " ") << r.note
-       << "\n";
+    col(w) << r.path;
+    col(lw) << r.layout;
+    col(gw) << shape_str(r.global_shape);
+    col(locw) << shape_str(r.local_shape);
+    col(pw) << (r.plugin.empty() ? "-" : r.plugin);
+    os << r.rule << (r.rule.empty() || r.note.empty() ? "" : " ") << r.note << "\n";
   }
   for (const auto& wmsg : warnings) os << "warning: " << wmsg << "\n";
   os << "parameter bytes on this rank: " << local_bytes() << " of " << global_bytes() << "\n";
