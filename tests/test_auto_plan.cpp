@@ -244,7 +244,15 @@ TEST(AutoPlan, ActivationReadWholeElsewhereIsNotSplit) {
   auto x = torch::randn({4, 8}, torch::kDouble);
   const Plan p = planned(m, 2, x);
   EXPECT_TRUE(p.rules.empty()) << p.to_yaml();
-  EXPECT_NE(p.comment.find("fc1's output is also read by"), std::string::npos) << p.comment;
+  EXPECT_NE(p.comment.find("\n  fc2: fc1's output is also read by add (a residual), which needs it whole\n"),
+            std::string::npos)
+      << p.comment;
+  // fc1 is the first layer, but that is not why it stays replicated.
+  EXPECT_NE(p.comment.find("\n  fc1: its pair with fc2 is refused: fc1's output is also read by add (a residual), "
+                           "which needs it whole\n"),
+            std::string::npos)
+      << p.comment;
+  EXPECT_EQ(p.comment.find("not computed from another layer"), std::string::npos) << p.comment;
   EXPECT_NE(p.comment.find("Nothing to shard"), std::string::npos) << p.comment;
   expect_matches_unsharded(m, p, 2, {x}, forward_of<SplitReadTwiceImpl>());
 }
@@ -461,6 +469,67 @@ TEST(AutoPlan, SharedSubmoduleIsPlannedAlikeUnderEveryPath) {
   EXPECT_TRUE(p.rules.empty()) << p.to_yaml();
   EXPECT_NE(p.comment.find("enc: it is registered under 2 paths (enc, alias)"), std::string::npos) << p.comment;
   for (int world : {2, 4}) expect_matches_unsharded(m, planned(m, world, x), world, {x}, forward_of<SharedImpl>());
+}
+
+}  // namespace
+
+namespace {
+
+// enc feeds block, one module that runs twice: no pair, and enc says why.
+struct SharedConsumerImpl : torch::nn::Cloneable<SharedConsumerImpl> {
+  SharedConsumerImpl() { reset(); }
+  void reset() override {
+    enc = register_module("enc", shardplan::nn::Linear(8, 12));
+    block = register_module("block", shardplan::nn::Linear(12, 12));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return block->forward(torch::relu(block->forward(torch::relu(enc->forward(x)))));
+  }
+  shardplan::nn::Linear enc{nullptr}, block{nullptr};
+};
+
+// h = fc1(x) feeds fc2 (through relu) and fc3 (directly): neither pair.
+struct TwoConsumersImpl : torch::nn::Cloneable<TwoConsumersImpl> {
+  TwoConsumersImpl() { reset(); }
+  void reset() override {
+    fc1 = register_module("fc1", shardplan::nn::Linear(8, 12));
+    fc2 = register_module("fc2", shardplan::nn::Linear(12, 4));
+    fc3 = register_module("fc3", shardplan::nn::Linear(12, 4));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto h = fc1->forward(x);
+    auto a = fc2->forward(torch::relu(h));  // before fc3: the planner goes in call order
+    return a + fc3->forward(h);
+  }
+  shardplan::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+
+// The first layer of a chain left replicated: its header line names what
+// refused its pair, not that its input is the model's (true of every first
+// half).
+TEST(AutoPlan, FirstLayerLeftReplicatedNamesTheRealCause) {
+  torch::manual_seed(14);
+  auto x = torch::randn({4, 8}, torch::kDouble);
+  auto shared = std::make_shared<SharedConsumerImpl>();
+  shared->to(torch::kDouble);
+  const Plan p = planned(shared, 2, x);
+  EXPECT_TRUE(p.rules.empty()) << p.to_yaml();
+  EXPECT_NE(p.comment.find("\n  enc: its pair with block is refused: block runs 2 times in the probe "
+                           "(a shared consumer)\n"),
+            std::string::npos)
+      << p.comment;
+  EXPECT_NE(p.comment.find("\n  block: it runs 2 times in the probe\n"), std::string::npos) << p.comment;
+  EXPECT_EQ(p.comment.find("not computed from another layer"), std::string::npos) << p.comment;
+
+  auto two = std::make_shared<TwoConsumersImpl>();
+  two->to(torch::kDouble);
+  const Plan q = planned(two, 2, x);
+  EXPECT_TRUE(q.rules.empty()) << q.to_yaml();
+  EXPECT_NE(q.comment.find("\n  fc1: its pair with fc2 is refused: fc1's output is also read by fc3 (a second "
+                           "consumer), which needs it whole\n"),
+            std::string::npos)
+      << q.comment;
+  EXPECT_EQ(q.comment.find("not computed from another layer"), std::string::npos) << q.comment;
 }
 
 }  // namespace

@@ -118,6 +118,21 @@ class Planner {
   void replicated(const Layer* l, const std::string& why) {
     if (!reasons_.count(l)) reasons_[l] = why;
   }
+  // Producers whose pair with `b` failed for a cause of theirs (feed.held_back)
+  // stay replicated for that cause: it replaces a first layer's "its input is
+  // not computed from another layer", true of every first half, and follows
+  // any other reason. The first such cause per layer is enough.
+  void hold_back(const auto_detail::Feed& feed, const Layer& b) {
+    for (Layer* a : feed.held_back) {
+      if (claimed(a) || !held_back_.insert(a).second) continue;
+      const std::string why = "its pair with " + b.name() + " is refused: " + feed.held_back_why;
+      auto r = reasons_.find(a);
+      if (r == reasons_.end() || chain_starts_.count(a))
+        reasons_[a] = why;
+      else
+        r->second += "; " + why;
+    }
+  }
 
   void decide() {
     std::vector<Layer*> order = graph_.call_order();
@@ -188,8 +203,10 @@ class Planner {
       return;
     }
     auto feed = graph_.feed(b, b.kind, allowed);
+    if (feed.starts_chain) chain_starts_.insert(&b);
     if (feed.producers.empty()) {
       replicated(&b, feed.why_not);
+      hold_back(feed, b);
       return;
     }
     for (Layer* a : feed.producers) {
@@ -444,6 +461,8 @@ class Planner {
   std::vector<Unit> units_;
   std::set<const Layer*> claimed_;
   std::map<const Layer*, std::string> reasons_;
+  std::set<const Layer*> chain_starts_;  // first layers: their input is the model's
+  std::set<const Layer*> held_back_;     // a pair's failure already explains them
   std::map<int64_t, std::string> vocab_;  // LM heads' vocabulary sizes
 };
 

@@ -323,6 +323,98 @@ std::vector<Layer*> ProbeGraph::call_order() {
   return out;
 }
 
+namespace {
+
+// Back from a consumer's input to the layers whose outputs make it, through
+// allowed operations only; on the first thing that is not so, f.why_not.
+class ChainWalk {
+ public:
+  ChainWalk(const std::map<Node*, Layer*>& made_by, Kind kind, const std::function<bool(const std::string&)>& allowed,
+            Feed& f)
+      : made_by_(made_by), kind_(kind), allowed_(allowed), f_(f) {}
+
+  bool walk(Node* n, uint32_t nr) {
+    if (!n) {
+      f_.why_not = "part of its input is not computed from another layer's output";
+      return false;
+    }
+    auto made = made_by_.find(n);
+    if (made != made_by_.end()) return producer(n, nr, made->second);
+    if (done_.count(n)) return true;
+    const std::string op = n->name();
+    if (!allowed_(op)) {
+      f_.why_not = "its input passes through " + op_short(op) + ", which does not keep a split activation split";
+      return false;
+    }
+    for (const auto& e : n->next_edges())
+      if (!e.is_valid()) {
+        f_.why_not = "its input is combined by " + op_short(op) + " with a tensor that is not a layer's output";
+        return false;
+      }
+    if (n->next_edges().empty()) {
+      f_.why_not = "its input comes from " + op_short(op) + " of no layer";
+      return false;
+    }
+    chain.insert(n);
+    done_.insert(n);
+    const std::string s = op_short(op);
+    if (std::find(ops.begin(), ops.end(), s) == ops.end()) ops.push_back(s);
+    for (const auto& e : n->next_edges())
+      if (!walk(e.function.get(), e.input_nr)) return false;
+    return true;
+  }
+
+  std::unordered_set<Node*> chain;  // the nodes between the producers' outputs and the input, both included
+  std::vector<std::string> ops;     // reverse graph order
+
+ private:
+  bool producer(Node* n, uint32_t nr, Layer* p) {
+    if (p->calls != 1) {
+      f_.why_not = "its producer " + p->name() + " runs " + std::to_string(p->calls) + " times in the probe";
+      return false;
+    }
+    if (static_cast<int64_t>(nr) != p->output.output_nr()) {
+      f_.why_not = "it reads a different output of " + p->name();
+      return false;
+    }
+    if (p->kind != kind_ || p->inside_attention) {
+      f_.why_not = "it reads the output of " + p->name() + ", a layer of another kind";
+      return false;
+    }
+    chain.insert(n);
+    if (std::find(f_.producers.begin(), f_.producers.end(), p) == f_.producers.end()) f_.producers.push_back(p);
+    return true;
+  }
+
+  const std::map<Node*, Layer*>& made_by_;
+  Kind kind_;
+  const std::function<bool(const std::string&)>& allowed_;
+  Feed& f_;
+  std::unordered_set<Node*> done_;
+};
+
+// The nodes back from `from` (included), stopping at `stop` and after
+// `depth` steps. For a layer's own computation, from its output to its
+// input's side: bounded, a layer's own computation is a few nodes.
+std::unordered_set<Node*> nodes_back_from(Node* from, const std::function<bool(Node*)>& stop, int depth = INT_MAX) {
+  std::unordered_set<Node*> own;
+  std::vector<std::pair<Node*, int>> todo{{from, 0}};
+  while (!todo.empty()) {
+    auto [n, d] = todo.back();
+    todo.pop_back();
+    if (!n || stop(n) || !own.insert(n).second || d > depth) continue;
+    for (const auto& e : n->next_edges()) todo.emplace_back(e.function.get(), d + 1);
+  }
+  return own;
+}
+
+std::unordered_set<Node*> own_nodes(const at::Tensor& output, const std::function<bool(Node*)>& stop, int depth) {
+  if (!output.defined() || !output.grad_fn()) return {};
+  return nodes_back_from(output.grad_fn().get(), stop, depth);
+}
+
+}  // namespace
+
 Feed ProbeGraph::feed(const Layer& consumer, Kind producer_kind,
                       const std::function<bool(const std::string&)>& allowed_op) {
   Feed f;
@@ -330,102 +422,70 @@ Feed ProbeGraph::feed(const Layer& consumer, Kind producer_kind,
     f.why_not = "no probe forward was given, so who feeds it is unknown";
     return f;
   }
+  Node* start = consumer.input.defined() ? consumer.input.grad_fn().get() : nullptr;
   if (consumer.calls != 1) {
     f.why_not = consumer.calls == 0 ? "it did not run in the probe"
                                     : "it runs " + std::to_string(consumer.calls) + " times in the probe";
+    // Its producers on the first call stay replicated for the same cause.
+    Feed first;
+    ChainWalk w(made_by_, producer_kind, allowed_op, first);
+    if (consumer.calls > 1 && start && w.walk(start, consumer.input.output_nr())) {
+      f.held_back = first.producers;
+      f.held_back_why = consumer.name() + " runs " + std::to_string(consumer.calls) +
+                        " times in the probe (a shared consumer)";
+    }
     return f;
   }
-  Node* start = consumer.input.grad_fn().get();
   if (!start) {
     f.why_not = "its input is not computed from another layer";
+    f.starts_chain = true;
     return f;
   }
-  auto& made_by = made_by_;
-
-  std::unordered_set<Node*> chain, done;
-  std::vector<std::string> ops;
-  std::function<bool(Node*, uint32_t)> walk = [&](Node* n, uint32_t nr) -> bool {
-    if (!n) {
-      f.why_not = "part of its input is not computed from another layer's output";
-      return false;
-    }
-    auto made = made_by.find(n);
-    if (made != made_by.end()) {
-      Layer* p = made->second;
-      if (p->calls != 1) {
-        f.why_not = "its producer " + p->name() + " runs " + std::to_string(p->calls) + " times in the probe";
-        return false;
-      }
-      if (static_cast<int64_t>(nr) != p->output.output_nr()) {
-        f.why_not = "it reads a different output of " + p->name();
-        return false;
-      }
-      if (p->kind != producer_kind || p->inside_attention) {
-        f.why_not = "it reads the output of " + p->name() + ", a layer of another kind";
-        return false;
-      }
-      chain.insert(n);
-      if (std::find(f.producers.begin(), f.producers.end(), p) == f.producers.end()) f.producers.push_back(p);
-      return true;
-    }
-    if (done.count(n)) return true;
-    const std::string op = n->name();
-    if (!allowed_op(op)) {
-      f.why_not = "its input passes through " + op_short(op) + ", which does not keep a split activation split";
-      return false;
-    }
-    std::vector<const torch::autograd::Edge*> inputs;
-    for (const auto& e : n->next_edges()) inputs.push_back(&e);
-    for (const auto* e : inputs) {
-      if (!e->is_valid()) {
-        f.why_not = "its input is combined by " + op_short(op) + " with a tensor that is not a layer's output";
-        return false;
-      }
-    }
-    if (inputs.empty()) {
-      f.why_not = "its input comes from " + op_short(op) + " of no layer";
-      return false;
-    }
-    chain.insert(n);
-    done.insert(n);
-    const std::string s = op_short(op);
-    if (std::find(ops.begin(), ops.end(), s) == ops.end()) ops.push_back(s);
-    for (const auto* e : inputs)
-      if (!walk(e->function.get(), e->input_nr)) return false;
-    return true;
-  };
-  if (!walk(start, consumer.input.output_nr())) {
+  ChainWalk w(made_by_, producer_kind, allowed_op, f);
+  if (!w.walk(start, consumer.input.output_nr())) {
     f.producers.clear();
     return f;
   }
-  std::reverse(ops.begin(), ops.end());
-  f.ops = ops;
+  f.ops.assign(w.ops.rbegin(), w.ops.rend());
+  check_readers(consumer, w.chain, f);
+  return f;
+}
 
-  // The consumer's own nodes: back from its output to the chain (or to its
-  // parameters). Bounded: a layer's own computation is a few nodes.
-  std::unordered_set<Node*> own;
-  if (Node* out = consumer.output.grad_fn().get()) {
-    std::vector<std::pair<Node*, int>> todo{{out, 0}};
-    while (!todo.empty()) {
-      auto [n, depth] = todo.back();
-      todo.pop_back();
-      if (!n || chain.count(n) || !own.insert(n).second || depth > 32) continue;
-      for (const auto& e : n->next_edges()) todo.emplace_back(e.function.get(), depth + 1);
-    }
-  }
+void ProbeGraph::check_readers(const Layer& consumer, const std::unordered_set<Node*>& chain, Feed& f) {
+  const auto own = own_nodes(consumer.output, [&](Node* n) { return chain.count(n) > 0; }, 32);
   for (Node* n : chain) {
     auto it = consumers_.find(n);
     if (it == consumers_.end()) continue;
     for (Node* reader : it->second) {
       if (chain.count(reader) || own.count(reader)) continue;
-      Layer* p = made_by.count(n) ? made_by[n] : nullptr;
-      f.why_not = (p ? p->name() + "'s output" : "the activation after " + op_short(n->name())) +
-                  " is also read by " + op_short(reader->name()) + ", which needs it whole";
+      auto made = made_by_.find(n);
+      const std::string what =
+          made != made_by_.end() ? made->second->name() + "'s output" : "the activation after " + op_short(n->name());
+      f.why_not = what + " is also read by " + reader_name(reader) + ", which needs it whole";
+      // Only the producers of the activation read: a partner producer of
+      // the consumer is not at fault.
+      const auto behind = nodes_back_from(n, [&](Node* m) { return !chain.count(m); });
+      for (Layer* p : f.producers)
+        if (behind.count(p->output.grad_fn().get())) f.held_back.push_back(p);
+      f.held_back_why = f.why_not;
       f.producers.clear();
-      return f;
+      return;
     }
   }
-  return f;
+}
+
+// A node of another layer's own computation reads the activation as that
+// layer's input: a second consumer. Otherwise an operation; one that adds
+// the activation to something else is a residual.
+std::string ProbeGraph::reader_name(Node* reader) const {
+  for (const Layer& l : layers_) {
+    if (l.calls == 0) continue;
+    Node* input = l.input.defined() ? l.input.grad_fn().get() : nullptr;
+    if (own_nodes(l.output, [input](Node* n) { return n == input; }, 8).count(reader))
+      return l.name() + " (a second consumer)";
+  }
+  const std::string op = op_short(reader->name());
+  return op == "add" || op == "sub" ? op + " (a residual)" : op;
 }
 
 }  // namespace auto_detail

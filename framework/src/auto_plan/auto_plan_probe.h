@@ -10,6 +10,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace torch {
@@ -49,6 +50,14 @@ struct Feed {
   std::vector<Layer*> producers;  // layers whose outputs reach the input (in probe order)
   std::vector<std::string> ops;   // operations on the way, in graph order, deduplicated
   std::string why_not;            // non-empty: the input is not made only that way
+  // No layer computes the input (the model's input feeds it): true of every
+  // first layer, so it is no reason for one to stay replicated.
+  bool starts_chain = false;
+  // Producers the walk found, whose pairing with the consumer then failed
+  // for a cause that keeps them replicated too (their output read outside
+  // the pair, a consumer that runs more than once), and that cause.
+  std::vector<Layer*> held_back;
+  std::string held_back_why;
 };
 
 class ProbeGraph {
@@ -75,6 +84,10 @@ class ProbeGraph {
 
  private:
   struct Recording;
+  // Anything but the chain and the consumer reading the chain's activations.
+  void check_readers(const Layer& consumer, const std::unordered_set<torch::autograd::Node*>& chain, Feed& f);
+  // "fc3 (a second consumer)", "add (a residual)", "mean": who `reader` is.
+  std::string reader_name(torch::autograd::Node* reader) const;
   torch::nn::Module& model_;
   std::vector<Layer> layers_;
   at::Tensor root_;
