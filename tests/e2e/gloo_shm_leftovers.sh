@@ -17,8 +17,9 @@ set -uo pipefail
 case_name=$1 shardplan=$2 conformance=$3
 
 if [ "${SHARDPLAN_SHM_TEST_INSIDE:-}" != 1 ]; then
-  if ! unshare --user --map-root-user --mount true 2>/dev/null; then
-    echo "SKIP: user and mount namespaces are unavailable here (unshare --user --map-root-user --mount failed)"
+  # The probe mounts too: some sandboxes give the namespaces but no mounts in them.
+  if ! unshare --user --map-root-user --mount sh -c 'mount -t tmpfs -o size=64k none /dev/shm' 2>/dev/null; then
+    echo "SKIP: user and mount namespaces with mounts are unavailable here (unshare --user --map-root-user --mount failed)"
     exit 77
   fi
   size=16m

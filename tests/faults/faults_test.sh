@@ -252,11 +252,12 @@ loopback_master_name)
   # with --master-addr $(hostname) would listen where no other node can
   # connect, and they would wait out their whole timeout. Rank 0 refuses at
   # once. A private /etc/hosts (user + mount namespace) makes the name.
-  if ! unshare --user --map-root-user --mount true 2>/dev/null; then
-    echo "faults.$CASE skipped: no user and mount namespaces here (unshare)"
+  printf '127.0.0.1 localhost\n127.0.1.1 master-node.test\n' >"$WORK/hosts"
+  # The probe mounts too: some sandboxes give the namespaces but no mounts in them.
+  if ! unshare --user --map-root-user --mount sh -c "mount --bind '$WORK/hosts' /etc/hosts" 2>/dev/null; then
+    echo "faults.$CASE skipped: no user and mount namespaces with mounts here (unshare)"
     exit 77
   fi
-  printf '127.0.0.1 localhost\n127.0.1.1 master-node.test\n' >"$WORK/hosts"
   cat >"$WORK/in_ns" <<EOS
 #!/usr/bin/env bash
 exec unshare --user --map-root-user --mount bash -c 'mount --bind "$WORK/hosts" /etc/hosts && exec "\$0" "\$@"' "$SP" "\$@"
