@@ -3,8 +3,9 @@
 // float64 on 4 thread ranks, {data: 2, model: 2} and {data: 4}, must print the
 // losses and end with the parameters of one process training on the global
 // batch (1e-10), with Adam and SGD, with and without ZeRO-1, with gradient
-// accumulation; replicas stay bit-identical; and the plan keys, the
-// consistency check, the ignore list and bad input behave as documented.
+// accumulation; replicas stay bit-identical; the consistency check and the
+// ignore list behave as documented. The loop and bad input:
+// test_data_parallel_loop.cpp.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -14,230 +15,24 @@
 #include <string>
 #include <vector>
 
+#include "data_parallel_fixture.h"
 #include "models/gpt.h"
 #include "models/model.h"
 #include "shardplan/checkpoint.h"
 #include "shardplan/data_parallel.h"
 #include "shardplan/error.h"
 #include "shardplan/nn/linear.h"
+#include "shardplan/optimizer.h"
 #include "shardplan/parallelize.h"
 #include "shardplan/plan.h"
+#include "shardplan/training.h"
 #include "shardplan/world.h"
 #include "shardplan/zero_optimizer.h"
 
 namespace {
 
 namespace ex = shardplan::examples;
-using shardplan::DataParallel;
-
-// ------------------------------------------------------------ models
-
-struct MlpImpl : torch::nn::Cloneable<MlpImpl> {
-  MlpImpl() { reset(); }
-  void reset() override {
-    fc1 = register_module("fc1", shardplan::nn::Linear(6, 16));
-    fc2 = register_module("fc2", shardplan::nn::Linear(16, 8));
-    fc3 = register_module("fc3", shardplan::nn::Linear(8, 3));
-  }
-  torch::Tensor loss(const torch::Tensor& x, const torch::Tensor& y) {
-    auto h = fc3->forward(torch::relu(fc2->forward(torch::relu(fc1->forward(x)))));
-    return torch::mse_loss(h, y);
-  }
-  shardplan::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
-};
-TORCH_MODULE(Mlp);
-
-const char* kMlpRules = R"(
-rules:
-  - match: 'fc1\.weight'
-    layout: [model, null]
-    output: sharded
-  - match: 'fc1\.bias'
-    layout: [model]
-  - match: 'fc2\.weight'
-    layout: [null, model]
-    input: sharded
-)";
-
-const char* kGptRules = R"(
-rules:
-  - match: 'tok_emb\.weight'
-    layout: [model, null]
-  - match: 'blocks\.\d+\.attn\.in_proj_weight'
-    layout: [model, null]
-  - match: 'blocks\.\d+\.attn\.in_proj_bias'
-    layout: [model]
-  - match: 'blocks\.\d+\.attn\.out_proj\.weight'
-    layout: [null, model]
-    input: sharded
-  - match: 'blocks\.\d+\.fc1\.weight'
-    layout: [model, null]
-    output: sharded
-  - match: 'blocks\.\d+\.fc1\.bias'
-    layout: [model]
-  - match: 'blocks\.\d+\.fc2\.weight'
-    layout: [null, model]
-    input: sharded
-  - match: 'head\.weight'
-    layout: [model, null]
-    output: sharded
-  - match: 'loss'
-    layout: [null, model]
-)";
-
-const ex::Overrides kGpt = {{"vocab", "32"}, {"context", "6"}, {"embed", "16"},
-                            {"heads", "4"},  {"layers", "2"},  {"mlp", "24"}};
-
-// A model, its loss on a batch (input, target), and batches for every step.
-struct Task {
-  std::shared_ptr<torch::nn::Module> model;
-  std::function<torch::Tensor(torch::nn::Module&, const torch::Tensor&, const torch::Tensor&)> loss;
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
-};
-
-Task gpt_task(int steps, int64_t batch) {
-  torch::manual_seed(3);
-  Task t;
-  t.model = ex::make_model("gpt", kGpt).module;
-  t.model->to(torch::kDouble);
-  t.loss = [](torch::nn::Module& m, const torch::Tensor& x, const torch::Tensor& y) {
-    return dynamic_cast<ex::GPTImpl&>(m).loss(ex::Batch{x, y});
-  };
-  torch::manual_seed(11);
-  for (int i = 0; i < steps; ++i)
-    t.batches.emplace_back(torch::randint(32, {batch, 6}, torch::kLong), torch::randint(32, {batch, 6}, torch::kLong));
-  return t;
-}
-
-Task mlp_task(int steps, int64_t batch) {
-  torch::manual_seed(4);
-  Task t;
-  t.model = Mlp().ptr();
-  t.model->to(torch::kDouble);
-  t.loss = [](torch::nn::Module& m, const torch::Tensor& x, const torch::Tensor& y) {
-    return dynamic_cast<MlpImpl&>(m).loss(x, y);
-  };
-  torch::manual_seed(12);
-  for (int i = 0; i < steps; ++i)
-    t.batches.emplace_back(torch::randn({batch, 6}, torch::kDouble), torch::randn({batch, 3}, torch::kDouble));
-  return t;
-}
-
-std::unique_ptr<torch::optim::Optimizer> make_opt(bool adam, std::vector<torch::Tensor> params, bool adamw = false) {
-  if (adamw) return std::make_unique<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2));
-  if (adam) return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2));
-  return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(5e-2).momentum(0.9));
-}
-
-struct RefRun {
-  std::vector<double> losses;
-  std::map<std::string, torch::Tensor> params;  // whole tensors
-};
-
-// One process, the whole batch, no plan. With `chunks` > 1 the loss is the
-// mean of the losses of that many equal slices of the batch, for models whose
-// loss on a slice is not the slice's share of the whole batch's (a branch
-// taken per slice, as data-parallel ranks and micro-batches take it).
-RefRun reference(const Task& task, bool adam, int chunks = 1, bool adamw = false) {
-  auto model = task.model->clone();
-  auto opt = make_opt(adam, model->parameters(), adamw);
-  RefRun r;
-  for (const auto& [x, y] : task.batches) {
-    opt->zero_grad();
-    torch::Tensor loss;
-    const int64_t n = x.size(0) / chunks;
-    for (int k = 0; k < chunks; ++k) {
-      auto part = task.loss(*model, x.narrow(0, k * n, n), y.narrow(0, k * n, n)) / chunks;
-      loss = loss.defined() ? loss + part : part;
-    }
-    loss.backward();
-    opt->step();
-    r.losses.push_back(loss.item<double>());
-  }
-  for (const auto& p : model->named_parameters()) r.params[p.key()] = p.value().detach().clone();
-  return r;
-}
-
-struct DpCase {
-  std::string plan;  // YAML
-  bool adam = true;
-  int micro = 1;     // micro-batches per step (gradient accumulation)
-  int world = 4;
-  bool adamw = false;
-};
-
-// The same training on thread ranks: each rank its slice of each global
-// batch, in micro-batches, gradients synchronised by DataParallel. Checks
-// every rank's parameters against `ref` cut to its shards, the replicas
-// with check_replicas, and returns rank 0's losses (global means).
-std::vector<double> run_dp(const Task& task, const DpCase& c, const RefRun& ref) {
-  const auto plan = shardplan::parse_plan(c.plan, "dp.yaml");
-  std::vector<std::shared_ptr<torch::nn::Module>> replicas;
-  for (int r = 0; r < c.world; ++r) replicas.push_back(task.model->clone());
-  std::vector<double> losses;
-  std::mutex mu;
-  std::map<int, double> worst;
-  shardplan::StateDict full;
-  for (const auto& kv : ref.params) full.emplace_back(kv.first, kv.second);
-  shardplan::run_ranks_in_threads(c.world, [&](shardplan::World& w) {
-    auto& model = *replicas[w.rank()];
-    auto report = shardplan::parallelize(model, plan, w);
-    DataParallel dp(model, report, plan, w);
-    std::unique_ptr<torch::optim::Optimizer> opt;
-    std::unique_ptr<shardplan::ZeroOptimizer> zero;
-    if (dp.zero())
-      zero = std::make_unique<shardplan::ZeroOptimizer>(dp, [&](std::vector<torch::Tensor> p) { return make_opt(c.adam, p, c.adamw); });
-    else
-      opt = make_opt(c.adam, model.parameters(), c.adamw);
-    std::vector<double> mine;
-    for (const auto& [gx, gy] : task.batches) {
-      zero ? zero->zero_grad() : opt->zero_grad();
-      auto x = dp.local_batch(gx), y = dp.local_batch(gy);
-      const int64_t n = x.size(0) / c.micro;
-      double local = 0;
-      for (int k = 0; k < c.micro; ++k) {
-        auto loss = task.loss(model, x.narrow(0, k * n, n), y.narrow(0, k * n, n)) / c.micro;
-        local += loss.item<double>();
-        if (k + 1 < c.micro) {
-          DataParallel::NoSync no_sync(dp);
-          loss.backward();
-        } else {
-          loss.backward();
-        }
-      }
-      dp.finish();
-      if (zero)
-        zero->step();
-      else
-        opt->step();
-      mine.push_back(dp.average(local));
-    }
-    dp.check_replicas();
-    auto expected = shardplan::relocate_state_dict(full, report);
-    double err = 0;
-    auto params = model.named_parameters();
-    for (const auto& [name, t] : expected) {
-      if (!params.contains(name)) continue;
-      const auto& got = params[name];
-      err = std::max(err, (got - t).abs().max().item<double>() / std::max(1.0, t.abs().max().item<double>()));
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    worst[w.rank()] = err;
-    if (w.rank() == 0) losses = mine;
-  });
-  for (const auto& [rank, err] : worst) EXPECT_LT(err, 1e-10) << "rank " << rank << " final parameters";
-  return losses;
-}
-
-void expect_same_losses(const std::vector<double>& got, const std::vector<double>& want) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-10 * std::max(1.0, std::abs(want[i]))) << "step " << i + 1;
-}
-
-std::string plan_2d(const char* rules, const std::string& extra = "") {
-  return std::string("version: 1\nmesh: {data: 2, model: 2}\n") + extra + rules;
-}
-std::string plan_dp(const std::string& extra = "") { return "version: 1\nmesh: {data: 4}\n" + extra + "rules: []\n"; }
+using namespace dp_test;
 
 // ------------------------------------------------------------ parity
 
@@ -398,9 +193,10 @@ TEST(DataParallel, ZeroOneWithParametersSomeRanksDoNotUse) {
     auto report = shardplan::parallelize(model, plan, w);
     DataParallel dp(model, report, plan, w);
     shardplan::ZeroOptimizer opt(dp, [](std::vector<torch::Tensor> p) { return make_opt(true, p); });
-    task.loss(model, dp.local_batch(task.batches[0].first), dp.local_batch(task.batches[0].second)).backward();
     try {
-      dp.finish();
+      // The end of backward completes the round, so it is backward that throws.
+      task.loss(model, dp.local_batch(task.batches[0].first), dp.local_batch(task.batches[0].second)).backward();
+      ADD_FAILURE() << "no error";
     } catch (const shardplan::Error& e) {
       std::lock_guard<std::mutex> lock(mu);
       errors.push_back(e.what());
@@ -502,7 +298,10 @@ TEST(DataParallel, ReplicaCheckNamesTheParameterThatDrifted) {
       auto opt = make_opt(false, model.parameters());
       for (const auto& [x, y] : task.batches) {
         opt->zero_grad();
-        task.loss(model, dp.local_batch(x), dp.local_batch(y)).backward();
+        {  // the local gradients, averaged only by finish()
+          DataParallel::NoSync no_sync(dp);
+          task.loss(model, dp.local_batch(x), dp.local_batch(y)).backward();
+        }
         // A broken sync: rank 3 skips averaging one parameter's gradient.
         auto g = model.named_parameters()[broken].grad().clone();
         dp.finish();
@@ -552,7 +351,10 @@ rules:
     ASSERT_EQ(dp.warnings().size(), 1u);
     EXPECT_NE(dp.warnings()[0].find("data_parallel.ignore 'nothing\\.here' matches no parameter"), std::string::npos)
         << dp.warnings()[0];
-    task.loss(model, dp.local_batch(task.batches[0].first), dp.local_batch(task.batches[0].second)).backward();
+    {  // the local gradients, averaged only by finish()
+      DataParallel::NoSync no_sync(dp);
+      task.loss(model, dp.local_batch(task.batches[0].first), dp.local_batch(task.batches[0].second)).backward();
+    }
     auto params = model.named_parameters();
     std::map<std::string, torch::Tensor> before;
     for (const auto& p : params) before[p.key()] = p.value().grad().clone();
@@ -631,124 +433,6 @@ TEST(DataParallel, ZeroWithParametersOutsideTheBucketsIsAnError) {
       }
     });
   }
-}
-
-// ------------------------------------------------------------ plan keys and bad input
-
-TEST(DataParallel, PlanKeysParseAndRoundTrip) {
-  auto p = shardplan::parse_plan(
-      "mesh: {replica: 2, model: auto}\nbatch_axis: replica\n"
-      "data_parallel: {ignore: ['a\\.b', 'c'], bucket_mb: 4, overlap: false, zero: true}\nrules: []\n");
-  EXPECT_EQ(p.batch_axis(), "replica");
-  EXPECT_EQ(p.data_parallel.ignore.size(), 2u);
-  EXPECT_EQ(p.data_parallel.bucket_bytes, 4 * 1024 * 1024);
-  EXPECT_FALSE(p.data_parallel.overlap);
-  EXPECT_TRUE(p.data_parallel.zero);
-  auto q = shardplan::parse_plan(p.to_yaml());
-  EXPECT_EQ(q.to_yaml(), p.to_yaml());
-  EXPECT_EQ(q.data_parallel.ignore[1].pattern, "c");
-  // Defaults: an axis called data, else batch, else none; a plain plan's
-  // canonical form does not change.
-  EXPECT_EQ(shardplan::parse_plan("mesh: {data: 2, model: 2}\nrules: []").batch_axis(), "data");
-  EXPECT_EQ(shardplan::parse_plan("mesh: {batch: 2, model: 2}\nrules: []").batch_axis(), "batch");
-  EXPECT_EQ(shardplan::parse_plan("mesh: {model: 2}\nrules: []").batch_axis(), "");
-  EXPECT_EQ(shardplan::parse_plan("mesh: {model: 2}\nrules: []").to_yaml().find("data_parallel"), std::string::npos);
-}
-
-void expect_plan_error(const std::string& yaml, const std::string& message) {
-  try {
-    shardplan::parse_plan(yaml, "p.yaml");
-    FAIL() << "no error for " << yaml;
-  } catch (const shardplan::PlanError& e) {
-    EXPECT_EQ(std::string(e.what()), message);
-  }
-}
-
-TEST(DataParallel, BadPlanKeysAreErrorsAtTheirLine) {
-  expect_plan_error("mesh: {data: 2, model: 2}\nbatch_axis: dta\nrules: []",
-                    "p.yaml:2:13: batch_axis 'dta' is not a mesh axis; mesh axes are: data, model");
-  expect_plan_error("mesh: {data: 2}\ndata_parallel: {zro: true}\nrules: []",
-                    "p.yaml:2:17: unknown key 'zro' in data_parallel (expected ignore, bucket_mb, overlap, zero)");
-  expect_plan_error("mesh: {data: 2}\ndata_parallel: {bucket_mb: 0}\nrules: []",
-                    "p.yaml:2:28: data_parallel.bucket_mb must be a positive number of MiB, got '0'");
-  expect_plan_error("mesh: {data: 2}\ndata_parallel: {zero: maybe}\nrules: []",
-                    "p.yaml:2:23: data_parallel.zero must be true or false");
-  try {
-    shardplan::parse_plan("mesh: {data: 2}\ndata_parallel: {ignore: ['fc(']}\nrules: []", "p.yaml");
-    FAIL();
-  } catch (const shardplan::PlanError& e) {
-    EXPECT_EQ(std::string(e.what()).rfind("p.yaml:2:26: invalid regex 'fc('", 0), 0u) << e.what();
-  }
-}
-
-TEST(DataParallel, BadInputIsAClearErrorThatChangesNothing) {
-  const Task task = mlp_task(1, 6);
-  std::vector<std::shared_ptr<torch::nn::Module>> replicas;
-  for (int r = 0; r < 4; ++r) replicas.push_back(task.model->clone());
-  const auto plan = shardplan::parse_plan(plan_dp("data_parallel: {zero: true}\n"));
-  shardplan::run_ranks_in_threads(4, [&](shardplan::World& w) {
-    auto& model = *replicas[w.rank()];
-    auto report = shardplan::parallelize(model, plan, w);
-    DataParallel dp(model, report, plan, w);
-    try {
-      dp.local_batch(task.batches[0].first);  // 6 rows over 4 ranks
-      ADD_FAILURE() << "no error";
-    } catch (const shardplan::Error& e) {
-      EXPECT_STREQ(e.what(),
-                   "data parallel: the global batch of 6 samples does not divide over the 4 ranks of batch axis "
-                   "'data'; use a batch that is a multiple of 4");
-    }
-    std::vector<torch::Tensor> before;
-    for (const auto& p : model.parameters()) before.push_back(p.detach().clone());
-    try {
-      shardplan::ZeroOptimizer bad(dp, [](std::vector<torch::Tensor> p) {
-        return std::make_unique<torch::optim::LBFGS>(p, torch::optim::LBFGSOptions(1));
-      });
-      ADD_FAILURE() << "no error";
-    } catch (const shardplan::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("ZeroOptimizer supports element-wise optimizers only"), std::string::npos);
-    }
-    size_t i = 0;
-    for (const auto& p : model.parameters()) EXPECT_TRUE(torch::equal(p, before[i++]));
-    // Nothing was attached: a supported optimizer is still accepted.
-    EXPECT_NO_THROW(shardplan::ZeroOptimizer(dp, [](std::vector<torch::Tensor> p) { return make_opt(true, p); }));
-  });
-  // A batch axis the applied mesh lacks; ZeRO without any batch axis.
-  torch::nn::Module plain;
-  shardplan::ParallelReport none;
-  none.mesh = shardplan::Mesh({{"model", 1}});
-  shardplan::run_ranks_in_threads(1, [&](shardplan::World& w) {
-    const auto p = shardplan::parse_plan("mesh: {model: 1}\ndata_parallel: {zero: true}\nrules: []", "z.yaml");
-    try {
-      DataParallel dp(plain, none, p, w);
-      ADD_FAILURE() << "no error";
-    } catch (const shardplan::PlanError& e) {
-      EXPECT_NE(std::string(e.what()).find("z.yaml:2:16: data_parallel.zero shards the optimizer over the batch axis"),
-                std::string::npos)
-          << e.what();
-    }
-  });
-}
-
-TEST(DataParallel, GradientTwiceWithoutFinishIsAnError) {
-  const Task task = mlp_task(1, 8);
-  std::vector<std::shared_ptr<torch::nn::Module>> replicas;
-  for (int r = 0; r < 2; ++r) replicas.push_back(task.model->clone());
-  const auto plan = shardplan::parse_plan("mesh: {data: 2}\nrules: []\n");
-  shardplan::run_ranks_in_threads(2, [&](shardplan::World& w) {
-    auto& model = *replicas[w.rank()];
-    auto report = shardplan::parallelize(model, plan, w);
-    DataParallel dp(model, report, plan, w);
-    auto x = dp.local_batch(task.batches[0].first), y = dp.local_batch(task.batches[0].second);
-    task.loss(model, x, y).backward();
-    try {
-      task.loss(model, x, y).backward();
-      ADD_FAILURE() << "no error";
-    } catch (const std::exception& e) {
-      EXPECT_NE(std::string(e.what()).find("arrived twice before finish()"), std::string::npos) << e.what();
-    }
-    dp.finish();
-  });
 }
 
 }  // namespace

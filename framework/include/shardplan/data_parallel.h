@@ -7,12 +7,18 @@
 // reverse registration order (roughly the order backward produces them);
 // a hook on each parameter counts the gradients of its bucket, and the
 // moment the last one arrives the bucket's all-reduce starts asynchronously
-// on the batch axis' group, overlapping the rest of backward. finish() waits
-// for them before the optimizer step. Model-axis collectives stay on their
-// own groups; only this object talks to the batch axis' group.
+// on the batch axis' group, overlapping the rest of backward. When backward
+// ends (a callback autograd's engine runs, as DDP's reducer does) the
+// reductions are waited for and .grad holds the averages, so the training
+// loop is PyTorch's: forward, backward, optimizer step. Model-axis
+// collectives stay on their own groups; only this object talks to the batch
+// axis' group.
 //
-// ZeRO-1 (`data_parallel: {zero: true}` in the plan, then a ZeroOptimizer,
-// shardplan/zero_optimizer.h): buckets are reduce-scattered instead.
+// ZeRO-1 (`data_parallel: {zero: true}` in the plan): buckets are
+// reduce-scattered instead, and a ZeroOptimizer steps the slices.
+// shardplan::Optimizer (shardplan/optimizer.h) picks the right optimizer,
+// and parallelize_for_training (shardplan/training.h) builds all of it in
+// one call.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -75,18 +81,28 @@ class DataParallel {
   // global batch's). Collective over the batch axis.
   double average(double local) const;
 
-  // After the last backward of a step, before the optimizer step: starts
-  // any bucket not yet started, waits for all, and leaves in every averaged
-  // parameter's .grad the mean over the batch axis (ZeRO: the mean of this
-  // rank's slice, for its ZeroOptimizer). Collective over the batch axis.
+  // Completes the averaging: starts any bucket not yet started, waits for
+  // all, and leaves in every averaged parameter's .grad the mean over the
+  // batch axis (ZeRO: the mean of this rank's slice, for its ZeroOptimizer).
+  // Collective over the batch axis. The end of every backward outside
+  // NoSync does this by itself, so it is needed only where no such backward
+  // ran since the gradients last changed (all micro-batches under NoSync;
+  // see also the limit below), and is a no-op otherwise.
   // That .grad holds its bucket's memory (DDP's gradient_as_bucket_view): it
   // may be read, clipped or zeroed in place until the next backward, which
   // replaces it; a reference kept across that backward sees the bucket reused.
+  // Several backwards before one optimizer step accumulate as in one process.
+  // Limit (DDP's too): a rank whose backward reaches none of the averaged
+  // parameters has no hook to tell it a backward ran, so its peers wait for
+  // it. shardplan::Optimizer's step() completes such a round; a loop with a
+  // torch optimizer makes its peers time out with the communicator's error.
   void finish();
 
   // Gradient accumulation over micro-batches: backwards inside the scope
   // only accumulate into .grad locally; the next backward outside it starts
-  // the reductions (of everything accumulated). Like DDP's no_sync().
+  // the reductions (of everything accumulated). Like DDP's no_sync(). A
+  // torch optimizer stepping on gradients of NoSync backwards alone steps
+  // on un-averaged gradients: finish() first, or use shardplan::Optimizer.
   class NoSync {
    public:
     explicit NoSync(DataParallel& dp);
@@ -131,6 +147,7 @@ class DataParallel {
  private:
   std::shared_ptr<Impl> impl_;
   friend class ZeroOptimizer;
+  friend class Optimizer;
 };
 
 // Bytes of per-parameter state held by a torch optimizer (SGD momentum,

@@ -1,6 +1,6 @@
 #pragma once
 // ZeRO-1, the distributed optimizer, over a DataParallel's batch axis:
-// gradients are reduce-scattered (DataParallel::finish), each rank keeps the
+// gradients are reduce-scattered (at the end of backward), each rank keeps the
 // optimizer state of its 1/D slice of every bucket only, updates that slice,
 // and the parameters are all-gathered back.
 #include <ATen/core/Tensor.h>
@@ -15,6 +15,8 @@
 
 namespace shardplan {
 
+// Most loops want shardplan::Optimizer (shardplan/optimizer.h), which builds
+// this or a plain optimizer as the plan says.
 // ZeRO-1 over the batch axis of a DataParallel built from a plan with
 // `data_parallel: {zero: true}`. `make` builds the real optimizer over the
 // tensors it is given (this rank's slices, one per bucket), e.g.
@@ -28,7 +30,8 @@ class ZeroOptimizer {
   using Factory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
   ZeroOptimizer(DataParallel& dp, const Factory& make);
   ~ZeroOptimizer();
-  // After dp.finish(): updates this rank's slices, then all-gathers every
+  // After backward (which reduce-scattered the gradients; finish() first if
+  // it has not): updates this rank's slices, then all-gathers every
   // bucket's parameters over the batch axis into the model. Collective.
   void step();
   // Clears the model's gradients and the slices'.

@@ -1,5 +1,6 @@
 #include "shardplan/data_parallel.h"
 
+#include <torch/csrc/autograd/engine.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -61,11 +62,23 @@ void refuse_unused_under_zero(const DataParallel::Impl& d, const std::vector<boo
 
 void DataParallel::Impl::on_grad(size_t index, const at::Tensor& grad) {
   std::lock_guard<std::mutex> lock(mu);
-  if (no_sync > 0 || !overlap) return;
+  finished = false;  // the gradients change: a later finish() must average them
+  if (no_sync > 0) return;
+  if (!round_open) {
+    open_round();
+    // Completed when this backward ends, as DDP finalizes its buckets: the
+    // loop needs no finish(), and an optimizer stepping right after
+    // backward sees averaged gradients. A weak reference: the callback may
+    // outlive this DataParallel.
+    torch::autograd::Engine::get_default_engine().queue_callback([weak = self] {
+      if (auto impl = weak.lock()) impl->complete();
+    });
+  }
+  if (!overlap) return;
   Entry& e = entries[index];
   if (e.ready)
     throw Error("data parallel: the gradient of '" + e.path +
-                "' arrived twice before finish(); call finish() after each step's backward, or accumulate "
+                "' arrived twice in one reduction round (a backward re-entered from a hook?); accumulate "
                 "micro-batches inside DataParallel::NoSync");
   Bucket& b = buckets[e.bucket];
   at::Tensor slot = b.flat.narrow(0, e.offset, e.param.numel());
@@ -273,7 +286,8 @@ DataParallel::DataParallel(torch::nn::Module& model, const ParallelReport& repor
     b.pending = b.entries.size();
     d.bucket_infos.push_back(b.info);
   }
-  if (d.size > 1) {
+  d.self = impl_;
+  if (d.size > 1 || d.zero) {
     std::weak_ptr<Impl> weak = impl_;
     for (size_t i = 0; i < d.entries.size(); ++i) {
       at::Tensor p = d.entries[i].param;
@@ -286,7 +300,7 @@ DataParallel::DataParallel(torch::nn::Module& model, const ParallelReport& repor
 
 DataParallel::~DataParallel() {
   for (auto& e : impl_->entries)
-    if (impl_->size > 1) {
+    if (impl_->size > 1 || impl_->zero) {
       try {
         e.param.remove_hook(e.hook);
       } catch (...) {
@@ -393,27 +407,35 @@ double DataParallel::average(double local) const {
 
 // ------------------------------------------------------------ step
 
-void DataParallel::finish() {
-  Impl& d = *impl_;
-  if (d.no_sync > 0) throw Error("data parallel: finish() inside NoSync; leave the scope for the last micro-batch");
-  if (d.size == 1 && !d.zero) return;
-  if (d.zero && !d.zero_attached)
-    throw Error("data parallel: the plan sets data_parallel.zero: true, so step with a shardplan::ZeroOptimizer "
-                "built on this DataParallel (the averaged gradients exist only as its slices)");
+// ZeRO: the slices of an earlier round that no step consumed yet (two
+// backwards before one step) are kept aside, since the reduce-scatter
+// overwrites them, and added back once this round's arrive.
+void DataParallel::Impl::open_round() {
+  round_open = true;
+  if (zero && zero_unconsumed)
+    for (auto& b : buckets) b.carry = b.shard.clone();
+}
+
+void DataParallel::Impl::complete() {
+  if (zero && !zero_attached)
+    throw Error("data parallel: the plan sets data_parallel.zero: true, so step with a shardplan::Optimizer (or "
+                "ZeroOptimizer) built on this DataParallel (the averaged gradients exist only as its slices)");
   const auto t0 = std::chrono::steady_clock::now();
   {
-    std::lock_guard<std::mutex> lock(d.mu);
-    d.fill_and_launch_rest();
+    std::lock_guard<std::mutex> lock(mu);
+    if (!round_open) open_round();
+    fill_and_launch_rest();
   }
-  for (auto& b : d.buckets)
+  for (auto& b : buckets)
     if (b.work) {
       b.work->wait();
       b.work.reset();
     }
-  const std::vector<bool> used = d.used_anywhere();
-  d.wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (auto& b : d.buckets) {
-    if (!d.zero) {
+  const std::vector<bool> used = used_anywhere();
+  wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto& b : buckets) {
+    if (!zero) {
       // .grad becomes the averaged bucket's memory (DDP's
       // gradient_as_bucket_view): nothing to copy back after the wait, and
       // the next step's NoSync micro-batches accumulate straight into it.
@@ -423,19 +445,38 @@ void DataParallel::finish() {
       // process on the global batch would: an optimizer then leaves it alone
       // rather than stepping it with zeros (Adam's moments would decay).
       for (size_t i : b.entries) {
-        Impl::Entry& e = d.entries[i];
+        Entry& e = entries[i];
         if (!used[i]) continue;
         at::Tensor g = at::empty({0}, b.flat.options());
         g.set_(b.flat.storage(), b.flat.storage_offset() + e.offset, e.param.sizes());
         e.param.mutable_grad() = g;
       }
+    } else {
+      // The average lives in the slice; .grad still holds this rank's own
+      // last gradient, which a later backward would otherwise add in again.
+      for (size_t i : b.entries) entries[i].param.mutable_grad().reset();
+      if (b.carry.defined()) {
+        b.shard.add_(b.carry);
+        b.carry.reset();
+      }
     }
-    for (size_t i : b.entries) d.entries[i].ready = d.entries[i].used = false;
+    for (size_t i : b.entries) entries[i].ready = entries[i].used = false;
     b.pending = b.entries.size();
     b.launched = false;
   }
-  d.next_launch = 0;
-  if (d.zero) refuse_unused_under_zero(d, used);
+  next_launch = 0;
+  round_open = false;
+  finished = true;
+  zero_unconsumed = zero;
+  if (zero) refuse_unused_under_zero(*this, used);
+}
+
+void DataParallel::finish() {
+  Impl& d = *impl_;
+  if (d.no_sync > 0) throw Error("data parallel: finish() inside NoSync; leave the scope for the last micro-batch");
+  if (d.size == 1 && !d.zero) return;
+  if (d.finished) return;  // the end of backward did it
+  d.complete();
 }
 
 DataParallel::NoSync::NoSync(DataParallel& dp) : dp_(dp) {

@@ -28,6 +28,7 @@ struct DataParallel::Impl {
     at::Tensor flat;   // [padded] gradients, then their sum
     at::Tensor shard;  // ZeRO: [padded / D] this rank's slice of the sum
     at::Tensor scale;  // 1/D in the bucket's dtype: gradients enter divided
+    at::Tensor carry;  // ZeRO: a reduced slice no step consumed yet, added to the next one
     size_t pending = 0;
     bool launched = false;
     std::unique_ptr<Work> work;
@@ -50,9 +51,19 @@ struct DataParallel::Impl {
   size_t next_launch = 0;
   double wait_seconds = 0;
   bool zero_attached = false;
+  // A reduction round runs from the first gradient a backward outside
+  // NoSync hands a hook to the end of that backward (or finish()).
+  bool round_open = false;
+  // The .grad (ZeRO: the slices) hold the average of everything backward
+  // produced since: finish() has nothing to do.
+  bool finished = false;
+  bool zero_unconsumed = false;  // ZeRO: slices reduced but not stepped with yet
+  std::weak_ptr<Impl> self;
   std::mutex mu;  // hooks may run on autograd's device threads
 
   void on_grad(size_t index, const at::Tensor& grad);
+  void open_round();
+  void complete();
   void launch_ready();
   void launch(Bucket& b);
   void fill_and_launch_rest();

@@ -69,6 +69,7 @@ std::vector<ZeroOptimizer::Bucket> ZeroOptimizer::layout() const {
 
 void ZeroOptimizer::zero_grad() {
   DataParallel::Impl& d = *dp_.impl_;
+  d.zero_unconsumed = false;
   for (auto& e : d.entries)
     if (e.param.grad().defined()) e.param.mutable_grad() = at::Tensor();
   for (auto& s : shards_) s.mutable_grad() = at::Tensor();
@@ -76,6 +77,8 @@ void ZeroOptimizer::zero_grad() {
 
 void ZeroOptimizer::step() {
   DataParallel::Impl& d = *dp_.impl_;
+  dp_.finish();  // nothing to do when backward's end averaged already
+  d.zero_unconsumed = false;
   for (size_t i = 0; i < d.buckets.size(); ++i) shards_[i].mutable_grad() = d.buckets[i].shard.clone();
   {
     torch::NoGradGuard no_grad;
