@@ -42,8 +42,16 @@ class World;
 struct ParallelReport;
 
 struct AutoPlanOptions {
-  // The mesh axis the rules shard over; the plan's mesh is {axis: auto}.
+  // The mesh axis the rules shard over.
   std::string axis = "model";
+  // The plan's mesh, as a plan file writes it (a one-line YAML flow map):
+  // "{data: 2, model: auto}" plans `axis` inside a 2-D mesh. Sizes are
+  // decided at the axis' resolved size (the world size over the other axes':
+  // 2 of 4 ranks here), and the other axis becomes the plan's batch axis
+  // (data parallelism, as plans/gpt_2d.yaml). Empty: {axis: auto}, the whole
+  // world over `axis`. At most one axis besides `axis`; a mesh that is not
+  // such a map, does not fit the world size or lacks `axis` is an Error.
+  std::string mesh;
   // Runs the model once on an example input and returns a tensor whose
   // autograd graph reaches everything the caller uses: the loss (then an LM
   // head's logits may stay split into the parallel cross-entropy, as
@@ -54,7 +62,7 @@ struct AutoPlanOptions {
   std::function<at::Tensor(torch::nn::Module&)> probe;
 };
 
-// A plan for `model` at `world_size` ranks (its mesh: {axis: auto}).
+// A plan for `model` at `world_size` ranks (its mesh: options.mesh).
 // Deterministic: every rank computes the same plan from an identically
 // built model. The model is left as it was (strategies, training mode,
 // gradients). Throws shardplan::Error when the model is already sharded or
@@ -64,5 +72,32 @@ Plan auto_plan(torch::nn::Module& model, int world_size, const AutoPlanOptions& 
 
 // parallelize() with auto_plan(model, world.size(), options).
 ParallelReport parallelize(torch::nn::Module& model, World& world, const AutoPlanOptions& options);
+
+// For models that are not torch::nn modules and cannot be probed here (a
+// TorchScript file, a checkpoint's names and shapes: `shardplan plan auto`),
+// whose caller found the units itself. A rule for one parameter path, and
+// why it is there (the rule's comment):
+struct AutoPlanRule {
+  std::string path;
+  Layout layout;
+  std::vector<std::pair<std::string, std::string>> options;  // {"output", "sharded"}
+  std::string why;
+};
+// Rules sharded together or not at all (a column half is wrong without its
+// row half); `layers` names them in the header when the unit is dropped.
+struct AutoPlanUnit {
+  std::vector<std::string> layers;
+  std::vector<AutoPlanRule> rules;
+};
+// The units written as auto_plan writes a plan (mesh and batch axis from
+// options.mesh, one \d+ rule for numbered blocks), after dropping each unit
+// whose rules do not fit `params` (a path missing, a layout of another rank,
+// a split dim the model axis' size does not divide), with the reason in the
+// header. `origin` ends the header's first line ("from the names and shapes
+// of gpt.pt only"); `replicated` are the caller's own "layer: why" lines.
+// No plugin is consulted: the caller says how sure it is. Errors as auto_plan.
+Plan auto_plan_for_units(const std::vector<ParamInfo>& params, const std::vector<AutoPlanUnit>& units,
+                         const std::vector<std::string>& replicated, int world_size, const AutoPlanOptions& options,
+                         const std::string& origin);
 
 }  // namespace shardplan

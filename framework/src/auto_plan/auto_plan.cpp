@@ -18,13 +18,12 @@
 #include <torch/nn/modules/activation.h>
 
 #include <algorithm>
-#include <cctype>
 #include <map>
-#include <regex>
 #include <set>
 #include <sstream>
 
 #include "auto_plan_probe.h"
+#include "auto_plan_write.h"
 #include "plan/plan_internal.h"
 #include "shardplan/error.h"
 #include "shardplan/nn/lstm.h"
@@ -40,16 +39,9 @@ using auto_detail::Kind;
 using auto_detail::Layer;
 using plan_detail::join;
 
-struct RuleSpec {
-  std::string path;  // parameter path, or a module path (the loss)
-  Layout layout;
-  std::vector<std::pair<std::string, std::string>> options;
-  std::string why;
-};
-
 struct Unit {
   std::vector<Layer*> layers;
-  std::vector<RuleSpec> rules;
+  std::vector<AutoPlanRule> rules;
   bool dropped = false;
 };
 
@@ -59,8 +51,8 @@ std::string join_path(const std::string& prefix, const std::string& name) {
 
 class Planner {
  public:
-  Planner(torch::nn::Module& model, int world, const AutoPlanOptions& o)
-      : model_(model), world_(world), axis_(o.axis), graph_(model) {
+  Planner(torch::nn::Module& model, const auto_detail::MeshChoice& mesh, const AutoPlanOptions& o)
+      : model_(model), world_(mesh.world_size), axis_(mesh.axis), mesh_(mesh), graph_(model) {
     if (o.probe) graph_.run(o.probe);
   }
 
@@ -294,13 +286,13 @@ class Planner {
         if (u.dropped) continue;
         bool hit = false;
         for (const auto& r : u.rules)
-          if (mentions(err, r.path)) hit = true;
+          if (auto_detail::mentions(err, r.path)) hit = true;
         if (!hit) continue;
         u.dropped = any = true;
         std::string why = err;
         const size_t colon = why.find(": ");
         if (why.rfind("<auto_plan>", 0) == 0 && colon != std::string::npos) why = why.substr(colon + 2);
-        for (Layer* l : u.layers) reasons_[l] = "rejected at " + std::to_string(world_) + " ranks: " + why;
+        for (Layer* l : u.layers) reasons_[l] = "rejected " + mesh_.at_ranks() + ": " + why;
       }
     }
     if (!any)
@@ -311,114 +303,19 @@ class Planner {
       }
   }
 
-  static bool mentions(const std::string& text, const std::string& path) {
-    for (size_t at = text.find(path); at != std::string::npos; at = text.find(path, at + 1)) {
-      auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.'; };
-      const bool before = at == 0 || !word(text[at - 1]);
-      const size_t end = at + path.size();
-      const bool after = end >= text.size() || !word(text[end]) || (text[end] == '.' && end + 1 < text.size() && !word(text[end + 1]));
-      if (before && after) return true;
-    }
-    return false;
-  }
-
-  static std::string escape(const std::string& path) {
-    static const std::string special = R"(\^$.|?*+()[]{})";
-    std::string out;
-    for (char c : path) {
-      if (special.find(c) != std::string::npos) out += '\\';
-      out += c;
-    }
-    return out;
-  }
-
-  // Paths that differ only in their numeric parts ("blocks.0.fc1.weight",
-  // "blocks.1.fc1.weight") share one rule with \d+, when that pattern
-  // matches exactly them among every parameter and planned module.
-  static std::string generalized(const std::string& path) {
-    std::string out;
-    size_t i = 0;
-    while (i < path.size()) {
-      const bool at_start = i == 0 || path[i - 1] == '.';
-      size_t j = i;
-      while (j < path.size() && std::isdigit(static_cast<unsigned char>(path[j]))) ++j;
-      if (at_start && j > i && (j == path.size() || path[j] == '.')) {
-        out += R"(\d+)";
-        i = j;
-      } else {
-        out += escape(std::string(1, path[i]));
-        ++i;
-      }
-    }
-    return out;
-  }
-
   Plan write() {
     std::vector<std::string> universe;
     for (const auto& p : model_.named_parameters()) universe.push_back(p.key());
-    std::vector<const RuleSpec*> specs;
+    std::vector<const AutoPlanRule*> specs;
     for (const Unit& u : units_)
       if (!u.dropped)
-        for (const auto& r : u.rules) {
-          specs.push_back(&r);
-          if (std::find(universe.begin(), universe.end(), r.path) == universe.end()) universe.push_back(r.path);
-        }
-    struct Out {
-      std::string pattern;
-      const RuleSpec* spec;
-      std::set<std::string> members;
-    };
-    std::vector<Out> outs;
-    auto key_of = [](const RuleSpec& r) {
-      std::string k = layout_str(r.layout);
-      for (const auto& [o, v] : r.options) k += "|" + o + "=" + v;
-      return k;
-    };
-    std::map<std::pair<std::string, std::string>, size_t> grouped;
-    for (const RuleSpec* r : specs) {
-      const auto key = std::make_pair(generalized(r->path), key_of(*r));
-      auto it = grouped.find(key);
-      if (it == grouped.end()) {
-        grouped[key] = outs.size();
-        outs.push_back({key.first, r, {r->path}});
-      } else {
-        outs[it->second].members.insert(r->path);
-      }
-    }
-    std::vector<Out> rules;
-    for (Out& o : outs) {
-      const std::regex re(o.pattern);
-      bool exact = true;
-      for (const auto& path : universe)
-        if (std::regex_match(path, re) != (o.members.count(path) > 0)) exact = false;
-      if (exact) {
-        rules.push_back(o);
-        continue;
-      }
-      for (const RuleSpec* r : specs)
-        if (o.members.count(r->path)) rules.push_back({escape(r->path), r, {r->path}});
-    }
-    std::ostringstream y;
-    y << "version: 1\nmesh: {" << axis_ << ": auto}\nrules:";
-    if (rules.empty()) y << " []";
-    y << "\n";
-    for (const Out& o : rules) {
-      y << "  - match: " << plan_detail::quoted(o.pattern) << "\n    layout: " << layout_str(o.spec->layout) << "\n";
-      for (const auto& [k, v] : o.spec->options) y << "    " << k << ": " << v << "\n";
-    }
-    Plan p = parse_plan(y.str(), "<auto_plan>");
-    // A rule for several blocks speaks of block N, not of the first.
-    static const std::regex block_index(R"((\w)\.\d+\.)");
-    for (size_t i = 0; i < rules.size(); ++i)
-      p.rules[i].comment = rules[i].members.size() > 1 ? std::regex_replace(rules[i].spec->why, block_index, "$1.N.")
-                                                       : rules[i].spec->why;
-    return p;
+        for (const auto& r : u.rules) specs.push_back(&r);
+    return auto_detail::write_plan(specs, std::move(universe), mesh_);
   }
 
   std::string header() const {
     std::ostringstream c;
-    c << "Generated by shardplan::auto_plan for " << world_ << " rank" << (world_ == 1 ? "" : "s") << " over '" << axis_
-      << "'" << (graph_.probed() ? ", from a probe forward." : ", without a probe forward (no pairs).");
+    c << "Generated by shardplan::auto_plan for " << mesh_.describe() << (graph_.probed() ? ", from a probe forward." : ", without a probe forward (no pairs).");
     size_t kept = 0;
     for (const Unit& u : units_) kept += !u.dropped;
     if (kept == 0) c << "\nNothing to shard: every parameter stays replicated (the plan runs, each rank doing all the work).";
@@ -457,6 +354,7 @@ class Planner {
   torch::nn::Module& model_;
   int world_;
   std::string axis_;
+  auto_detail::MeshChoice mesh_;
   auto_detail::ProbeGraph graph_;
   std::vector<Unit> units_;
   std::set<const Layer*> claimed_;
@@ -469,9 +367,7 @@ class Planner {
 }  // namespace
 
 Plan auto_plan(torch::nn::Module& model, int world_size, const AutoPlanOptions& options) {
-  if (world_size < 1) throw Error("auto_plan: world size " + std::to_string(world_size) + " (must be at least 1)");
-  if (options.axis.empty()) throw Error("auto_plan: empty axis name");
-  Planner planner(model, world_size, options);
+  Planner planner(model, auto_detail::choose_mesh(options, world_size), options);
   return planner.plan();
 }
 
