@@ -22,4 +22,13 @@ if(TARGET shardplan_plan)
       $<TARGET_FILE:shardplan_cli> ${model} "${_auto_${model}}" ${CMAKE_CURRENT_BINARY_DIR}/plan_check)
     set_tests_properties(plan_auto_${model} PROPERTIES TIMEOUT 300)
   endforeach()
+  # --mesh, --torchscript (a module Debian's python3-torch scripts at run
+  # time; skipped without it) and --state-dict, with bad input of each.
+  set(_auto_file_torchscript /usr/bin/python3)
+  set(_auto_file_state_dict $<TARGET_FILE:plan_check_write_state_dicts>)
+  foreach(mode mesh torchscript state_dict)
+    add_test(NAME plan_auto_file_${mode} COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/plan_check/auto_file.sh
+      $<TARGET_FILE:shardplan_cli> ${mode} ${CMAKE_CURRENT_BINARY_DIR}/plan_check ${_auto_file_${mode}})
+    set_tests_properties(plan_auto_file_${mode} PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
+  endforeach()
 endif()

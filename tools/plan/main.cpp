@@ -1,7 +1,9 @@
 // shardplan-plan: `shardplan plan check PLAN.yaml (--model NAME | --state-dict
 // FILE) --world N`, the plan checker (docs/PLAN_CHECK.md), and `shardplan
-// plan auto --model NAME --world N`, which prints the plan auto_plan writes
-// for an example model (docs/AUTO_PLAN.md) and then checks it the same way. The report itself
+// plan auto (--model NAME | --torchscript FILE | --state-dict FILE) --world N
+// [--mesh M]`, which prints the plan auto_plan writes for an example model,
+// a TorchScript module or a checkpoint's names and shapes (docs/AUTO_PLAN.md)
+// and then checks it the same way. The report itself
 // comes from the framework (shardplan/plan_check.h, shardplan/dry_run.h); this
 // program only builds the example model or reads the checkpoint, and prints.
 // Exit status: 0 the plan can run, 1 it cannot (or the inputs cannot be
@@ -28,6 +30,7 @@
 #include "shardplan/plan.h"
 #include "shardplan/plan_check.h"
 #include "state_dict.h"
+#include "torchscript_plan.h"
 
 namespace {
 
@@ -49,15 +52,24 @@ const char* kUsage =
     "                     file; no layer plugin is consulted and nothing is run\n"
     "  --no-comm          skip the dry run\n"
     "\n"
-    "usage: shardplan plan auto --model NAME --world N [--save PLAN.yaml] [the options above]\n"
+    "usage: shardplan plan auto (--model NAME | --torchscript FILE.pt | --state-dict PATH) --world N\n"
+    "                           [--mesh '{data: 2, model: auto}'] [--save PLAN.yaml] [the options above]\n"
     "\n"
-    "Writes a plan for the example model with shardplan::auto_plan (probed with one training loss),\n"
-    "prints it with a comment per rule saying why (and what stays replicated), then its report as\n"
-    "above. --save also writes it to a file, usable as --plan.\n";
+    "Writes a plan with shardplan::auto_plan and prints it with a comment per rule saying why (and\n"
+    "what stays replicated), then its report as above. --save also writes it to a file, usable as\n"
+    "--plan and by `plan check`.\n"
+    "\n"
+    "  --model NAME          an example model, probed with one training loss\n"
+    "  --torchscript FILE    a module saved by torch.jit.save: its forward graph says which linear and\n"
+    "                        convolution ops feed which; checked from its parameters' names and shapes\n"
+    "  --state-dict PATH     names and shapes only: an MLP's [h, d] then [d, h] weights of one module\n"
+    "                        are paired, every rule saying it was inferred (check it with the model)\n"
+    "  --mesh MESH           the plan's mesh, a YAML flow map (default {model: auto}); the model axis\n"
+    "                        is planned at its size within N, the other axis splits the batch\n";
 
 struct Args {
   std::string sub, save;
-  std::string plan, model, state_dict, format = "table", config, dtype = "float32";
+  std::string plan, model, state_dict, torchscript, mesh, format = "table", config, dtype = "float32";
   int world = 0;
   int64_t batch = 8, tokens = 0;
   bool comm = true;
@@ -126,6 +138,10 @@ Args parse(int argc, char** argv) {
       a.comm = false;
     } else if (k == "--save" && a.sub == "auto") {
       a.save = value();
+    } else if (k == "--mesh" && a.sub == "auto") {
+      a.mesh = value();
+    } else if (k == "--torchscript" && a.sub == "auto") {
+      a.torchscript = value();
     } else if (!k.empty() && k[0] == '-') {
       usage("unknown option '" + k + "'");
     } else if (a.plan.empty() && a.sub == "check") {
@@ -135,10 +151,11 @@ Args parse(int argc, char** argv) {
     }
   }
   if (a.plan.empty() && a.sub == "check") usage("missing PLAN.yaml");
-  if (a.sub == "auto" && a.model.empty()) usage("auto needs --model NAME");
-  if (a.model.empty() == a.state_dict.empty()) usage("give exactly one of --model and --state-dict");
+  const int sources = !a.model.empty() + !a.state_dict.empty() + !a.torchscript.empty();
+  if (a.sub == "auto" && sources != 1) usage("give exactly one of --model, --torchscript and --state-dict");
+  if (sources != 1) usage("give exactly one of --model and --state-dict");
   if (a.world == 0) usage("missing --world N");
-  if (!a.state_dict.empty() && !a.config.empty()) usage("--config applies to --model only");
+  if (a.model.empty() && !a.config.empty()) usage("--config applies to --model only");
   if (!a.model.empty()) {
     bool known = false;
     for (const auto& n : ex::model_names()) known |= n == a.model;
@@ -203,10 +220,48 @@ ex::Batch make_batch(const ex::ModelHandle& m, const Args& a) {
   return b;
 }
 
+// auto's plan: saved when asked, printed before its report.
+void emit(const shardplan::Plan& plan, const Args& a) {
+  const std::string yaml = plan.to_yaml();
+  if (!a.save.empty()) {
+    std::ofstream out(a.save);
+    out << yaml;
+    if (!out.flush()) throw shardplan::Error("cannot write " + a.save);
+  }
+  if (a.format == "table") std::cout << yaml << "\n" << std::flush;
+}
+
+// --state-dict and --torchscript: nothing runs, the plan is checked against
+// the file's names and shapes (auto writes the plan from the same file).
+shardplan::PlanCheck check_file(const Args& a, shardplan::Plan& plan, const shardplan::AutoPlanOptions& options) {
+  std::vector<shardplan::TensorShape> params;
+  std::vector<std::string> notes;
+  std::string subject;
+  if (!a.torchscript.empty()) {
+    auto file = shardplan_plan::plan_torchscript(a.torchscript, a.world, options);
+    plan = file.plan;
+    params = file.params;
+    subject = "TorchScript file " + a.torchscript;
+  } else {
+    auto shapes = shardplan_plan::read_state_dict_shapes(a.state_dict);
+    if (a.sub == "auto") plan = shardplan_plan::plan_state_dict(shapes, a.state_dict, a.world, options);
+    params = shapes.params;
+    notes = shapes.notes;
+    subject = "state dict " + a.state_dict;
+  }
+  if (a.sub == "auto") emit(plan, a);
+  shardplan::PlanCheck result = shardplan::check_plan_for_shapes(params, plan, a.world);
+  result.subject = subject;
+  for (const auto& n : notes) result.notes.push_back(n);
+  return result;
+}
+
 int check(const Args& a) {
   shardplan::Plan plan;
   shardplan::PlanCheck result;
   try {
+    shardplan::AutoPlanOptions options;
+    options.mesh = a.mesh;
     if (a.sub == "check") plan = shardplan::load_plan(a.plan);
     if (!a.model.empty()) {
       const auto overrides = ex::parse_overrides(a.config);
@@ -236,18 +291,11 @@ int check(const Args& a) {
       };
       if (a.sub == "auto") {
         // The probe: one training loss on that batch.
-        shardplan::AutoPlanOptions options;
         options.probe = [&](torch::nn::Module& model) {
           return ex::as_example(model.shared_from_this()).model->loss(batch_of());
         };
         plan = shardplan::auto_plan(*m.module, a.world, options);
-        const std::string yaml = plan.to_yaml();
-        if (!a.save.empty()) {
-          std::ofstream out(a.save);
-          out << yaml;
-          if (!out.flush()) throw shardplan::Error("cannot write " + a.save);
-        }
-        if (a.format == "table") std::cout << yaml << "\n" << std::flush;
+        emit(plan, a);
       }
       result = shardplan::check_plan_for_model(*m.module, plan, a.world);
       result.subject = "model " + a.model + " (" + m.model->config_str() + ", " + a.dtype + ")";
@@ -286,16 +334,15 @@ int check(const Args& a) {
         result.notes.push_back("communication not measured (--no-comm)");
       }
     } else {
-      const auto shapes = shardplan_plan::read_state_dict_shapes(a.state_dict);
-      result = shardplan::check_plan_for_shapes(shapes.params, plan, a.world);
-      result.subject = "state dict " + a.state_dict;
-      for (const auto& n : shapes.notes) result.notes.push_back(n);
+      result = check_file(a, plan, options);
     }
   } catch (const std::exception& e) {
     // The plan or the inputs could not be read at all: no report.
     result.plan_file = a.sub == "auto" ? "(auto_plan)" : a.plan;
     result.world_size = a.world;
-    result.subject = a.model.empty() ? "state dict " + a.state_dict : "model " + a.model;
+    result.subject = !a.model.empty()         ? "model " + a.model
+                     : !a.torchscript.empty() ? "TorchScript file " + a.torchscript
+                                              : "state dict " + a.state_dict;
     result.errors.push_back(e.what());
   }
   std::cout << (a.format == "json" ? result.json() : result.table()) << std::flush;
