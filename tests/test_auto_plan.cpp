@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "models/convnet.h"
+#include "plan_rules.h"
 #include "models/gpt.h"
 #include "models/lstm_lm.h"
 #include "models/model.h"
@@ -33,17 +34,6 @@ namespace ex = shardplan::examples;
 using shardplan::Plan;
 
 std::vector<std::string> cpus(int n) { return std::vector<std::string>(static_cast<size_t>(n), "cpu"); }
-
-// "fc1.weight: [model, null] output=sharded" per rule, in order.
-std::vector<std::string> rules_of(const Plan& p) {
-  std::vector<std::string> out;
-  for (const auto& r : p.rules) {
-    std::string s = r.pattern + ": " + shardplan::layout_str(r.layout);
-    for (const auto& [k, v] : r.options) s += " " + k + "=" + v.value;
-    out.push_back(s);
-  }
-  return out;
-}
 
 // |a - b| / |b| over the whole tensor: float64 reductions in another order
 // differ in the last bits of the largest elements, not of every element.

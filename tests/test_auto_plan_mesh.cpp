@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "plan_rules.h"
 #include "shardplan/auto_plan.h"
 #include "shardplan/checkpoint.h"
 #include "shardplan/data_parallel.h"
@@ -26,16 +27,6 @@
 namespace {
 
 using shardplan::Plan;
-
-std::vector<std::string> rules_of(const Plan& p) {
-  std::vector<std::string> out;
-  for (const auto& r : p.rules) {
-    std::string s = r.pattern + ": " + shardplan::layout_str(r.layout);
-    for (const auto& [k, v] : r.options) s += " " + k + "=" + v.value;
-    out.push_back(s);
-  }
-  return out;
-}
 
 // fc1 -> relu -> fc2 -> relu -> fc3, mse loss; `hidden` is fc1's width.
 struct MlpImpl : torch::nn::Cloneable<MlpImpl> {
