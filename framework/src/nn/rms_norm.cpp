@@ -1,0 +1,45 @@
+#include "shardplan/nn/rms_norm.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/init.h>
+
+#include <ostream>
+
+#include "shardplan/error.h"
+
+namespace shardplan {
+namespace nn {
+
+at::Tensor rms_norm(const at::Tensor& input, const at::Tensor& weight, double eps) {
+  if (input.dim() < 1 || (weight.defined() && input.size(-1) != weight.size(0)))
+    throw Error("RMSNorm: input's last dim (" + std::to_string(input.dim() ? input.size(-1) : 0) +
+                ") must be the normalised dim (" + std::to_string(weight.defined() ? weight.size(0) : 0) + ")");
+  const bool low = input.scalar_type() == at::kHalf || input.scalar_type() == at::kBFloat16;
+  const at::Tensor x = low ? input.to(at::kFloat) : input;
+  const at::Tensor y = (x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(input.scalar_type());
+  return weight.defined() ? weight * y : y;
+}
+
+RMSNormImpl::RMSNormImpl(const RMSNormOptions& options_) : options(options_) { reset(); }
+
+void RMSNormImpl::reset() {
+  if (options.dim() < 1) throw Error("RMSNorm: dim must be at least 1, got " + std::to_string(options.dim()));
+  weight = register_parameter("weight", torch::empty({options.dim()}));
+  reset_parameters();
+}
+
+void RMSNormImpl::reset_parameters() { torch::nn::init::ones_(weight); }
+
+void RMSNormImpl::pretty_print(std::ostream& stream) const {
+  stream << "shardplan::nn::RMSNorm(" << options.dim() << ", eps=" << options.eps();
+  if (strategy_) stream << ", " << strategy_->describe();
+  stream << ")";
+}
+
+at::Tensor RMSNormImpl::forward(const at::Tensor& input) {
+  if (strategy_) return strategy_->forward(input, weight, options);
+  return rms_norm(input, weight, options.eps());
+}
+
+}  // namespace nn
+}  // namespace shardplan
