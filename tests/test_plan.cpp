@@ -426,7 +426,7 @@ rules:
     outptu: sharded
 )",
                     5, 5,
-                    "unknown key 'outptu' in rule (expected match, layout, output, input, blocks, plugin, sequence_parallel, sequence_dim, overlap)");
+                    "unknown key 'outptu' in rule (expected match, layout, output, input, blocks, plugin, sequence_parallel, sequence_dim, overlap, head_dim, replicate_heads)");
 }
 
 TEST(PlanErrors, MissingMeshOrRules) {

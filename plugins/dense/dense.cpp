@@ -21,6 +21,16 @@
 // all-reduced; a replicated Linear runs on the part with weight and bias
 // gradients all-reduced.
 //
+// `head_dim: D` reads the split dim as attention heads of D rows (columns,
+// row-parallel) and refuses a cut through a head. With `replicate_heads:
+// true` a column-parallel layer with fewer heads H than ranks N (grouped-
+// query attention's key/value projections: N divisible by H) keeps its
+// weight whole and each rank computes the one head its query heads read,
+// r*H/N, as Megatron and vLLM replicate kv heads; the weight's and input's
+// gradients are all-reduced over the axis, which sums each head's gradient
+// over the ranks that computed it (the others contribute zeros), so the
+// replicas stay equal.
+//
 // `overlap: ring | ring_bidirectional | ring_split` (async tensor parallelism, needs
 // sequence parallelism): the column-parallel entry's gather and the
 // row-parallel exit's reduce-scatter are computed with the matmul over a
@@ -123,6 +133,36 @@ class RowParallel : public nn::LinearStrategy {
   Overlap overlap_;
 };
 
+// Fewer heads than ranks: the whole weight on every rank, this rank's head
+// computed from it. copy_to_group on the weight sums its gradient over the
+// axis: the rows of head h get the gradients of the N/H ranks computing h,
+// and every other rank adds zeros there.
+class ReplicatedHeads : public nn::LinearStrategy {
+ public:
+  ReplicatedHeads(std::shared_ptr<Communicator> group, int64_t heads, int64_t head_dim, SequenceShard seq,
+                  Overlap overlap)
+      : group_(std::move(group)), heads_(heads), head_dim_(head_dim), seq_(std::move(seq)), overlap_(overlap) {
+    head_ = group_->rank() * heads_ / group_->size();
+  }
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) override {
+    const at::Tensor wl = copy_to_group(w, *group_).narrow(0, head_ * head_dim_, head_dim_);
+    const at::Tensor bl = b.defined() ? copy_to_group(b, *group_).narrow(0, head_ * head_dim_, head_dim_) : b;
+    if (overlap_.on) return ring_gather_linear(x, wl, bl, *group_, seq_.dim, overlap_.direction);
+    const at::Tensor in = seq_.on ? gather_sequence(x, *group_, seq_.dim) : copy_to_group(x, *group_);
+    return torch::nn::functional::linear(in, wl, bl);
+  }
+  std::string describe() const override {
+    return "heads replicated over '" + group_->name() + "' (" + std::to_string(group_->size()) + "): head " +
+           std::to_string(head_) + " of " + std::to_string(heads_) + sequence_note(seq_) + overlap_note(overlap_);
+  }
+
+ private:
+  std::shared_ptr<Communicator> group_;
+  int64_t heads_, head_dim_, head_ = 0;
+  SequenceShard seq_;
+  Overlap overlap_;
+};
+
 // Replicated weights on this rank's part of the sequence.
 class ReplicatedSequence : public nn::LinearStrategy {
  public:
@@ -138,7 +178,7 @@ class ReplicatedSequence : public nn::LinearStrategy {
   SequenceShard seq_;
 };
 
-enum class Mode { Replicated, Column, Row };
+enum class Mode { Replicated, Column, Row, ReplicatedHeads };
 
 struct Decision {
   Mode mode = Mode::Replicated;
@@ -148,12 +188,59 @@ struct Decision {
   bool gather = true;
   bool input_sharded = false;
   Overlap overlap;
+  int64_t head_dim = 0;  // 0: no `head_dim:`
+  int64_t heads = 0;
 };
+
+// `head_dim:` and `replicate_heads:` on a split dim of `features` (out or in
+// features): whole heads per rank, or with replicate_heads (column-parallel
+// only) whole ranks per head.
+void decide_heads(const ParamShard& w, const Rule* rule, int64_t features, Decision& d) {
+  const bool replicate = rule && rule->option_or("replicate_heads", "false") == "true";
+  if (rule) d.head_dim = std::stoll(rule->option_or("head_dim", "0"));
+  if (!d.head_dim) {
+    if (replicate) reject_option(rule, "replicate_heads", "needs head_dim: the size of one head");
+    return;
+  }
+  if (d.mode == Mode::Row && replicate)
+    reject_option(rule, "replicate_heads", "applies to a column-parallel Linear (weight [axis, null])");
+  const std::string dim = d.mode == Mode::Row ? "in_features " : "out_features ";
+  if (features % (d.blocks * d.head_dim) != 0)
+    fail_param(w, dim + std::to_string(features) + (d.blocks > 1 ? " in " + std::to_string(d.blocks) + " blocks" : "") +
+                      " is not a whole number of heads of head_dim " + std::to_string(d.head_dim));
+  d.heads = features / d.blocks / d.head_dim;
+  if (d.heads % d.parts == 0) return;
+  const std::string what = std::to_string(d.heads) + " heads of " + std::to_string(d.head_dim) + " (" + dim +
+                           std::to_string(features) + ") cannot be split over mesh axis '" + d.axis + "' of size " +
+                           std::to_string(d.parts);
+  if (!replicate)
+    fail_param(w, what + ": the heads must divide among the ranks" +
+                      (d.mode == Mode::Row ? std::string() : " (or, with replicate_heads: true, the ranks among the heads)"));
+  if (d.blocks != 1 || d.parts % d.heads != 0)
+    fail_param(w, what + ": the heads must divide among the ranks, or the ranks among the heads (replicate_heads)" +
+                      (d.blocks != 1 ? ", and replicated heads take blocks: 1" : ""));
+  if (d.gather)
+    fail_param(w, "replicated heads (" + std::to_string(d.heads) + " heads over " + std::to_string(d.parts) +
+                      " ranks) must stay with the rank that computed them: output: sharded");
+  d.mode = Mode::ReplicatedHeads;
+}
+
+// check() clears the layout of a weight whose heads it replicates, so that
+// the report and checkpoints see it whole (note_replicated_heads); apply()
+// decides again on the same shard and reads the rule's column split back.
+Layout planned_layout(const ParamShard& w) {
+  const Rule* rule = rule_of(&w);
+  const Layout& l = w.assignment.layout;
+  if (!rule || l.size() != 2 || l[0] || l[1] || rule->option_or("replicate_heads", "false") != "true") return l;
+  for (const auto& axis : rule->layout)
+    if (axis) return Layout{axis, std::nullopt};
+  return l;
+}
 
 Decision decide(const ModuleShard& shard) {
   const ParamShard* w = required_param(shard, "weight");
   const ParamShard* b = shard.param("bias");
-  const Layout& wl = w->assignment.layout;
+  const Layout wl = planned_layout(*w);
   Decision d;
   const Rule* rule = rule_of(w);
   if (wl.size() != 2) fail_param(*w, "a Linear weight has 2 dims, the layout has " + std::to_string(wl.size()));
@@ -194,13 +281,15 @@ Decision decide(const ModuleShard& shard) {
       fail_param(*w, "a column-parallel Linear in the sequence-parallel region gathers the whole sequence on entry, "
                      "so its output must stay split by features (output: sharded) for a row-parallel Linear, a "
                      "vocab-parallel loss or a sampler to take; or give it sequence_parallel: false");
-    if (out_f % (d.blocks * d.parts) != 0)
+    decide_heads(*w, rule, out_f, d);
+    if (d.mode == Mode::Column && out_f % (d.blocks * d.parts) != 0)
       fail_param(*w, "out_features " + std::to_string(out_f) +
                          (d.blocks > 1 ? " in " + std::to_string(d.blocks) + " blocks" : "") +
                          " is not divisible by mesh axis '" + d.axis + "' of size " + std::to_string(d.parts));
     if (b && rule_of(b)) {
       const Layout& bl = b->assignment.layout;
-      if (bl.size() != 1 || !bl[0] || *bl[0] != d.axis)
+      const bool cleared = d.mode == Mode::ReplicatedHeads && bl.size() == 1 && !bl[0];
+      if (!cleared && (bl.size() != 1 || !bl[0] || *bl[0] != d.axis))
         fail_param(*b, "the bias of a column-parallel Linear must follow its weight: layout [" + d.axis + "], got " +
                            layout_str(bl));
     }
@@ -213,6 +302,7 @@ Decision decide(const ModuleShard& shard) {
       fail_param(*w, "a row-parallel Linear in the sequence-parallel region needs its input split by features "
                      "(input: sharded, from a column-parallel Linear), since what arrives is split along the "
                      "sequence; or give it sequence_parallel: false");
+    decide_heads(*w, rule, in_f, d);
     if (in_f % d.parts != 0)
       fail_param(*w, "in_features " + std::to_string(in_f) + " is not divisible by mesh axis '" + d.axis + "' of size " +
                          std::to_string(d.parts));
@@ -238,6 +328,8 @@ class DensePlugin : public LayerPlugin {
         w->note += seq + ", gradient all-reduced";
         if (b) b->note = w->note;
       }
+    } else if (d.mode == Mode::ReplicatedHeads) {
+      note_replicated_heads(*w, b, d, seq);
     } else if (d.mode == Mode::Column) {
       note_output_split(*w, b, d.axis, d.parts, "column-parallel",
                         std::string("column-parallel, output ") + (d.gather ? "gathered" : "sharded") + seq +
@@ -253,6 +345,20 @@ class DensePlugin : public LayerPlugin {
   }
 
   bool supports_sequence_parallel() const override { return true; }
+
+  // The rule splits the weight but the plugin keeps it whole: the layout
+  // says so (the report and checkpoints take it from here), the note why.
+  static void note_replicated_heads(ParamShard& w, ParamShard* b, const Decision& d, const std::string& seq) {
+    const std::string note = "heads replicated: " + std::to_string(d.heads) + " heads over " +
+                             std::to_string(d.parts) + " ranks of '" + d.axis + "', each rank computes head r*" +
+                             std::to_string(d.heads) + "/" + std::to_string(d.parts) +
+                             ", weight whole, gradient all-reduced" + seq + overlap_note(d.overlap);
+    for (ParamShard* p : {&w, b}) {
+      if (!p) continue;
+      for (auto& dim : p->assignment.layout) dim.reset();
+      p->note = note;
+    }
+  }
 
   // When a ring cannot hide anything: docs/BENCHMARKS.md, "async tensor
   // parallelism", has the measurements behind the threshold.
@@ -284,7 +390,9 @@ class DensePlugin : public LayerPlugin {
     }
     auto group = shard.group(d.axis);
     const int64_t index = group->rank();
-    if (d.mode == Mode::Column) {
+    if (d.mode == Mode::ReplicatedHeads) {
+      linear.set_strategy(std::make_shared<ReplicatedHeads>(group, d.heads, d.head_dim, shard.sequence, d.overlap));
+    } else if (d.mode == Mode::Column) {
       replace_parameter(linear, "weight", shard_of(linear.weight, 0, d.parts, index, d.blocks));
       if (linear.bias.defined())
         replace_parameter(linear, "bias", shard_of(linear.bias, 0, d.parts, index, d.blocks));

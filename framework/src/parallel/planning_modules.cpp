@@ -87,6 +87,9 @@ void record_module(Planning& st, size_t c, LayerPlugin* plugin, const std::strin
     if (!p.note.empty()) row.note = p.note;
     row.splits = resolve_splits(p, st.out.mesh, st.rank, plugin_name);
     if (!p.assignment.rule && !p.splits.empty()) row.layout = declared_layout(p);
+    // A plugin may keep whole what its rule splits, and clear the layout to
+    // say so (the dense plugin's replicate_heads): the row shows what is held.
+    if (p.assignment.rule && !st.keras) row.layout = layout_str(p.assignment.layout);
   }
   st.out.plugins.push_back(plugin);
   st.out.shards.push_back(std::move(s));

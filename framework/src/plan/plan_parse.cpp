@@ -107,7 +107,8 @@ class Parser {
       "data_parallel", "sequence_parallel", "rules",  "name",       "description"};
   inline static const std::vector<std::string> kRuleKeys = {"match", "layout", "output",
                                                             "input", "blocks", "plugin",
-                                                            "sequence_parallel", "sequence_dim", "overlap"};
+                                                            "sequence_parallel", "sequence_dim", "overlap",
+                                                            "head_dim",          "replicate_heads"};
 
   // A scalar's text. YAML is UTF-8, and yaml-cpp writes anything else back
   // as U+FFFD, so a name that is not would change in the plan's canonical
@@ -312,6 +313,10 @@ class Parser {
       require(value == "sharded" || value == "replicated", "sharded or replicated");
     else if (e.key == "blocks")
       require(parse_positive_int(value).has_value(), "an integer >= 1");
+    else if (e.key == "head_dim")
+      require(parse_positive_int(value).has_value(), "an integer >= 1");
+    else if (e.key == "replicate_heads")
+      require(value == "true" || value == "false", "true or false");
     else if (e.key == "overlap")
       require(value == "none" || value == "ring" || value == "ring_bidirectional" || value == "ring_split",
               "none, ring, ring_bidirectional or ring_split");
