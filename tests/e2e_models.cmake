@@ -108,3 +108,34 @@ set_tests_properties(e2e_gpt_option_not_a_number e2e_gpt_option_lr_negative e2e_
 add_test(NAME e2e_gpt_failure_after_training_keeps_model
   COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/after_training.sh $<TARGET_FILE:train_gpt>)
 set_tests_properties(e2e_gpt_failure_after_training_keeps_model PROPERTIES TIMEOUT 300)
+
+# The Llama example (examples/models/llama.h, plans/llama.yaml; default
+# kv_heads 2): 2 gloo processes give the unsharded losses (one kv head per
+# rank); 4 thread ranks in float64 to the printed precision (each kv head
+# replicated on two ranks), multi-query (kv_heads 1) too; sequence
+# parallelism (plans/llama_sp.yaml, the RMSNorms in the region); {data: 2,
+# model: 2} with it over gloo, the replicas checked; and greedy generation at
+# 4 thread ranks giving the unsharded text, each rank caching one kv head.
+set(_llama $<TARGET_FILE:train_model> --model llama --steps 20 --log-every 1 --batch 8)
+set(_llama_f64 ${_llama} --dtype float64)
+set(_plans ${PROJECT_SOURCE_DIR}/plans)
+add_test(NAME e2e_llama_gloo_launcher COMMAND ${_e2e} float32 -- ${_llama}
+  -- $<TARGET_FILE:shardplan_cli> launch -n 2 --backend gloo -- ${_llama} --plan ${_plans}/llama.yaml)
+add_test(NAME e2e_llama_threads4_f64 COMMAND ${_e2e} 1e-7 -- ${_llama_f64}
+  -- ${_llama_f64} --ranks 4 --plan ${_plans}/llama.yaml)
+add_test(NAME e2e_llama_mqa_threads4_f64 COMMAND ${_e2e} 1e-7 -- ${_llama_f64} --config kv_heads=1
+  -- ${_llama_f64} --config kv_heads=1 --ranks 4 --plan ${_plans}/llama.yaml)
+add_test(NAME e2e_llama_sp_gloo_launcher COMMAND ${_e2e} float32 -- ${_llama}
+  -- $<TARGET_FILE:shardplan_cli> launch -n 2 --backend gloo -- ${_llama} --plan ${_plans}/llama_sp.yaml)
+add_test(NAME e2e_llama_sp_threads4_f64 COMMAND ${_e2e} 1e-7 -- ${_llama_f64}
+  -- ${_llama_f64} --ranks 4 --plan ${_plans}/llama_sp.yaml)
+add_test(NAME e2e_llama_sp_2d_gloo_f64 COMMAND ${_e2e} 1e-7 -- ${_llama_f64}
+  -- $<TARGET_FILE:shardplan_cli> launch -n 4 --backend gloo -- ${_llama_f64}
+     --plan ${CMAKE_CURRENT_SOURCE_DIR}/e2e/llama_sp_2d.yaml --check-replicas 5)
+set(_run $<TARGET_FILE:train_model> --model llama --steps 20 --log-every 10 --batch 8 --dtype float64 --generate 30
+  --samples 2 --temperature 0)
+add_test(NAME e2e_llama_generate_threads4 COMMAND ${_gen} -- ${_run}
+  -- ${_run} --ranks 4 --plan ${_plans}/llama.yaml)
+set_tests_properties(e2e_llama_gloo_launcher e2e_llama_threads4_f64 e2e_llama_mqa_threads4_f64
+  e2e_llama_sp_gloo_launcher e2e_llama_sp_threads4_f64 e2e_llama_sp_2d_gloo_f64 e2e_llama_generate_threads4
+  PROPERTIES TIMEOUT 300)

@@ -9,7 +9,9 @@
 #include <limits>
 #include <optional>
 
-#include "models/gpt.h"
+#include <torch/nn/module.h>
+
+#include "models/model.h"
 #include "shardplan/communicator.h"
 #include "shardplan/error.h"
 #include "shardplan/mappings.h"
@@ -21,23 +23,24 @@ double Generation::tokens_per_second() const {
   return tokens.defined() ? static_cast<double>(tokens.numel()) / std::max(seconds, 1e-9) : 0;
 }
 
-void check_generation(const GPTConfig& config, int64_t prompt_tokens, const GenerateOptions& o) {
+void check_generation(const CausalLM& model, int64_t prompt_tokens, const GenerateOptions& o) {
+  const int64_t context = model.context_size(), vocab = model.vocab_size();
   if (prompt_tokens < 1) throw Error("generate: the prompt is empty; give at least one token (--prompt TEXT)");
-  if (prompt_tokens > config.context)
+  if (prompt_tokens > context)
     throw Error("generate: the prompt has " + std::to_string(prompt_tokens) + " tokens, longer than the context of " +
-                std::to_string(config.context));
+                std::to_string(context));
   if (o.new_tokens < 1) throw Error("generate: the number of new tokens must be at least 1");
-  if (prompt_tokens + o.new_tokens > config.context)
+  if (prompt_tokens + o.new_tokens > context)
     throw Error("generate: the prompt's " + std::to_string(prompt_tokens) + " tokens + " +
-                std::to_string(o.new_tokens) + " new tokens exceed the context of " + std::to_string(config.context) +
-                " (the cache does not slide: generate at most " + std::to_string(config.context - prompt_tokens) +
+                std::to_string(o.new_tokens) + " new tokens exceed the context of " + std::to_string(context) +
+                " (the cache does not slide: generate at most " + std::to_string(context - prompt_tokens) +
                 ", or train with a longer context)");
   if (!(o.temperature >= 0) || o.temperature == std::numeric_limits<double>::infinity())
     throw Error("generate: the temperature must be a finite number >= 0 (0: greedy)");
   if (o.sequence_parts < 1)
     throw Error("generate: sequence_parts must be at least 1, got " + std::to_string(o.sequence_parts));
-  if (o.top_k < 0 || o.top_k > config.vocab)
-    throw Error("generate: top-k must be between 0 (all) and the vocabulary " + std::to_string(config.vocab) +
+  if (o.top_k < 0 || o.top_k > vocab)
+    throw Error("generate: top-k must be between 0 (all) and the vocabulary " + std::to_string(vocab) +
                 ", got " + std::to_string(o.top_k));
 }
 
@@ -53,17 +56,19 @@ at::Tensor next_token(const at::Tensor& logits, const GenerateOptions& o, at::Ge
   return at::multinomial(at::softmax(l / o.temperature, -1), 1, /*replacement=*/false, gen).squeeze(-1);
 }
 
-Generation generate(GPTImpl& model, const at::Tensor& prompt, const GenerateOptions& o, at::Generator& gen,
+Generation generate(CausalLM& model, const at::Tensor& prompt, const GenerateOptions& o, at::Generator& gen,
                     Communicator* agree) {
   if (prompt.dim() != 2 || prompt.scalar_type() != at::kLong)
     throw Error("generate: the prompt must be [batch, tokens] long token ids");
-  check_generation(model.config, prompt.size(1), o);
-  if (prompt.numel() > 0 && (prompt.min().item<int64_t>() < 0 || prompt.max().item<int64_t>() >= model.config.vocab))
-    throw Error("generate: prompt token ids must be in [0, " + std::to_string(model.config.vocab) + ")");
+  check_generation(model, prompt.size(1), o);
+  const int64_t vocab = model.vocab_size();
+  if (prompt.numel() > 0 && (prompt.min().item<int64_t>() < 0 || prompt.max().item<int64_t>() >= vocab))
+    throw Error("generate: prompt token ids must be in [0, " + std::to_string(vocab) + ")");
 
   at::NoGradGuard no_grad;
-  const bool was_training = model.is_training();
-  model.eval();
+  auto& module = dynamic_cast<torch::nn::Module&>(model);
+  const bool was_training = module.is_training();
+  module.eval();
   Generation g;
   const auto start = std::chrono::steady_clock::now();
   auto caches = model.make_caches();
@@ -84,7 +89,7 @@ Generation generate(GPTImpl& model, const at::Tensor& prompt, const GenerateOpti
   g.tokens = at::stack(out, 1);
   g.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (const auto& c : caches) g.cache_bytes += c.bytes();
-  model.train(was_training);
+  module.train(was_training);
 
   if (agree && agree->size() > 1) {
     // The same tokens everywhere iff their elementwise max and min agree.

@@ -1,5 +1,6 @@
 #pragma once
-// Text generation with the example GPT under tensor parallelism, the way
+// Text generation with the example GPT or Llama (any CausalLM, models/model.h)
+// under tensor parallelism, the way
 // Megatron's and HF's generate() do it: the prompt goes through once
 // (prefill) filling a key/value cache per block, then one token per step
 // through the cache (incremental decoding), greedy or sampled with a
@@ -36,8 +37,7 @@ class Communicator;
 
 namespace examples {
 
-class GPTImpl;
-struct GPTConfig;
+class CausalLM;
 
 struct GenerateOptions {
   int64_t new_tokens = 0;
@@ -58,13 +58,13 @@ struct Generation {
 // Throws shardplan::Error for an empty prompt, a prompt longer than the
 // context, prompt + new tokens past it, or bad sampling options: what
 // generate() checks first, for a driver to check before training.
-void check_generation(const GPTConfig& config, int64_t prompt_tokens, const GenerateOptions& options);
+void check_generation(const CausalLM& model, int64_t prompt_tokens, const GenerateOptions& options);
 
 // prompt [B, T] long, the same on every rank. `gen` must be in the same state
 // on every rank (e.g. RngTracker::replicated()). With `agree`, checks after
 // the last step that every rank of it generated the same tokens (throws
 // otherwise). Runs in eval mode without autograd; restores the mode.
-Generation generate(GPTImpl& model, const at::Tensor& prompt, const GenerateOptions& options, at::Generator& gen,
+Generation generate(CausalLM& model, const at::Tensor& prompt, const GenerateOptions& options, at::Generator& gen,
                     Communicator* agree = nullptr);
 
 // The next token [B] from next-token logits [B, V]: argmax when greedy, else

@@ -116,6 +116,17 @@ at::Tensor GPTImpl::forward_cached(const at::Tensor& tokens, std::vector<shardpl
   return full_logits(head->forward(ln_f->forward(x)));
 }
 
+// Each rank caches its own heads: a third of its fused q/k/v rows.
+CausalLM::CacheBytes GPTImpl::cache_bytes(int64_t batch) const {
+  const int64_t esize = head->weight.element_size(), per_width = 2 * config.layers * batch * config.context * esize;
+  int64_t width = config.embed;
+  if (config.layers > 0) {
+    const at::Tensor& w = blocks->ptr<GPTBlockImpl>(0)->attn->in_proj_weight;
+    if (w.defined()) width = w.size(0) / 3;
+  }
+  return {width * per_width, config.embed * per_width};
+}
+
 at::Tensor GPTImpl::full_logits(const at::Tensor& logits) const {
   const auto& s = head->strategy();
   Communicator* group = s ? s->sharded_output_group() : nullptr;

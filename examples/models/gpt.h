@@ -57,7 +57,7 @@ class GPTBlockImpl : public torch::nn::Cloneable<GPTBlockImpl> {
 };
 TORCH_MODULE(GPTBlock);
 
-class GPTImpl : public torch::nn::Cloneable<GPTImpl>, public ExampleModel {
+class GPTImpl : public torch::nn::Cloneable<GPTImpl>, public ExampleModel, public CausalLM {
  public:
   explicit GPTImpl(const GPTConfig& config = {});
   void reset() override;
@@ -68,13 +68,16 @@ class GPTImpl : public torch::nn::Cloneable<GPTImpl>, public ExampleModel {
   // Incremental decoding (examples/models/generate.h). One key/value cache
   // per block, for the whole context: under plans/gpt.yaml each holds only
   // this rank's heads.
-  std::vector<shardplan::nn::KVCache> make_caches() const;
+  std::vector<shardplan::nn::KVCache> make_caches() const override;
   // tokens [B, T]: the next T positions after the caches' (the prompt, then
   // one token at a time); their keys and values are appended to `caches`.
   // Returns their logits [T, B, V] over the whole vocabulary on every rank:
   // a vocab-parallel head's slices are gathered (V/N per rank and token).
   // Throws when the positions would pass the context.
-  at::Tensor forward_cached(const at::Tensor& tokens, std::vector<shardplan::nn::KVCache>& caches);
+  at::Tensor forward_cached(const at::Tensor& tokens, std::vector<shardplan::nn::KVCache>& caches) override;
+  int64_t vocab_size() const override { return config.vocab; }
+  int64_t context_size() const override { return config.context; }
+  CacheBytes cache_bytes(int64_t batch) const override;
   // `logits` from forward() (or the head) with the vocabulary whole: gathered
   // over the head's group when the plan left them split.
   at::Tensor full_logits(const at::Tensor& logits) const;

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "shardplan/nn/kv_cache.h"
+
 namespace at {
 class Generator;
 }
@@ -55,6 +57,28 @@ class ExampleModel {
   virtual int64_t min_comm_bytes(int64_t batch_size, int world, int64_t element_size) const { return -1; }
   // "layers=2 heads=4 ..." with every config value.
   virtual std::string config_str() const = 0;
+};
+
+// What text generation (models/generate.h) needs of a language model: the
+// GPT and the Llama derive from this too.
+class CausalLM {
+ public:
+  virtual ~CausalLM() = default;
+  virtual int64_t vocab_size() const = 0;
+  virtual int64_t context_size() const = 0;
+  // One key/value cache per attention layer, for the whole context.
+  virtual std::vector<shardplan::nn::KVCache> make_caches() const = 0;
+  // tokens [B, T]: the next T positions after the caches' (the prompt, then
+  // one token at a time), their keys and values appended to `caches`.
+  // Returns their logits [T, B, V] over the whole vocabulary on every rank.
+  virtual at::Tensor forward_cached(const at::Tensor& tokens, std::vector<shardplan::nn::KVCache>& caches) = 0;
+  // Key/value cache bytes of `batch` sequences over the whole context: what
+  // this rank's caches will hold under the plan applied (its own kv heads),
+  // and what one unsharded model's would.
+  struct CacheBytes {
+    int64_t this_rank = 0, unsharded = 0;
+  };
+  virtual CacheBytes cache_bytes(int64_t batch) const = 0;
 };
 
 struct ModelHandle {

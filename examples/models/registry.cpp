@@ -3,6 +3,7 @@
 
 #include "models/convnet.h"
 #include "models/gpt.h"
+#include "models/llama.h"
 #include "models/lstm_lm.h"
 #include "models/model.h"
 #include "shardplan/error.h"
@@ -26,6 +27,10 @@ const std::vector<Entry>& entries() {
        [](const Overrides& o) { return ConvNet(ConvNetConfig::from(o)).ptr(); }},
       {"lstm_lm", "LSTM language model (config: vocab context embed hidden layers)",
        [](const Overrides& o) { return LSTMLM(LSTMLMConfig::from(o)).ptr(); }},
+      {"llama",
+       "Llama-family decoder LM, Hugging Face names (config: vocab context embed heads kv_heads layers mlp rope_theta "
+       "rms_eps tie)",
+       [](const Overrides& o) { return Llama(LlamaConfig::from(o)).ptr(); }},
   };
   return all;
 }

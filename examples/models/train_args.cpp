@@ -23,6 +23,7 @@ const Defaults kDefaults[] = {
     {"gpt", 300, 16, 20, 2e-3},
     {"convnet", 100, 32, 10, 1e-3},
     {"lstm_lm", 200, 16, 20, 3e-3},
+    {"llama", 300, 16, 20, 2e-3},
 };
 
 }  // namespace

@@ -12,7 +12,6 @@
 
 #include "models/corpus.h"
 #include "models/generate.h"
-#include "models/gpt.h"
 #include "models/heap.h"
 #include "models/model.h"
 #include "models/train_args.h"
@@ -24,6 +23,7 @@
 #include "shardplan/parallelize.h"
 #include "shardplan/plan.h"
 #include "shardplan/random.h"
+#include "shardplan/tied.h"
 #include "shardplan/world.h"
 #include "shardplan/zero_optimizer.h"
 
@@ -89,18 +89,11 @@ GenerateOptions generate_options(const Args& a, const Plan& plan = {}, const Mes
 // must fit this machine, or a finished training would end in a failed
 // allocation. `ranks_here`: the ranks sharing this machine's memory.
 void check_generation_fits(const Args& a, torch::nn::Module& module, int ranks_here) {
-  auto* gpt = dynamic_cast<GPTImpl*>(&module);
-  if (a.generate == 0 || !gpt) return;
-  const auto& c = gpt->config;
-  const double esize = gpt->head->weight.element_size();
-  // Each rank caches its own heads: a third of its fused q/k/v rows.
-  double width = c.embed;
-  if (c.layers > 0) {
-    const at::Tensor& w = gpt->blocks[0]->as<GPTBlockImpl>()->attn->in_proj_weight;
-    if (w.defined()) width = w.size(0) / 3.0;
-  }
-  const double cache = 2.0 * c.layers * a.samples * c.context * width * esize;
-  const double logits = static_cast<double>(a.prompt.size()) * a.samples * c.vocab * esize;
+  auto* lm = dynamic_cast<CausalLM*>(&module);
+  if (a.generate == 0 || !lm) return;
+  const double esize = module.parameters().empty() ? 4 : module.parameters()[0].element_size();
+  const double cache = static_cast<double>(lm->cache_bytes(1).this_rank) * a.samples;
+  const double logits = static_cast<double>(a.prompt.size()) * a.samples * lm->vocab_size() * esize;
   check_memory("--samples " + std::to_string(a.samples), "generation (key/value caches and the prompt's logits)",
                cache + logits, ranks_here);
 }
@@ -110,15 +103,15 @@ void check_generation_fits(const Args& a, torch::nn::Module& module, int ranks_h
 // generation's tokens/s.
 void generate_text(const Args& a, World& world, torch::nn::Module& module, const Plan& plan,
                    const ParallelReport& report) {
-  auto* gpt = dynamic_cast<GPTImpl*>(&module);
-  if (!gpt) throw Error("--generate needs the gpt model");
+  auto* lm = dynamic_cast<CausalLM*>(&module);
+  if (!lm) throw Error("--generate needs a language model (gpt, llama)");
   const GenerateOptions o = generate_options(a, plan, report.mesh);
   // A fresh replicated stream, seeded alike on every rank and in an unsharded
   // run: the same seed samples the same text at any number of ranks, however
   // many draws training made.
   auto tracker = manual_seed(world, a.seed + 2, a.plan.empty() ? Mesh() : report.mesh);
   const at::Tensor prompt = encode(a.prompt).repeat({a.samples, 1});
-  const Generation g = generate(*gpt, prompt, o, tracker->replicated(), &world.comm());
+  const Generation g = generate(*lm, prompt, o, tracker->replicated(), &world.comm());
   const bool lead = world.rank() == 0;
   if (lead) {
     std::printf("generate: %d sample(s) of %d tokens after the prompt \"%s\" (%lld tokens), ", a.samples, a.generate,
@@ -131,9 +124,9 @@ void generate_text(const Args& a, World& world, torch::nn::Module& module, const
       std::printf("sample %d: \"%s|%s\"\n", i + 1, printable(a.prompt).c_str(),
                   printable(decode(g.tokens[i])).c_str());
   }
-  // Every head's keys and values for the whole context, in the model's dtype.
-  const auto& c = gpt->config;
-  const int64_t unsharded = 2 * c.layers * a.samples * c.context * c.embed * gpt->head->weight.element_size();
+  // Every kv head's keys and values for the whole context, in the model's
+  // dtype; replicated kv heads (fewer than ranks) count once per rank.
+  const int64_t unsharded = lm->cache_bytes(a.samples).unsharded;
   in_rank_order(world, [&] {
     std::printf("rank %d: key/value cache bytes %lld (unsharded %lld, ratio 1/%.4g)\n", world.rank(),
                 static_cast<long long>(g.cache_bytes), static_cast<long long>(unsharded),
@@ -259,7 +252,7 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
   if (dp.zero())
     zero = std::make_unique<ZeroOptimizer>(dp, make_optimizer);
   else
-    opt = make_optimizer(m.module->parameters());
+    opt = make_optimizer(unique_parameters(*m.module));
 
   // The same data stream on every rank.
   auto gen = at::make_generator<at::CPUGeneratorImpl>(a.seed + 1);
@@ -396,9 +389,10 @@ int train_main(int argc, char** argv, const std::string& program, const std::str
       }
       if (a.generate > 0) {
         // Before any training, so that a bad prompt fails in a second.
-        auto* gpt = dynamic_cast<GPTImpl*>(probe.module.get());
-        if (!gpt) usage(program, fixed_model ? default_model : "", "--generate works with the gpt model only");
-        check_generation(gpt->config, static_cast<int64_t>(a.prompt.size()), generate_options(a));
+        auto* lm = dynamic_cast<CausalLM*>(probe.module.get());
+        if (!lm)
+          usage(program, fixed_model ? default_model : "", "--generate works with the language models (gpt, llama) only");
+        check_generation(*lm, static_cast<int64_t>(a.prompt.size()), generate_options(a));
       }
       if (probe.model->needs_corpus())
         corpus = std::make_unique<Corpus>(a.data.empty() ? default_corpus_path() : a.data);

@@ -1,0 +1,326 @@
+// The example Llama (examples/models/llama.h) under plans/llama.yaml and
+// plans/llama_sp.yaml against itself unsharded (tests/parity.h): forward,
+// parameter gradients and parameters after three steps, at world 1, 2 and 4,
+// float64 (1e-10) and float32, with kv_heads = heads, 2 (world 4 replicates
+// each kv head on two ranks) and 1 (multi-query); Hugging Face's rotary
+// convention and grouped-query head mapping; greedy generation through
+// caches holding this rank's kv heads only; and the plan's errors.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "models/generate.h"
+#include "models/llama.h"
+#include "models/model.h"
+#include "parity.h"
+#include "shardplan/error.h"
+#include "shardplan/parallelize.h"
+#include "shardplan/plan.h"
+#include "shardplan/random.h"
+#include "shardplan/world.h"
+
+namespace {
+
+namespace ex = shardplan::examples;
+
+// head_dim 8, every dim divisible by 4 ranks.
+ex::Overrides config(int kv_heads) {
+  return {{"vocab", "32"}, {"context", "8"}, {"embed", "32"}, {"heads", "4"},
+          {"kv_heads", std::to_string(kv_heads)}, {"layers", "2"}, {"mlp", "24"}, {"rope_theta", "500"}};
+}
+
+std::shared_ptr<ex::LlamaImpl> build(const ex::Overrides& c, torch::Dtype dtype = torch::kDouble) {
+  torch::manual_seed(3);
+  auto m = std::dynamic_pointer_cast<ex::LlamaImpl>(ex::make_model("llama", c).module);
+  m->to(dtype);
+  return m;
+}
+
+// The shipped plan with head_dim set to the test model's.
+shardplan::Plan plan(const std::string& name, int64_t head_dim = 8) {
+  std::ifstream in(std::string(SHARDPLAN_SOURCE_DIR) + "/plans/" + name + ".yaml");
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string s = text.str();
+  for (size_t at = s.find("head_dim: 32"); at != std::string::npos; at = s.find("head_dim: 32", at))
+    s.replace(at, 12, "head_dim: " + std::to_string(head_dim));
+  return shardplan::parse_plan(s, name + ".yaml");
+}
+
+// Logits (the vocabulary gathered) and the loss of the vocab-parallel loss.
+parity::Setup setup(int world, torch::Dtype dtype, int kv_heads) {
+  parity::Setup s;
+  s.world = world;
+  s.dtype = dtype;
+  // Three steps: the step-0 gradients agree to 1e-15, and SGD at 0.1 with
+  // momentum amplifies rounding a hundredfold per step after the third on
+  // this model (2.6e-10 by step 5), which would hide nothing but blur the
+  // bound.
+  s.steps = 3;
+  s.float64_tolerance = 1e-10;
+  torch::manual_seed(11);
+  for (int step = 0; step < s.steps; ++step) s.inputs.push_back({torch::randint(32, {2, 9}, torch::kLong)});
+  s.forward = [](torch::nn::Module& m, const std::vector<torch::Tensor>& in) {
+    auto& llama = dynamic_cast<ex::LlamaImpl&>(m);
+    const ex::Batch b{in[0].narrow(1, 0, 8), in[0].narrow(1, 1, 8)};
+    const torch::Tensor logits = llama.full_logits(llama.forward(b.input));
+    return torch::cat({logits.flatten(), llama.loss(b).unsqueeze(0)});
+  };
+  const bool kv_split = kv_heads % world == 0;
+  parity::Shards shards = {{R"(model\.embed_tokens\.weight|lm_head\.weight)", {0, 1}},
+                           {R"(.*q_proj\.weight|.*(gate|up)_proj\.weight)", {0, 1}},
+                           {R"(.*(o|down)_proj\.weight)", {1, 1}}};
+  if (kv_split) shards[R"(.*[kv]_proj\.weight)"] = {0, 1};
+  s.local = parity::local_by(shards);
+  return s;
+}
+
+void expect_parity(const std::string& plan_name, int kv_heads, int world, torch::Dtype dtype) {
+  auto failures = parity::compare(build(config(kv_heads), dtype), plan(plan_name), setup(world, dtype, kv_heads));
+  EXPECT_TRUE(failures.empty()) << plan_name << " kv_heads " << kv_heads << " world " << world << ":\n"
+                                << ::testing::PrintToString(failures);
+}
+
+TEST(Llama, ShardedEqualsUnshardedFloat64) {
+  for (int kv : {4, 2, 1})
+    for (int world : {1, 2, 4}) expect_parity("llama", kv, world, torch::kDouble);
+}
+
+TEST(Llama, ShardedEqualsUnshardedFloat32) {
+  for (int kv : {4, 2, 1})
+    for (int world : {2, 4}) expect_parity("llama", kv, world, torch::kFloat);
+}
+
+TEST(Llama, SequenceParallelEqualsUnsharded) {
+  for (int kv : {2, 1})
+    for (int world : {2, 4}) expect_parity("llama_sp", kv, world, torch::kDouble);
+  expect_parity("llama_sp", 2, 4, torch::kFloat);
+}
+
+// A kv head replicated on two ranks: whole weights, reported whole, and
+// after training still equal on the ranks (the gradient all-reduce).
+TEST(Llama, ReplicatedKvHeadsAreReportedWholeAndStayEqual) {
+  auto ref = build(config(2));
+  std::vector<std::shared_ptr<ex::LlamaImpl>> models;
+  for (int r = 0; r < 4; ++r) models.push_back(std::dynamic_pointer_cast<ex::LlamaImpl>(ref->clone()));
+  std::mutex mu;
+  std::vector<torch::Tensor> k(4);
+  shardplan::run_ranks_in_threads(4, [&](shardplan::World& w) {
+    auto& m = *models[w.rank()];
+    auto report = shardplan::parallelize(m, plan("llama"), w);
+    for (const auto& row : report.rows)
+      if (row.path == "model.layers.0.self_attn.k_proj.weight") {
+        EXPECT_EQ(row.layout, "[null, null]");
+        EXPECT_EQ(row.local_shape, (std::vector<int64_t>{16, 32}));
+        EXPECT_NE(row.note.find("heads replicated: 2 heads over 4 ranks"), std::string::npos) << row.note;
+      }
+    torch::optim::SGD opt(m.parameters(), 0.5);
+    torch::manual_seed(5);
+    const auto t = torch::randint(32, {2, 9}, torch::kLong);
+    m.loss({t.narrow(1, 0, 8), t.narrow(1, 1, 8)}).backward();
+    opt.step();
+    std::lock_guard<std::mutex> lock(mu);
+    k[w.rank()] = m.model->layers[0]->as<ex::LlamaDecoderLayerImpl>()->self_attn->k_proj->weight.detach().clone();
+  });
+  EXPECT_FALSE(torch::equal(k[0], ref->model->layers[0]->as<ex::LlamaDecoderLayerImpl>()->self_attn->k_proj->weight));
+  for (int r = 1; r < 4; ++r) EXPECT_TRUE(torch::equal(k[r], k[0])) << "rank " << r;
+}
+
+TEST(Llama, RotaryIsHuggingFacesRotateHalf) {
+  // x = e0 at position 1, D = 4: angles (1, 1/theta^(1/2)) per half; the
+  // first feature pairs with the third (rotate-half), not the second
+  // (interleaved).
+  auto x = torch::zeros({1, 1, 1, 4}, torch::kDouble);
+  x[0][0][0][0] = 1;
+  auto y = ex::apply_rotary(x, 1, 100.0).flatten();
+  auto want = torch::tensor({std::cos(1.0), 0.0, std::sin(1.0), 0.0}, torch::kDouble);
+  EXPECT_LT((y - want).abs().max().item<double>(), 1e-15) << y;
+  // q.k depends on the positions' difference only.
+  torch::manual_seed(1);
+  auto q = torch::randn({1, 1, 1, 8}, torch::kDouble), k = torch::randn({1, 1, 1, 8}, torch::kDouble);
+  auto dot = [&](int64_t m, int64_t n) {
+    return (ex::apply_rotary(q, m, 500) * ex::apply_rotary(k, n, 500)).sum().item<double>();
+  };
+  EXPECT_NEAR(dot(3, 1), dot(7, 5), 1e-12);
+  EXPECT_GT(std::abs(dot(3, 1) - dot(3, 2)), 1e-3);
+}
+
+// Grouped queries: kv_heads = 2 computes what kv_heads = 4 does with each kv
+// head's rows repeated for the query heads that read it (j / 2).
+TEST(Llama, GroupedQueryHeadsReadKvHeadJOverGroup) {
+  auto gqa = build(config(2)), mha = build(config(4));
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : gqa->named_parameters()) {
+      auto target = mha->named_parameters()[p.key()];
+      if (target.sizes() == p.value().sizes()) target.copy_(p.value());
+      else target.copy_(p.value().view({2, 8, 32}).repeat_interleave(2, 0).reshape({32, 32}));
+    }
+  }
+  const auto t = torch::randint(32, {2, 8}, torch::kLong);
+  EXPECT_LT((gqa->forward(t) - mha->forward(t)).abs().max().item<double>(), 1e-12);
+  // And the weights matter: another mapping (heads 0,1,2,3 -> 0,1,0,1) differs.
+  {
+    torch::NoGradGuard no_grad;
+    for (const char* name : {"model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight"})
+      mha->named_parameters()[name].copy_(
+          gqa->named_parameters()[name].view({2, 8, 32}).repeat({2, 1, 1}).reshape({32, 32}));
+  }
+  EXPECT_GT((gqa->forward(t) - mha->forward(t)).abs().max().item<double>(), 1e-6);
+}
+
+TEST(Llama, RMSNormIsLlamaRMSNorm) {
+  shardplan::nn::RMSNorm norm(shardplan::nn::RMSNormOptions(6).eps(1e-5));
+  norm->to(torch::kDouble);
+  {
+    torch::NoGradGuard no_grad;
+    norm->weight.copy_(torch::linspace(0.5, 2, 6, torch::kDouble));
+  }
+  auto x = torch::randn({3, 6}, torch::kDouble);
+  auto want = x / torch::sqrt(x.pow(2).mean(-1, true) + 1e-5) * norm->weight;
+  EXPECT_LT((norm(x) - want).abs().max().item<double>(), 1e-14);
+  // bfloat16: statistics in float32, normalised value cast back before the
+  // weight multiplies it.
+  norm->to(torch::kBFloat16);
+  auto xb = x.to(torch::kBFloat16);
+  auto xf = xb.to(torch::kFloat);
+  auto wantb = norm->weight * (xf * torch::rsqrt(xf.pow(2).mean(-1, true) + 1e-5)).to(torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(norm(xb), wantb));
+  EXPECT_THROW(norm(torch::randn({2, 5}, torch::kBFloat16)), shardplan::Error);
+}
+
+std::string plan_error(const ex::Overrides& c, const std::string& plan_name, int world, int64_t head_dim) {
+  try {
+    auto m = ex::make_model("llama", c);
+    shardplan::check_plan(*m.module, plan(plan_name, head_dim), world);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Llama, PlanRefusesHeadsThatFitNeitherWay) {
+  ex::Overrides three = config(3);
+  three["heads"] = "6";
+  three["embed"] = "48";
+  EXPECT_NE(plan_error(three, "llama", 2, 8).find(
+                "parameter 'model.layers.0.self_attn.k_proj.weight': 3 heads of 8 (out_features 24) cannot be split "
+                "over mesh axis 'model' of size 2: the heads must divide among the ranks, or the ranks among the "
+                "heads (replicate_heads)"),
+            std::string::npos)
+      << plan_error(three, "llama", 2, 8);
+  // Query heads are never replicated: 6 over 4 ranks.
+  three["kv_heads"] = "6";
+  EXPECT_NE(plan_error(three, "llama", 4, 8).find(
+                "parameter 'model.layers.0.self_attn.q_proj.weight': 6 heads of 8 (out_features 48) cannot be split "
+                "over mesh axis 'model' of size 4: the heads must divide among the ranks"),
+            std::string::npos)
+      << plan_error(three, "llama", 4, 8);
+  // A head_dim that is not the model's cuts heads: refused.
+  EXPECT_NE(plan_error(config(2), "llama", 2, 12).find("is not a whole number of heads of head_dim 12"),
+            std::string::npos);
+  EXPECT_EQ(plan_error(config(2), "llama", 4, 8), "no error");
+}
+
+TEST(Llama, ConfigErrorsNameTheKey) {
+  auto error = [](const ex::Overrides& o) {
+    try {
+      ex::make_model("llama", o);
+    } catch (const shardplan::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(error({{"heads", "4"}, {"kv_heads", "3"}}),
+            "model 'llama': heads 4 is not divisible by kv_heads 3 (each kv head serves heads/kv_heads query heads)");
+  EXPECT_EQ(error({{"embed", "30"}, {"heads", "4"}}), "model 'llama': embed 30 is not divisible by heads 4");
+  EXPECT_EQ(error({{"embed", "12"}, {"heads", "4"}, {"kv_heads", "1"}}),
+            "model 'llama': the head size embed/heads = 3 must be even (rotary embeddings rotate pairs)");
+  EXPECT_EQ(error({{"kv_heads", "0"}}), "model 'llama': kv_heads must be at least 1, got 0");
+}
+
+TEST(Llama, HuggingFaceParameterNamesAndTiedHead) {
+  auto m = build(config(2));
+  auto names = m->named_parameters().keys();
+  for (const char* n : {"model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+                        "model.layers.1.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight",
+                        "model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.gate_proj.weight",
+                        "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight",
+                        "model.layers.0.input_layernorm.weight", "model.layers.0.post_attention_layernorm.weight",
+                        "model.norm.weight", "lm_head.weight"})
+    EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n;
+  EXPECT_EQ(names.size(), 1u + 2 * 9 + 2);  // no biases
+  auto c = config(2);
+  c["tie"] = "1";
+  auto tied = build(c);
+  auto copy = std::dynamic_pointer_cast<ex::LlamaImpl>(tied->clone());
+  EXPECT_TRUE(copy->lm_head->weight.is_same(copy->model->embed_tokens->weight));
+  auto failures = parity::compare(tied, plan("llama"), setup(2, torch::kDouble, 2));
+  EXPECT_TRUE(failures.empty()) << failures.front();
+}
+
+// ------------------------------------------------------------ generation
+
+std::vector<ex::Generation> generate_at(int world, int kv, const std::string& plan_name) {
+  auto c = config(kv);
+  c["context"] = "16";
+  auto ref = build(c);
+  torch::manual_seed(7);
+  const auto prompt = torch::randint(32, {2, 4}, torch::kLong);
+  ex::GenerateOptions o;
+  o.new_tokens = 10;
+  std::vector<ex::Generation> out(world + 1);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(1);
+  out[world] = ex::generate(*std::dynamic_pointer_cast<ex::LlamaImpl>(ref->clone()), prompt, o, gen);
+  std::vector<std::shared_ptr<ex::LlamaImpl>> models;
+  for (int r = 0; r < world; ++r) models.push_back(std::dynamic_pointer_cast<ex::LlamaImpl>(ref->clone()));
+  std::mutex mu;
+  shardplan::run_ranks_in_threads(world, [&](shardplan::World& w) {
+    auto& m = *models[w.rank()];
+    auto report = shardplan::parallelize(m, plan(plan_name), w);
+    ex::GenerateOptions mine = o;
+    if (plan_name == "llama_sp") mine.sequence_parts = world;
+    auto g = ex::generate(m, prompt, mine, shardplan::current_rng_tracker()->replicated(), &w.comm());
+    std::lock_guard<std::mutex> lock(mu);
+    out[w.rank()] = g;
+  });
+  return out;
+}
+
+TEST(Llama, GreedyGenerationEqualsUnshardedWithCachesOfOwnKvHeads) {
+  struct Case {
+    int world, kv;
+    const char* plan;
+    int64_t ratio_num, ratio_den;  // this rank's cache bytes = unsharded * num / den
+  };
+  for (const Case& c : {Case{2, 2, "llama", 1, 2}, Case{4, 2, "llama", 1, 2}, Case{4, 1, "llama", 1, 1},
+                        Case{4, 4, "llama", 1, 4}, Case{2, 2, "llama_sp", 1, 2}}) {
+    auto g = generate_at(c.world, c.kv, c.plan);
+    const auto& want = g[c.world];
+    for (int r = 0; r < c.world; ++r) {
+      EXPECT_TRUE(torch::equal(g[r].tokens, want.tokens)) << c.plan << " world " << c.world << " kv " << c.kv;
+      EXPECT_EQ(g[r].cache_bytes * c.ratio_den, want.cache_bytes * c.ratio_num)
+          << c.plan << " world " << c.world << " kv " << c.kv;
+    }
+  }
+}
+
+TEST(Llama, IncrementalDecodingEqualsTheFullSequence) {
+  auto m = build(config(2));
+  torch::NoGradGuard no_grad;
+  const auto t = torch::randint(32, {2, 8}, torch::kLong);
+  const auto full = m->forward(t).transpose(0, 1);  // [T, B, V]
+  auto caches = m->make_caches();
+  auto first = m->forward_cached(t.narrow(1, 0, 5), caches);
+  std::vector<torch::Tensor> parts = {first};
+  for (int64_t i = 5; i < 8; ++i) parts.push_back(m->forward_cached(t.narrow(1, i, 1), caches));
+  EXPECT_LT((torch::cat(parts, 0) - full).abs().max().item<double>(), 1e-12);
+  EXPECT_EQ(m->cache_bytes(2).unsharded, 2 * 2 * 2 * 8 * 2 * 8 * 8);  // k+v, layers, B, context, kv heads, D, f64
+}
+
+}  // namespace
