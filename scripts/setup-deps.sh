@@ -9,6 +9,7 @@ PACKAGES=(
   libopenblas0-pthread    # libtorch on reference BLAS is ~15x slower
   libgloo-dev             # gloo communication plugin
   libyaml-cpp-dev         # plan parser
+  nlohmann-json3-dev      # safetensors headers and indexes (weights)
   libboost-dev            # Boost.DLL plugin loading (header-only with std::filesystem)
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin

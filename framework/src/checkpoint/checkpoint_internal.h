@@ -28,6 +28,7 @@ class Optimizer;
 }
 
 namespace shardplan {
+class World;
 class ZeroOptimizer;
 }
 
@@ -49,6 +50,9 @@ std::map<std::string, const ReportRow*> rows_by_path(const ParallelReport& repor
 // The model's parameters, then its buffers, with how the report cut them.
 std::vector<Item> inventory(torch::nn::Module& model, const ParallelReport& report);
 
+// The whole tensor from every rank's `local` piece of `item` (its value or
+// its gradient), gathered over the axes of its splits. Collective over them.
+at::Tensor gather_whole(const Item& item, const at::Tensor& local, const ParallelReport& report, World& world);
 // This rank's piece of `full`, cut by `splits` (contiguous).
 at::Tensor take_splits(const at::Tensor& full, const std::vector<ShardSplit>& splits);
 // Whether `rank` writes the piece `splits` describe: only its first holder does.

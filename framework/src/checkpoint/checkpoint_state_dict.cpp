@@ -58,6 +58,17 @@ at::Tensor gather_split(const at::Tensor& local, const ShardSplit& s, int64_t gl
 
 }  // namespace
 
+namespace ckpt_detail {
+
+at::Tensor gather_whole(const Item& item, const at::Tensor& local, const ParallelReport& report, World& world) {
+  at::Tensor t = local;
+  for (auto s = item.splits.rbegin(); s != item.splits.rend(); ++s)
+    t = gather_split(t, *s, item.global_shape[s->dim], *world.group(report.mesh, s->axis));
+  return t;
+}
+
+}  // namespace ckpt_detail
+
 StateDict local_state_dict(torch::nn::Module& model) {
   StateDict out;
   for (const auto& p : model.named_parameters()) out.emplace_back(p.key(), p.value().detach());
@@ -69,9 +80,7 @@ StateDict collect_state_dict(torch::nn::Module& model, const ParallelReport& rep
   at::NoGradGuard no_grad;
   StateDict out;
   for (auto& item : inventory(model, report)) {
-    at::Tensor t = item.local;
-    for (auto s = item.splits.rbegin(); s != item.splits.rend(); ++s)
-      t = gather_split(t, *s, item.global_shape[s->dim], *world.group(report.mesh, s->axis));
+    at::Tensor t = ckpt_detail::gather_whole(item, item.local, report, world);
     if (root < 0 || world.rank() == root) out.emplace_back(item.name, t.contiguous());
   }
   return out;
@@ -94,9 +103,7 @@ StateDict collect_gradients(torch::nn::Module& model, const ParallelReport& repo
     if (has[static_cast<int64_t>(i)].item<int>() == 0) continue;
     const auto& item = params[i];
     at::Tensor g = item.param.grad();
-    at::Tensor t = g.defined() ? g.detach() : at::zeros_like(item.local);
-    for (auto s = item.splits.rbegin(); s != item.splits.rend(); ++s)
-      t = gather_split(t, *s, item.global_shape[s->dim], *world.group(report.mesh, s->axis));
+    at::Tensor t = ckpt_detail::gather_whole(item, g.defined() ? g.detach() : at::zeros_like(item.local), report, world);
     if (root < 0 || world.rank() == root) out.emplace_back(item.name, t.contiguous());
   }
   return out;

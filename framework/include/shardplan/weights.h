@@ -1,0 +1,92 @@
+#pragma once
+// Weights trained elsewhere, in and out (docs/WEIGHTS.md): safetensors files
+// (one, or a directory with model.safetensors.index.json) and torch.save
+// state dicts (pytorch_model.bin, .pt), loaded shard-on-load: each rank maps
+// the files and copies only its own rows, columns or blocks into its shards,
+// never building a whole tensor. Saving writes whole tensors under their
+// original names as safetensors, which Python's safetensors and transformers
+// read.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shardplan/checkpoint.h"
+#include "shardplan/parallelize.h"
+
+namespace torch {
+namespace nn {
+class Module;
+}
+}  // namespace torch
+
+namespace shardplan {
+
+class World;
+
+struct WeightsOptions {
+  // Names in the file -> names in the model: each (regex, replacement) pair
+  // is applied in order with std::regex_replace (ECMAScript; $1 for groups)
+  // to every name in the file, e.g. {"^transformer\\.", ""} or
+  // {"\\.gamma$", ".weight"}. Names are matched after all rules ran.
+  std::vector<std::pair<std::string, std::string>> rename;
+  // Strict: any model parameter the file lacks, or any file tensor the model
+  // lacks, is an error listing all of them, and nothing is loaded. Not
+  // strict: they are returned as warnings and the rest is loaded. Buffers
+  // the file lacks are never an error (Hugging Face files leave out
+  // non-persistent buffers); they keep their values.
+  bool strict = true;
+  // Benchmarks and tests only: read each tensor whole, then cut this rank's
+  // shard from it (what a loader without shard-on-load does).
+  bool whole_then_slice = false;
+};
+
+struct WeightsReport {
+  std::vector<std::string> loaded;      // model names, in model order (a tie group once)
+  std::vector<std::string> missing;     // model parameters the file lacks (non-strict)
+  std::vector<std::string> unexpected;  // file tensors (as named in the file) the model lacks (non-strict)
+  std::vector<std::string> warnings;    // one line each: the above, and buffers left as they were
+  int64_t bytes_copied = 0;             // bytes written into this rank's tensors
+};
+
+// Loads the weights at `path` (a .safetensors file; a torch.save zip file
+// .bin/.pt/.pth; or a directory with model.safetensors.index.json,
+// model.safetensors, pytorch_model.bin.index.json or pytorch_model.bin)
+// into this rank's shards of `model`, as `report` (from parallelize(); a
+// default ParallelReport for an unsharded model) cut them. Converts each
+// tensor to its parameter's dtype. Tied parameters are loaded once, from
+// whichever of their names the file has. Not collective: every rank reads
+// its own shard. All files, names, shapes and offsets are checked before
+// the first parameter changes, so a failed load (shardplan::Error, one
+// line naming the file and the tensor) leaves the model as it was.
+WeightsReport load_weights(torch::nn::Module& model, const ParallelReport& report, const std::string& path,
+                           const WeightsOptions& options = {});
+
+struct SaveWeightsOptions {
+  // Above this many bytes of tensor data, a directory target is split into
+  // model-0000K-of-0000N.safetensors files with model.safetensors.index.json
+  // (Hugging Face's layout and default shard size).
+  int64_t max_file_bytes = 5'000'000'000;
+  int root = 0;  // the rank that writes
+};
+
+// Collective over `world`. Writes the whole tensors (parameters, then
+// buffers; a tied tensor once, under its first name) as safetensors: to
+// `path` itself when it ends in ".safetensors", otherwise into directory
+// `path` (model.safetensors, or several files and an index). Tensors are
+// gathered one at a time, so the writing rank holds one whole tensor at a
+// time. Each file is written beside its target and renamed into place.
+void save_weights_safetensors(torch::nn::Module& model, const ParallelReport& report, World& world,
+                              const std::string& path, const SaveWeightsOptions& options = {});
+
+// Offline (no model, no world): writes `tensors` as save_weights_safetensors
+// would, for `shardplan ckpt convert --to safetensors`.
+void write_safetensors(const std::string& path, const StateDict& tensors, const SaveWeightsOptions& options = {});
+
+// Every tensor of the weights at `path` (any form load_weights reads), whole,
+// in the file's dtype and order, copied out of the file.
+StateDict read_weights(const std::string& path);
+
+}  // namespace shardplan

@@ -1,0 +1,224 @@
+// load_weights (weights.h): match the file's tensors to the model's, check
+// everything, then copy each rank's shard straight out of the mapped files.
+//
+// Memory: nothing is staged. All checks run on headers and shapes before the
+// first parameter changes, and once they pass a copy out of a mapping cannot
+// fail (short of the file being truncated under us), so "nothing changes
+// unless the whole load succeeds" costs no second copy of the model. The
+// copy itself is Tensor::copy_ from a strided view of the mapped bytes into
+// the shard (or its rows/blocks), which converts dtypes element by element
+// with no buffer of its own; a rank touches only the pages of its slice, and
+// gives them back after each tensor.
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <torch/nn/module.h>
+
+#include <map>
+#include <regex>
+#include <set>
+
+#include "base/shape_text.h"
+#include "checkpoint/checkpoint_internal.h"
+#include "shardplan/error.h"
+#include "shardplan/shard.h"
+#include "shardplan/weights.h"
+#include "weights/weights_internal.h"
+
+namespace shardplan {
+
+using weights_detail::SourceTensor;
+
+namespace {
+
+// One tensor of the model: a tie group's names share it.
+struct Target {
+  std::vector<std::string> names;
+  ckpt_detail::Item item;
+  const SourceTensor* source = nullptr;
+};
+
+std::vector<Target> targets_of(torch::nn::Module& model, const ParallelReport& report) {
+  std::vector<Target> targets;
+  std::map<const void*, size_t> by_impl;  // parameters tied to one tensor
+  for (auto& item : ckpt_detail::inventory(model, report)) {
+    const void* impl = item.buffer ? nullptr : item.param.unsafeGetTensorImpl();
+    auto it = impl ? by_impl.find(impl) : by_impl.end();
+    if (it != by_impl.end()) {
+      targets[it->second].names.push_back(item.name);
+      continue;
+    }
+    if (impl) by_impl[impl] = targets.size();
+    targets.push_back(Target{{item.name}, std::move(item), nullptr});
+  }
+  return targets;
+}
+
+std::string file_name(const SourceTensor& s) { return s.file ? s.file->path() : std::string("?"); }
+
+using Rules = std::vector<std::pair<std::regex, std::string>>;
+
+Rules compile(const WeightsOptions& options) {
+  Rules rules;
+  for (const auto& r : options.rename) {
+    try {
+      rules.emplace_back(std::regex(r.first, std::regex::ECMAScript), r.second);
+    } catch (const std::regex_error& e) {
+      throw Error("WeightsOptions::rename: '" + r.first + "' is not a valid regex (" + e.what() + ")");
+    }
+  }
+  return rules;
+}
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "'" : ", '") + n + "'";
+  return out;
+}
+
+// Gives each target its source tensor; what is left over on either side is
+// missing or unexpected. A tie group takes the first of its names the file has.
+void match(std::vector<Target>& targets, const std::vector<SourceTensor>& sources, const WeightsOptions& options,
+           WeightsReport& rep, const std::string& path) {
+  std::map<std::string, size_t> by_name;
+  for (size_t i = 0; i < targets.size(); ++i)
+    for (const auto& n : targets[i].names) by_name.emplace(n, i);
+  const Rules rules = compile(options);
+  std::map<std::string, std::string> renamed_from;  // model name -> file name
+  for (const auto& s : sources) {
+    std::string name = s.name;
+    for (const auto& r : rules) name = std::regex_replace(name, r.first, r.second);
+    auto prev = renamed_from.emplace(name, s.name);
+    if (!prev.second)
+      throw Error("weights '" + path + "': tensors '" + prev.first->second + "' and '" + s.name +
+                  "' both become '" + name + "' after WeightsOptions::rename");
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      rep.unexpected.push_back(s.name);
+      continue;
+    }
+    Target& t = targets[it->second];
+    if (!t.source || name == t.names.front()) t.source = &s;  // the first name wins when the file has several
+  }
+  for (const auto& t : targets) {
+    if (t.source) continue;
+    if (t.item.buffer)
+      rep.warnings.push_back("buffer '" + t.names.front() + "' is not in the weights; it keeps its value");
+    else
+      rep.missing.push_back(t.names.front());
+  }
+}
+
+// The shape `splits` cut from `global`, as take_splits would give it, or
+// an empty optional when a dim cannot be read as its blocks.
+bool shard_shape(std::vector<int64_t> shape, const std::vector<ShardSplit>& splits, std::vector<int64_t>* out) {
+  for (const auto& s : splits) {
+    if (s.dim < 0 || s.dim >= static_cast<int64_t>(shape.size()) || s.blocks < 1 || shape[s.dim] % s.blocks) return false;
+    if (s.parts == 1) continue;
+    const auto r = shard_range(shape[s.dim] / s.blocks, s.parts, s.index);
+    shape[s.dim] = s.blocks * (r.second - r.first);
+  }
+  *out = shape;
+  return true;
+}
+
+// One line per tensor the file has with another shape than the model, or
+// whose cut does not give this rank's shard shape.
+std::vector<std::string> check_shapes(const std::vector<Target>& targets) {
+  std::vector<std::string> problems;
+  for (const auto& t : targets) {
+    if (!t.source) continue;
+    const auto& s = *t.source;
+    const std::string where = "tensor '" + s.name + "' in '" + file_name(s) + "'";
+    if (s.shape != t.item.global_shape) {
+      problems.push_back(where + " has shape " + shape_str(s.shape) + ", the model's '" + t.names.front() + "' is " +
+                         shape_str(t.item.global_shape));
+      continue;
+    }
+    std::vector<int64_t> local;
+    if (!shard_shape(s.shape, t.item.splits, &local) || local != t.item.local.sizes().vec())
+      problems.push_back(where + ": this rank's cut of it does not give its shard's shape " +
+                         shape_str(t.item.local.sizes()));
+    const auto dt = t.item.local.scalar_type();
+    if (!at::isFloatingType(dt) && !at::isIntegralType(dt, /*includeBool=*/true))
+      problems.push_back("'" + t.names.front() + "' has dtype " + c10::toString(dt) + ", which weights cannot fill");
+  }
+  return problems;
+}
+
+// Copies this rank's piece of `src` into `dst`: per split, the blocks of its
+// range of the dim, recursively, so every copy is one strided view into
+// another. A later split of a dim an earlier blocked split cut reads the
+// blocks put together (take_split's order), which views cannot express; that
+// case (no plugin makes it) takes the shard through take_splits.
+void copy_cut(at::Tensor dst, const at::Tensor& src, const std::vector<ShardSplit>& splits, size_t i) {
+  if (i == splits.size()) {
+    dst.copy_(src);
+    return;
+  }
+  const ShardSplit& s = splits[i];
+  if (s.parts == 1) return copy_cut(dst, src, splits, i + 1);
+  const int64_t block = src.size(s.dim) / s.blocks;
+  const auto r = shard_range(block, s.parts, s.index);
+  const int64_t len = r.second - r.first;
+  for (int64_t b = 0; b < s.blocks; ++b)
+    copy_cut(dst.narrow(s.dim, b * len, len), src.narrow(s.dim, b * block + r.first, len), splits, i + 1);
+}
+
+bool views_express(const std::vector<ShardSplit>& splits) {
+  for (size_t i = 0; i < splits.size(); ++i)
+    for (size_t j = i + 1; j < splits.size(); ++j)
+      if (splits[i].blocks > 1 && splits[i].parts > 1 && splits[j].dim == splits[i].dim) return false;
+  return true;
+}
+
+int64_t copy_one(const Target& t, const WeightsOptions& options) {
+  const SourceTensor& s = *t.source;
+  at::Tensor src = s.view();
+  if (s.is_bool) src = src.ne(0);  // any nonzero byte is true, as in safetensors
+  at::Tensor dst = t.item.local;   // shares the parameter's storage
+  if (options.whole_then_slice) {
+    dst.copy_(ckpt_detail::take_splits(src.clone(), t.item.splits));
+  } else if (views_express(t.item.splits)) {
+    copy_cut(dst, src, t.item.splits, 0);
+  } else {
+    dst.copy_(ckpt_detail::take_splits(src, t.item.splits));
+  }
+  s.file->drop(s.begin, s.end);
+  return dst.numel() * dst.element_size();
+}
+
+}  // namespace
+
+WeightsReport load_weights(torch::nn::Module& model, const ParallelReport& report, const std::string& path,
+                           const WeightsOptions& options) {
+  const std::vector<SourceTensor> sources = weights_detail::open_weights(path);
+  std::vector<Target> targets = targets_of(model, report);
+  WeightsReport rep;
+  match(targets, sources, options, rep, path);
+  if (options.strict && (!rep.missing.empty() || !rep.unexpected.empty())) {
+    std::string msg = "weights '" + path + "' do not match the model:";
+    if (!rep.missing.empty())
+      msg += " " + std::to_string(rep.missing.size()) + " parameter(s) missing from the file: " + joined(rep.missing) + ";";
+    if (!rep.unexpected.empty())
+      msg += " " + std::to_string(rep.unexpected.size()) + " tensor(s) in the file the model lacks: " +
+             joined(rep.unexpected) + ";";
+    throw Error(msg + " map names with WeightsOptions::rename, or load with strict = false");
+  }
+  for (const auto& m : rep.missing) rep.warnings.push_back("parameter '" + m + "' is not in the weights; it keeps its value");
+  for (const auto& u : rep.unexpected) rep.warnings.push_back("tensor '" + u + "' of the weights is not in the model");
+  const auto problems = check_shapes(targets);
+  if (!problems.empty()) {
+    std::string msg = "weights '" + path + "': ";
+    for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
+    throw Error(msg);
+  }
+  at::NoGradGuard no_grad;
+  for (const auto& t : targets) {
+    if (!t.source) continue;
+    rep.bytes_copied += copy_one(t, options);
+    rep.loaded.push_back(t.names.front());
+  }
+  return rep;
+}
+
+}  // namespace shardplan

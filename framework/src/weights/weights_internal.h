@@ -1,0 +1,65 @@
+#pragma once
+// What the weights folder's files share: memory-mapped files and the tensors
+// a weights file holds, described where they lie (weights.h). Not installed.
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace shardplan::weights_detail {
+
+// A whole file mapped read-only. Loads read a shard's rows straight from the
+// mapping; nothing is read until touched, and drop() returns pages a loaded
+// tensor no longer needs, so resident memory stays near the shards.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path);  // throws naming the file
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  const unsigned char* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+  // Gives back the pages of [begin, end) (rounded inwards to pages).
+  void drop(uint64_t begin, uint64_t end) const;
+
+ private:
+  std::string path_;
+  const unsigned char* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+// One tensor of a weights file, where it lies in its mapping. `view()` is a
+// read-only tensor over those bytes (no copy); every byte it can reach was
+// checked to be inside the file.
+struct SourceTensor {
+  std::string name;                      // as in the file
+  at::ScalarType dtype;                  // as stored (BOOL is read as uint8)
+  std::vector<int64_t> shape, strides;   // strides in elements
+  const unsigned char* data = nullptr;   // element [0, 0, ...]
+  uint64_t begin = 0, end = 0;           // the bytes it spans in the file
+  std::shared_ptr<MappedFile> file;
+  bool is_bool = false;                  // stored as BOOL: nonzero bytes are true
+
+  at::Tensor view() const;
+};
+
+// Every tensor of `path`: a .safetensors file, a torch.save zip file (.bin,
+// .pt, .pth), or a directory holding model.safetensors(.index.json) or
+// pytorch_model.bin(.index.json). Parses and checks all headers, indexes and
+// offsets; reads no tensor data. Throws shardplan::Error naming the file and
+// the tensor.
+std::vector<SourceTensor> open_weights(const std::string& path);
+
+// One safetensors file's tensors (safetensors_source.cpp).
+std::vector<SourceTensor> open_safetensors(const std::string& path);
+// One torch.save zip file's tensors (torch_zip_source.cpp).
+std::vector<SourceTensor> open_torch_zip(const std::string& path);
+
+// safetensors dtype names <-> torch's.
+at::ScalarType scalar_type_of(const std::string& safetensors_dtype);
+std::string safetensors_dtype_of(at::ScalarType t);  // throws for types safetensors lacks
+
+}  // namespace shardplan::weights_detail
