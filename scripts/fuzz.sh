@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-600}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(plan_fuzzer checkpoint_meta_fuzzer)
+[ ${#targets[@]} -gt 0 ] || targets=(plan_fuzzer checkpoint_meta_fuzzer safetensors_header_fuzzer)
 out=${SHARDPLAN_FUZZ_BUILD:-build-fuzz}
 
 if ! command -v clang++ >/dev/null; then

@@ -55,7 +55,7 @@ json parse_checking_duplicates(const std::string& text, const std::string& file)
   json j;
   try {
     j = json::parse(text, callback);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers too large
     const std::string msg = e.what();
     if (msg.find("UTF-8") != std::string::npos || msg.find("surrogate") != std::string::npos)
       fail(file, "header has a name or string that is not UTF-8 (" + msg + ")");
