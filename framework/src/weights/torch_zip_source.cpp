@@ -1,19 +1,20 @@
 // torch.save files (the zip format PyTorch writes since 1.6) read in place.
 //
-// libtorch's torch::pickle_load reads these files too, but it copies every
-// storage into memory first. Here the archive's directory is read by
-// zip_reader.cpp, and libtorch's Unpickler runs over data.pkl with a
-// read_record that hands out pointers into the file's mapping instead of
-// copies; the tensors it rebuilds say dtype, shape, strides and storage
-// offset, each checked to stay inside its record. Storages are records
-// "<archive>/data/<key>", written stored (uncompressed) and 64-byte aligned.
+// libtorch 1.13's torch::pickle_load reads this format, but not what Python
+// saves as a state dict: its Unpickler turns collections.OrderedDict (which
+// model.state_dict() is) into None, and it copies every storage into memory.
+// So the archive's directory is read by zip_reader.cpp, data.pkl by
+// pickle_reader.cpp, and each tensor (dtype from its storage's class, shape,
+// strides, storage offset) is pointed into the mapped record
+// "<archive>/data/<key>", which torch.save writes stored (uncompressed) and
+// 64-byte aligned, after checking it stays inside that record.
 #include <ATen/ATen.h>
-#include <torch/csrc/jit/serialization/unpickler.h>
 
 #include <cstring>
 #include <map>
 
 #include "shardplan/error.h"
+#include "weights/pickle_reader.h"
 #include "weights/weights_internal.h"
 #include "weights/zip_reader.h"
 
@@ -44,29 +45,40 @@ std::string archive_prefix(const std::map<std::string, ZipRecord>& records, cons
   fail(path, "has no data.pkl: a zip file, but not one torch.save wrote");
 }
 
-// Where a rebuilt tensor's elements lie, checked against its record.
-SourceTensor describe(const std::string& name, const at::Tensor& t, const ZipRecord& rec,
-                      std::shared_ptr<MappedFile> file) {
-  const std::string where = "tensor '" + name + "'";
+at::ScalarType storage_dtype(const std::string& type, const std::string& path, const std::string& name) {
+  static const std::map<std::string, at::ScalarType> types = {
+      {"DoubleStorage", at::kDouble}, {"FloatStorage", at::kFloat}, {"HalfStorage", at::kHalf},
+      {"BFloat16Storage", at::kBFloat16}, {"LongStorage", at::kLong}, {"IntStorage", at::kInt},
+      {"ShortStorage", at::kShort}, {"CharStorage", at::kChar}, {"ByteStorage", at::kByte},
+      {"BoolStorage", at::kBool}};
+  auto it = types.find(type);
+  if (it == types.end()) fail(path, "tensor '" + name + "' has storage type '" + type + "', which is not read");
+  return it->second;
+}
+
+// Where a tensor's elements lie, checked against its record.
+SourceTensor describe(const PickledTensor& p, const ZipRecord& rec, std::shared_ptr<MappedFile> file) {
+  const std::string& path = file->path();
+  const std::string where = "tensor '" + p.name + "'";
   SourceTensor s;
-  s.name = name;
-  s.dtype = t.scalar_type();
+  s.name = p.name;
+  s.dtype = storage_dtype(p.storage_type, path, p.name);
   if (s.dtype == at::kBool) s.dtype = at::kByte, s.is_bool = true;
-  s.shape = t.sizes().vec();
-  s.strides = t.strides().vec();
-  const auto esize = static_cast<unsigned __int128>(t.element_size());
-  unsigned __int128 last = static_cast<unsigned __int128>(t.storage_offset());
+  s.shape = p.shape;
+  s.strides = p.strides;
+  const auto esize = static_cast<unsigned __int128>(c10::elementSize(s.dtype));
+  if (p.storage_offset < 0) fail(path, where + " has a negative storage offset");
+  unsigned __int128 last = static_cast<unsigned __int128>(p.storage_offset);
   bool empty = false;
   for (size_t i = 0; i < s.shape.size(); ++i) {
-    if (s.shape[i] < 0 || s.strides[i] < 0) fail(file->path(), where + " has a negative size or stride");
+    if (s.shape[i] < 0 || s.strides[i] < 0) fail(path, where + " has a negative size or stride");
     if (s.shape[i] == 0) empty = true;
     else last += static_cast<unsigned __int128>(s.shape[i] - 1) * static_cast<unsigned __int128>(s.strides[i]);
   }
-  if (t.storage_offset() < 0) fail(file->path(), where + " has a negative storage offset");
   const unsigned __int128 need = empty ? 0 : (last + 1) * esize;
   if (need > rec.size)
-    fail(file->path(), where + " reaches past its storage record (" + std::to_string(rec.size) + " bytes)");
-  s.data = file->data() + rec.offset + static_cast<uint64_t>(t.storage_offset()) * t.element_size();
+    fail(path, where + " reaches past its storage record (" + std::to_string(rec.size) + " bytes)");
+  s.data = file->data() + rec.offset + (empty ? 0 : static_cast<uint64_t>(p.storage_offset) * static_cast<uint64_t>(esize));
   s.begin = rec.offset;
   s.end = rec.offset + static_cast<uint64_t>(need);
   s.file = std::move(file);
@@ -86,58 +98,14 @@ std::vector<SourceTensor> open_torch_zip(const std::string& path) {
     fail(path, "was written on a big-endian machine; only little-endian files are read");
   const ZipRecord& pkl = records.at(prefix + "data.pkl");
   if (!pkl.stored) fail(path, "data.pkl is compressed; torch.save stores it");
-  // Which record each storage pointer came from, to check tensors against.
-  std::map<const void*, ZipRecord> handed_out;
-  auto read_record = [&](const std::string& key) {
-    auto it = records.find(prefix + "data/" + key);
-    if (it == records.end()) fail(path, "data.pkl names storage '" + key + "', which the archive lacks");
-    if (!it->second.stored) fail(path, "storage '" + key + "' is compressed; torch.save stores storages");
-    void* p = const_cast<unsigned char*>(file->data() + it->second.offset);
-    handed_out[p] = it->second;
-    return at::DataPtr(p, p, [](void*) {}, at::Device(at::kCPU));
-  };
-  uint64_t pos = 0;
-  auto reader = [&](char* buf, size_t n) -> size_t {
-    const size_t k = static_cast<size_t>(std::min<uint64_t>(n, pkl.size - pos));
-    std::memcpy(buf, file->data() + pkl.offset + pos, k);
-    pos += k;
-    return k;
-  };
-  // Type tags of typed containers (libtorch's pickler writes Dict[str,
-  // Tensor]) are types; any class is a model object, not a state dict.
-  auto refuse_class = [&](const c10::QualifiedName& q) -> c10::StrongTypePtr {
-    try {
-      return c10::StrongTypePtr(nullptr, torch::jit::Unpickler::defaultTypeParser(q.qualifiedName()));
-    } catch (const std::exception&) {
-    }
-    fail(path, "pickles an object of class '" + q.qualifiedName() +
-                   "' (a whole model or TorchScript module?), not a state dict of tensors; save model.state_dict()");
-  };
-  c10::IValue value;
-  try {
-    torch::jit::Unpickler unpickler(reader, refuse_class, nullptr, read_record, at::Device(at::kCPU));
-    value = unpickler.parse_ivalue();
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
-    std::string msg = e.what();
-    msg = msg.substr(0, msg.find('\n'));
-    fail(path, "data.pkl cannot be read as a state dict (" + msg + ")");
-  }
-  if (!value.isGenericDict()) fail(path, "holds a " + value.tagKind() + ", not a state dict (a dict of tensors)");
+  const auto tensors =
+      read_pickled_state_dict(std::string(reinterpret_cast<const char*>(file->data() + pkl.offset), pkl.size), path);
   std::vector<SourceTensor> out;
-  for (const auto& kv : value.toGenericDict()) {
-    if (!kv.key().isString()) fail(path, "is a dict whose keys are not all names, not a state dict");
-    const std::string name = kv.key().toStringRef();
-    if (!kv.value().isTensor()) fail(path, "entry '" + name + "' is a " + kv.value().tagKind() + ", not a tensor");
-    const at::Tensor t = kv.value().toTensor();
-    if (t.numel() == 0) {
-      out.push_back(describe(name, t, ZipRecord{0, 0, true}, file));
-      continue;
-    }
-    auto rec = handed_out.find(t.storage().data());
-    if (rec == handed_out.end()) fail(path, "tensor '" + name + "' has a storage that is not in the archive");
-    out.push_back(describe(name, t, rec->second, file));
+  for (const auto& t : tensors) {
+    auto it = records.find(prefix + "data/" + t.storage_key);
+    if (it == records.end()) fail(path, "tensor '" + t.name + "' is in storage '" + t.storage_key + "', which the archive lacks");
+    if (!it->second.stored) fail(path, "tensor '" + t.name + "': its storage is compressed; torch.save stores storages");
+    out.push_back(describe(t, it->second, file));
   }
   return out;
 }
