@@ -223,3 +223,29 @@ TEST(Weights, RenameStrictAndNonStrict) {
 }
 
 }  // namespace
+
+namespace {
+
+// `shardplan ckpt convert --from safetensors` then `--to safetensors`: the
+// checkpoint loads at TP 2 into relocate_state_dict's shards, and the file
+// that comes back is the one that went in, bit for bit.
+TEST(Weights, CkptConvertRoundTrip) {
+  const fs::path dir = temp_dir("convert");
+  const auto want = full_gpt(15);
+  shardplan::write_safetensors((dir / "in.safetensors").string(), want);
+  const std::string tool = std::string(SHARDPLAN_BINARY_DIR) + "/bin/shardplan-ckpt";
+  const std::string plan = std::string(SHARDPLAN_SOURCE_DIR) + "/plans/gpt.yaml";
+  ASSERT_EQ(std::system((tool + " convert --from safetensors " + (dir / "in.safetensors").string() + " --out " +
+                         (dir / "ck").string() + " --world 2 --plan " + plan + " >/dev/null").c_str()), 0);
+  Sharded s = shard_gpt(2, 16, [&](shardplan::World& w, torch::nn::Module& m, const shardplan::ParallelReport& r) {
+    shardplan::load_checkpoint((dir / "ck").string(), m, r, w);
+  });
+  for (int r = 0; r < 2; ++r)
+    expect_same(shardplan::local_state_dict(*s.models[r]), shardplan::relocate_state_dict(want, s.reports[r]), "ckpt");
+  ASSERT_EQ(std::system((tool + " convert " + (dir / "ck").string() + " --to safetensors " +
+                         (dir / "out.safetensors").string() + " >/dev/null").c_str()), 0);
+  expect_same(shardplan::read_weights((dir / "out.safetensors").string()), want, "converted back");
+  fs::remove_all(dir);
+}
+
+}  // namespace

@@ -1,4 +1,5 @@
 // `shardplan ckpt convert`: to another world size, or to one plain file.
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <fstream>
@@ -26,10 +27,27 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
+int convert_safetensors(const std::string& src, const std::string& out, bool from, int world,
+                        const std::string& plan) {
+  try {
+    if (from) {
+      safetensors_to_checkpoint(src, out, std::max(world, 1), plan.empty() ? "" : slurp(plan));
+      std::printf("wrote checkpoint %s from %s\n", out.c_str(), src.c_str());
+    } else {
+      checkpoint_to_safetensors(src, out);
+      std::printf("wrote %s: the whole model of %s as safetensors\n", out.c_str(), src.c_str());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "shardplan ckpt convert: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int convert_main(int argc, char** argv) {
-  std::string src, out, plan;
+  std::string src, out, plan, to, from;
   int world = 0;
   bool full = false;
   for (int i = 1; i < argc; ++i) {
@@ -43,7 +61,12 @@ int convert_main(int argc, char** argv) {
     if (k == "-h" || k == "--help") {
       std::fputs(kUsage, stdout);
       return 0;
-    } else if (k == "--to-world") {
+    } else if (k == "--to" || k == "--from") {
+      if (!value(k == "--to" ? to : from)) return usage("missing value for " + k);
+      if ((k == "--to" ? to : from) != "safetensors") return usage(k + " takes 'safetensors'");
+      if (k == "--to" && i + 1 < argc) out = argv[++i];  // convert DIR --to safetensors OUT
+      if (k == "--from" && i + 1 < argc) src = argv[++i];
+    } else if (k == "--to-world" || k == "--world") {
       if (!value(v)) return usage("missing value for --to-world");
       try {
         size_t used = 0;
@@ -68,6 +91,7 @@ int convert_main(int argc, char** argv) {
   }
   if (src.empty()) return usage("no source checkpoint given");
   if (out.empty()) return usage("--out is required");
+  if (!to.empty() || !from.empty()) return convert_safetensors(src, out, !from.empty(), world, plan);
   if (full == (world > 0)) return usage("give exactly one of --to-world M and --full");
   if (full && !plan.empty()) return usage("--plan applies to --to-world only");
   try {
