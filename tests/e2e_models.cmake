@@ -105,6 +105,20 @@ set_tests_properties(e2e_gpt_option_save_unwritable PROPERTIES
   PASS_REGULAR_EXPRESSION "^train_gpt: --save /nonexistent-shardplan-dir/ckpt: the directory it would be written in, /nonexistent-shardplan-dir, does not exist\n")
 set_tests_properties(e2e_gpt_option_not_a_number e2e_gpt_option_lr_negative e2e_gpt_option_samples_without_generate
   e2e_gpt_option_save_unwritable PROPERTIES FAIL_REGULAR_EXPRESSION "step +1 " TIMEOUT 60)
+# The weights options: --steps 0 needs something loaded, --load and
+# --load-weights exclude each other, --save-weights is checked like --save.
+add_test(NAME e2e_gpt_option_steps_zero_alone COMMAND train_gpt --steps 0)
+add_test(NAME e2e_gpt_option_load_and_load_weights COMMAND train_gpt --steps 3 --load a --load-weights b)
+add_test(NAME e2e_gpt_option_save_weights_unwritable COMMAND train_gpt --steps 3
+  --save-weights /nonexistent-shardplan-dir/w)
+set_tests_properties(e2e_gpt_option_steps_zero_alone PROPERTIES
+  PASS_REGULAR_EXPRESSION "^train_gpt: --steps 0 trains nothing: it needs --load-weights PATH or --load DIR\n")
+set_tests_properties(e2e_gpt_option_load_and_load_weights PROPERTIES
+  PASS_REGULAR_EXPRESSION "^train_gpt: --load and --load-weights both set the model: give one\n")
+set_tests_properties(e2e_gpt_option_save_weights_unwritable PROPERTIES
+  PASS_REGULAR_EXPRESSION "^train_gpt: --save-weights /nonexistent-shardplan-dir/w: the directory it would be written in, /nonexistent-shardplan-dir, does not exist\n")
+set_tests_properties(e2e_gpt_option_steps_zero_alone e2e_gpt_option_load_and_load_weights
+  e2e_gpt_option_save_weights_unwritable PROPERTIES FAIL_REGULAR_EXPRESSION "step +1 " TIMEOUT 60)
 add_test(NAME e2e_gpt_failure_after_training_keeps_model
   COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/after_training.sh $<TARGET_FILE:train_gpt>)
 set_tests_properties(e2e_gpt_failure_after_training_keeps_model PROPERTIES TIMEOUT 300)
@@ -132,6 +146,15 @@ add_test(NAME e2e_llama_sp_threads4_f64 COMMAND ${_e2e} 1e-7 -- ${_llama_f64}
 add_test(NAME e2e_llama_sp_2d_gloo_f64 COMMAND ${_e2e} 1e-7 -- ${_llama_f64}
   -- $<TARGET_FILE:shardplan_cli> launch -n 4 --backend gloo -- ${_llama_f64}
      --plan ${CMAKE_CURRENT_SOURCE_DIR}/e2e/llama_sp_2d.yaml --check-replicas 5)
+# Weights from PyTorch (tests/e2e/llama_weights.sh): an independent PyTorch
+# Llama writes safetensors + config.json; loaded shard-on-load at 1, 2 and 4
+# ranks (kv_heads 2 and 1, float32 and bfloat16 files) the greedy text is
+# Python's; fine-tuned under {data: 2, model: 2} + SP and saved, Python
+# reproduces C++'s text from the file.
+add_test(NAME e2e_llama_weights_from_pytorch COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/llama_weights.sh
+  $<TARGET_FILE:train_model> ${_plans} ${CMAKE_CURRENT_SOURCE_DIR}/e2e/llama_sp_2d.yaml
+  ${CMAKE_CURRENT_BINARY_DIR}/llama_weights)
+set_tests_properties(e2e_llama_weights_from_pytorch PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
 set(_run $<TARGET_FILE:train_model> --model llama --steps 20 --log-every 10 --batch 8 --dtype float64 --generate 30
   --samples 2 --temperature 0)
 add_test(NAME e2e_llama_generate_threads4 COMMAND ${_gen} -- ${_run}

@@ -38,17 +38,22 @@ const Defaults kDefaults[] = {
                "       [--batch N] [--lr X] [--optimizer adam|adamw|sgd|rmsprop|adagrad] [--dtype float32|float64]\n"
                "       [--seed N] [--threads N] [--log-every N] [--data TEXT_FILE] [--report]\n"
                "       [--save DIR [--save-every N]] [--load DIR] [--micro-batches N] [--check-replicas N]\n"
+               "       [--load-weights PATH] [--save-weights PATH]\n"
                "       [--generate N [--prompt TEXT] [--temperature X] [--top-k K] [--samples S]]\n"
                "--save writes a sharded checkpoint (model, optimizer, step) to DIR after the last step, and\n"
                "every N steps with --save-every; --load resumes from one, saved at any number of ranks,\n"
                "training on from its step to --steps (docs/CHECKPOINTS.md); --threads sets libtorch's and\n"
                "the BLAS pool's threads per rank (default: SHARDPLAN_NUM_THREADS, else cores / ranks on\n"
                "this machine; docs/THREADS.md)\n"
+               "--load-weights reads weights trained elsewhere, each rank only its shard (a safetensors file or\n"
+               "directory, or a torch.save state dict; llama: the shape from config.json beside them, which\n"
+               "--config overrides); --save-weights writes the whole tensors as safetensors (+ config.json)\n"
+               "after the last step (docs/WEIGHTS.md); --steps 0 with --load-weights only generates\n"
                "--plan auto plans the model by itself (shardplan::auto_plan, docs/AUTO_PLAN.md; --report shows it)\n"
                "--batch is the global batch: a plan with a batch axis (mesh {data: 2, model: 2}) gives each\n"
                "data rank its slice; --micro-batches accumulates gradients over N slices of it per step;\n"
                "--check-replicas N compares every replicated parameter across its groups every N steps\n"
-               "--generate N (gpt): after training, S samples (default 3) of N new bytes each after --prompt\n"
+               "--generate N (gpt, llama): after training, S samples (default 3) of N new bytes each after --prompt\n"
                "(default \"From fairest creatures\"), temperature X (default 0.8; 0: greedy) over the top K\n"
                "(default 20; 0: all), with a key/value cache split by heads; prompt + N must fit the context,\n"
                "and the S samples' caches this machine's memory (both checked before training)\n"
@@ -85,12 +90,18 @@ void check_args(Args& a, const std::string& program, const std::string& only) {
     usage(program, only, "--generate must not be negative, --samples at least 1");
   if (a.generate == 0 && !a.generation_option.empty())
     usage(program, only, a.generation_option + " takes effect with --generate N only");
-  if (a.steps < 1 || a.batch < 1 || a.log_every < 1 || a.ranks < 0 || a.threads < 0)
-    usage(program, only, "--steps, --batch and --log-every must be at least 1, --ranks and --threads not negative");
+  if (a.steps < 0 || a.batch < 1 || a.log_every < 1 || a.ranks < 0 || a.threads < 0)
+    usage(program, only, "--batch and --log-every must be at least 1, --steps, --ranks and --threads not negative");
+  // --steps 0: the loaded weights as they are (e.g. to --generate from them).
+  if (a.steps == 0 && a.load_weights.empty() && a.load.empty())
+    usage(program, only, "--steps 0 trains nothing: it needs --load-weights PATH or --load DIR");
+  if (!a.load.empty() && !a.load_weights.empty())
+    usage(program, only, "--load and --load-weights both set the model: give one");
   // As SHARDPLAN_NUM_THREADS: a larger count is a typo, not a machine.
   if (a.ranks > 4096 || a.threads > 4096) usage(program, only, "--ranks and --threads must be at most 4096");
   try {
-    if (!a.save.empty()) check_save_dir(a.save);
+    if (!a.save.empty()) check_save_dir(a.save, "--save");
+    if (!a.save_weights.empty()) check_save_dir(a.save_weights, "--save-weights");
   } catch (const std::exception& e) {
     usage(program, only, e.what());
   }
@@ -144,6 +155,10 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
         a.save_every = option_int(value());
       else if (k == "--load")
         a.load = value();
+      else if (k == "--load-weights")
+        a.load_weights = value();
+      else if (k == "--save-weights")
+        a.save_weights = value();
       else if (k == "--micro-batches")
         a.micro_batches = option_int(value());
       else if (k == "--check-replicas")

@@ -23,6 +23,9 @@ struct Args {
   int threads = 0;  // 0: SHARDPLAN_NUM_THREADS, else the cores shared out among this machine's ranks
   bool report = false;
   std::string save, load;  // checkpoint directories
+  // Weights from and to PyTorch (shardplan/weights.h): safetensors (a file,
+  // or a directory, with config.json for llama) or a torch.save state dict.
+  std::string load_weights, save_weights;
   int save_every = 0;      // 0: save once, after the last step
   int micro_batches = 1;   // gradient accumulation: micro-batches per step
   int check_replicas = 0;  // every N steps (0: never)

@@ -13,19 +13,19 @@
 namespace shardplan {
 namespace examples {
 
-void check_save_dir(const std::string& dir) {
+void check_save_dir(const std::string& dir, const std::string& option) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::path path(dir);
-  if (fs::exists(path, ec) && !fs::is_directory(path, ec))
-    throw Error("--save " + dir + ": exists and is not a directory");
+  const bool file = path.extension() == ".safetensors";
+  if (!file && fs::exists(path, ec) && !fs::is_directory(path, ec))
+    throw Error(option + " " + dir + ": exists and is not a directory");
   fs::path parent = path.parent_path();
   if (parent.empty()) parent = ".";
   if (!fs::is_directory(parent, ec))
-    throw Error("--save " + dir + ": the directory it would be written in, " + parent.string() + ", does not exist");
+    throw Error(option + " " + dir + ": the directory it would be written in, " + parent.string() + ", does not exist");
   if (::access(parent.c_str(), W_OK | X_OK) != 0)
-    throw Error("--save " + dir + ": cannot write in " + parent.string() + " (the checkpoint is written to " +
-                path.filename().string() + ".partial there first)");
+    throw Error(option + " " + dir + ": cannot write in " + parent.string() + " (it is written beside its target first)");
 }
 
 int64_t available_memory_bytes(std::string* source) {

@@ -8,10 +8,11 @@
 namespace shardplan {
 namespace examples {
 
-// Throws shardplan::Error naming --save when `dir` could not be written: a
-// checkpoint goes to DIR.partial beside it and is then renamed to DIR, so
-// the parent must be a writable directory and DIR, if it exists, one too.
-void check_save_dir(const std::string& dir);
+// Throws shardplan::Error naming `option` (--save, --save-weights) when
+// `dir` could not be written: a checkpoint goes to DIR.partial beside it and
+// is then renamed to DIR, so the parent must be a writable directory and
+// DIR, if it exists, one too (a path ending in .safetensors is a file).
+void check_save_dir(const std::string& dir, const std::string& option);
 
 // Bytes this machine can still hand out: /proc/meminfo's MemAvailable, else
 // sysconf's available pages; -1 when neither says. `source` names which.

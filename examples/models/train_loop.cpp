@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -13,6 +15,7 @@
 #include "models/corpus.h"
 #include "models/generate.h"
 #include "models/heap.h"
+#include "models/hf_config.h"
 #include "models/model.h"
 #include "models/train_args.h"
 #include "models/train_checks.h"
@@ -24,6 +27,7 @@
 #include "shardplan/plan.h"
 #include "shardplan/random.h"
 #include "shardplan/tied.h"
+#include "shardplan/weights.h"
 #include "shardplan/world.h"
 #include "shardplan/zero_optimizer.h"
 
@@ -141,7 +145,9 @@ void generate_text(const Args& a, World& world, torch::nn::Module& module, const
 
 // What a failure after the last step says about the model it trained.
 std::string model_whereabouts(const Args& a, int start) {
-  if (start > a.steps) return "no step was trained: the model is the one in --load " + a.load;
+  if (start > a.steps)
+    return "no step was trained: the model is the one in " + (a.load.empty() ? "--load-weights " + a.load_weights
+                                                                             : "--load " + a.load);
   if (!a.save.empty())
     return "the trained model is saved in " + a.save + " at step " + std::to_string(a.steps) + ": rerun with --load " +
            a.save + " --steps " + std::to_string(a.steps) + " to go on from it without training again";
@@ -157,6 +163,48 @@ void test_fail_after_training() {
   if (std::string(env) != "1")
     throw Error(std::string("SHARDPLAN_TEST_FAIL_AFTER_TRAINING='") + env + "' is not one of: 0, 1");
   throw Error("SHARDPLAN_TEST_FAIL_AFTER_TRAINING=1 (a test hook)");
+}
+
+// The model's config: config.json beside --load-weights (llama), then
+// --config on top of it.
+Overrides model_config(const Args& a) {
+  Overrides config;
+  const std::string json = a.load_weights.empty() ? "" : find_hf_config(a.load_weights);
+  if (!json.empty() && a.model == "llama") config = read_hf_config(json, a.model);
+  for (const auto& [key, value] : parse_overrides(a.config)) config[key] = value;
+  return config;
+}
+
+// --load-weights, before any optimizer copies the parameters (ZeRO-1 keeps
+// slices of them): each rank reads its shards only.
+void load_pretrained(const Args& a, torch::nn::Module& model, const ParallelReport& report, bool lead) {
+  const WeightsReport r = load_weights(model, report, a.load_weights);
+  if (!lead) return;
+  for (const auto& w : r.warnings) std::printf("warning: %s\n", w.c_str());
+  std::printf("loaded %zu tensors from %s (rank 0 copied %lld bytes of its shards)\n", r.loaded.size(),
+              a.load_weights.c_str(), static_cast<long long>(r.bytes_copied));
+}
+
+// --save-weights: whole tensors as safetensors, and for llama the
+// config.json transformers needs beside them (written by rank 0 after the
+// tensors, replaced in one rename).
+void save_pretrained(const Args& a, World& world, torch::nn::Module& model, const ParallelReport& report,
+                     const ExampleModel& example) {
+  save_weights_safetensors(model, report, world, a.save_weights);
+  const std::string json = hf_config_json(a.model, example.config_str(), a.dtype);
+  if (world.rank() == 0 && !json.empty()) {
+    namespace fs = std::filesystem;
+    const fs::path target(a.save_weights);
+    const fs::path dir = target.extension() == ".safetensors" ? target.parent_path() : target;
+    const fs::path tmp = dir / "config.json.partial";
+    {
+      std::ofstream out(tmp);
+      out << json;
+      if (!out.flush()) throw Error("--save-weights: cannot write " + tmp.string());
+    }
+    fs::rename(tmp, dir / "config.json");
+  }
+  if (world.rank() == 0) std::printf("saved weights to %s\n", a.save_weights.c_str());
 }
 
 // Ranks that are threads share torch's global generator: build models one at
@@ -192,7 +240,7 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
   {
     std::lock_guard<std::mutex> lock(init_mutex);
     torch::manual_seed(a.seed);
-    m = make_model(a.model, parse_overrides(a.config));
+    m = make_model(a.model, model_config(a));
   }
   m.module->to(dtype);
   const bool lead = world.rank() == 0;
@@ -212,6 +260,7 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
   } else if (world.size() > 1) {
     throw Error("several ranks but no --plan: every rank would train the whole model alone");
   }
+  if (!a.load_weights.empty()) load_pretrained(a, *m.module, report, lead);
   // Gradients averaged over the plan's batch axis, if it has one.
   DataParallel dp(*m.module, report, plan, world);
   if (a.batch % (dp.size() * a.micro_batches) != 0)
@@ -365,6 +414,7 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
                     static_cast<long long>(zero ? zero->state_bytes() : optimizer_state_bytes(*opt)),
                     zero ? " (ZeRO-1 slices)" : "");
     });
+    if (!a.save_weights.empty()) save_pretrained(a, world, *m.module, report, *m.model);
     if (a.generate > 0) generate_text(a, world, *m.module, plan, report);
   } catch (const std::exception& e) {
     throw Error(std::string("after training: ") + e.what() + " (" + model_whereabouts(a, start) + ")");
@@ -385,7 +435,7 @@ int train_main(int argc, char** argv, const std::string& program, const std::str
       ModelHandle probe;
       {
         std::lock_guard<std::mutex> lock(init_mutex);
-        probe = make_model(a.model, parse_overrides(a.config));  // checks the config before any rank starts
+        probe = make_model(a.model, model_config(a));  // checks the config before any rank starts
       }
       if (a.generate > 0) {
         // Before any training, so that a bad prompt fails in a second.

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Weights from PyTorch into the Llama example, checked against an independent
+# PyTorch Llama (tests/llama/reference.py: its own forward and safetensors
+# code). Python writes random weights (float32, and the same in bfloat16)
+# with a config.json; train_model --load-weights DIR (the shape from
+# config.json alone) --steps 0 generates greedily in float64, unsharded and
+# at 2 and 4 thread ranks, with 2 kv heads (4 ranks replicate them) and 1:
+# every text must be Python's. Then a fine-tune of 10 steps under
+# {data: 2, model: 2} with sequence parallelism saves --save-weights, and
+# Python's greedy text from that file must be what C++ generates from it.
+# usage: llama_weights.sh TRAIN_MODEL PLANS_DIR PLAN_2D WORK_DIR
+set -uo pipefail
+py=/usr/bin/python3
+if ! $py -c "import torch, numpy" 2>/dev/null; then
+  echo "skipped: $py cannot import torch (Debian's python3-torch)"
+  exit 77
+fi
+train=$1 plans=$2 plan_2d=$3 work=$4
+ref=$(dirname "$0")/../llama/reference.py
+prompt="From fairest creatures"
+n=12
+rm -rf "$work" && mkdir -p "$work"
+failures=0
+
+gen() {
+  "$train" --model llama --steps 0 --generate $n --temperature 0 --samples 1 --dtype float64 --prompt "$prompt" "$@" \
+    >"$work/out.txt" 2>&1 || { cat "$work/out.txt"; return 1; }
+  sed -n 's/^sample 1: "\(.*\)"$/\1/p' "$work/out.txt"
+}
+
+check() {  # what expected got
+  if [ "$2" = "$3" ]; then
+    echo "ok   $1: $3"
+  else
+    echo "FAIL $1: expected '$2', got '$3'"
+    failures=$((failures + 1))
+  fi
+}
+
+for kv in 2 1; do
+  d=$work/kv$kv
+  $py "$ref" write "$d" num_key_value_heads=$kv || exit 1
+  want=$($py "$ref" greedy "$d" "$prompt" $n)
+  check "kv_heads $kv, unsharded" "$want" "$(gen --load-weights "$d")"
+  for r in 2 4; do
+    check "kv_heads $kv, $r ranks" "$want" "$(gen --load-weights "$d" --ranks $r --plan "$plans/llama.yaml")"
+  done
+  want=$($py "$ref" greedy "$d/bf16" "$prompt" $n)
+  check "kv_heads $kv, bfloat16 file, 2 ranks" "$want" \
+    "$(gen --load-weights "$d/bf16/model.safetensors" --ranks 2 --plan "$plans/llama.yaml")"
+done
+
+# Fine-tune from Python's weights on 4 ranks, {data: 2, model: 2} + SP; save.
+"$train" --model llama --steps 10 --log-every 10 --batch 8 --dtype float64 --ranks 4 --plan "$plan_2d" \
+  --load-weights "$work/kv2" --save-weights "$work/tuned" >"$work/tune.txt" 2>&1 || { cat "$work/tune.txt"; exit 1; }
+grep -q "saved weights to $work/tuned" "$work/tune.txt" || { cat "$work/tune.txt"; exit 1; }
+if cmp -s "$work/kv2/model.safetensors" "$work/tuned/model.safetensors"; then
+  echo "FAIL fine-tune: the saved weights are the loaded ones"
+  failures=$((failures + 1))
+fi
+want=$($py "$ref" greedy "$work/tuned" "$prompt" $n)
+check "fine-tuned, read back by Python" "$want" "$(gen --load-weights "$work/tuned" --ranks 2 --plan "$plans/llama.yaml")"
+
+# A missing file is one clear line, before any step.
+if "$train" --model llama --steps 0 --load-weights "$work/none" >"$work/bad.txt" 2>&1; then
+  echo "FAIL missing weights: exit 0"
+  failures=$((failures + 1))
+elif ! grep -q "$work/none" "$work/bad.txt"; then
+  echo "FAIL missing weights: the error does not name the path:"
+  cat "$work/bad.txt"
+  failures=$((failures + 1))
+fi
+# A config.json asking for what the example does not compute is refused,
+# naming the file and the key, rather than loaded and computed otherwise.
+mkdir -p "$work/scaled" && cp "$work/kv2/model.safetensors" "$work/scaled/"
+$py -c "import json,sys; c=json.load(open(sys.argv[1])); c['rope_scaling']={'type':'linear','factor':2.0}; json.dump(c, open(sys.argv[2],'w'))" \
+  "$work/kv2/config.json" "$work/scaled/config.json"
+if "$train" --model llama --steps 0 --load-weights "$work/scaled" >"$work/bad.txt" 2>&1 ||
+  ! grep -q "$work/scaled/config.json: rope_scaling is set" "$work/bad.txt"; then
+  echo "FAIL rope_scaling: not refused as expected:"
+  cat "$work/bad.txt"
+  failures=$((failures + 1))
+fi
+exit $((failures > 0))
