@@ -56,6 +56,8 @@ void expect_same(const StateDict& got, const StateDict& want, const std::string&
   }
 }
 
+// Collected tensors of a replicated parameter may be the live ones, which
+// later steps change.
 StateDict cloned(StateDict dict) {
   for (auto& kv : dict) kv.second = kv.second.detach().clone();
   return dict;
@@ -143,7 +145,7 @@ std::vector<Run> run_sharded(const lora::TinyLoRA& reference, const shardplan::P
     auto model = std::dynamic_pointer_cast<lora::TinyLoRAImpl>(reference->clone());
     const auto report = shardplan::parallelize(*model, plan, world);
     Collect collect{[&] { return cloned(shardplan::collect_state_dict(*model, report, world, -1)); },
-                    [&] { return shardplan::collect_gradients(*model, report, world, -1); },
+                    [&] { return cloned(shardplan::collect_gradients(*model, report, world, -1)); },
                     [&] { return lora::adapter_state_dict(*model, report, world, -1); }};
     const at::Tensor xr = part(x, sp, rank, ranks);
     runs[rank] = fine_tune(*model, xr, part(target, sp, rank, ranks), collect);
@@ -233,7 +235,7 @@ void check_missing(const std::string& empty_dir) {
 }
 
 void check_rank(const std::string& plan_file) {
-  const auto model = make_reference();
+  auto model = make_reference();
   shardplan::replace_parameter(*model->fc1, "lora_B", torch::zeros({kHidden, kRank + 1}, torch::kDouble));
   expect_error(parallelize_error(model, shardplan::load_plan(plan_file)),
                {"parameter 'fc1.lora_B'", "rank r 5", "lora_A's rank r 4"});

@@ -5,8 +5,8 @@
 // low-rank change, which an adapter of that rank can represent exactly. The
 // ranks are threads of this process; the plan loads the plugin from its
 // `plugins:` folder. At the end the adapters are saved alone
-// (adapters.pt, whole tensors: any world size, or Python's torch.load, reads
-// them) and merged into the base for serving.
+// (adapters.pt, whole tensors that load at any world size, see
+// lora::load_adapters) and merged into the base for serving.
 #include <torch/torch.h>
 
 #include <iostream>

@@ -86,7 +86,8 @@ shardplan::StateDict adapter_state_dict(torch::nn::Module& model, const shardpla
   return adapters;
 }
 
-// A pickled {name: tensor} dict: Python's torch.load reads it too.
+// A {name: tensor} dict in torch::pickle_save's format, which PyTorch documents
+// as readable by Python's torch.load (not checked here: no Python torch).
 void save_adapters(const shardplan::StateDict& adapters, const std::string& file) {
   c10::Dict<std::string, at::Tensor> dict;
   for (const auto& kv : adapters) dict.insert(kv.first, kv.second);
