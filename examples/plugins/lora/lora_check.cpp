@@ -1,4 +1,4 @@
-// The checks ctest runs on the out-of-tree lora plugin (tests/lora_plugin.cmake),
+// The checks ctest runs on the out-of-tree lora plugin (tests/lora_plugin/run.cmake),
 // one mode per process, since a plugin once loaded stays loaded:
 //   lora_check parity PLAN [sp]  LoRA fine-tuning at 2 and 4 thread ranks
 //                                equals one process in float64 (1e-10):
@@ -158,6 +158,50 @@ std::vector<Run> run_sharded(const lora::TinyLoRA& reference, const shardplan::P
   return runs;
 }
 
+// What the reference itself must show, or the comparisons prove little:
+// gradients for the 4 adapters alone, none zero; merge() is W + (alpha/r) B A
+// and leaves the output as it was.
+void check_reference(const Run& want) {
+  expect(want.grads.size() == 4, "unsharded: gradients of the 4 adapters alone, got " +
+                                     std::to_string(want.grads.size()));
+  for (const auto& kv : want.grads) expect(kv.second.abs().max().item<double>() > 1e-3, "zero gradient " + kv.first);
+  std::map<std::string, at::Tensor> trained(want.trained.begin(), want.trained.end());
+  std::map<std::string, at::Tensor> merged(want.merged.begin(), want.merged.end());
+  for (const std::string p : {"fc1.", "fc2."}) {
+    const at::Tensor expected = trained.at(p + "weight") + 2.0 * trained.at(p + "lora_B").mm(trained.at(p + "lora_A"));
+    expect(max_diff(merged.at(p + "weight"), expected) <= 1e-12, "unsharded merge of " + p + "weight");
+  }
+  expect(max_diff(want.merged_output, want.trained_output) <= kTol, "unsharded: merged output differs");
+}
+
+// One sharded run against the reference: each rank's outputs, then rank 0's
+// collected tensors (every rank collected the same whole ones).
+void check_sharded(const Run& want, const std::vector<Run>& runs, const std::vector<at::Tensor>& reloaded, bool sp,
+                   const std::string& at) {
+  const int ranks = static_cast<int>(runs.size());
+  for (int r = 0; r < ranks; ++r) {
+    const std::string who = at + ", rank " + std::to_string(r);
+    expect(max_diff(runs[r].output, part(want.output, sp, r, ranks)) <= kTol, who + ": output differs");
+    expect(max_diff(runs[r].merged_output, part(want.trained_output, sp, r, ranks)) <= kTol,
+           who + ": merged model's output differs");
+    expect(max_diff(reloaded[r], part(want.trained_output, sp, r, ranks)) <= kTol,
+           who + ": output with reloaded adapters differs");
+  }
+  const Run& got = runs[0];
+  expect_same(got.grads, want.grads, at + ": gradients");
+  expect_same(got.trained, want.trained, at + ": after " + std::to_string(kSteps) + " Adam steps");
+  expect_same(got.adapters, want.adapters, at + ": adapters alone");
+  expect_same(got.merged, want.merged, at + ": merged");
+  std::map<std::string, at::Tensor> initial(got.initial.begin(), got.initial.end());
+  for (const auto& kv : got.trained) {
+    const double moved = max_diff(kv.second, initial.at(kv.first));
+    if (lora::is_adapter(kv.first))
+      expect(moved > 1e-3, at + ": adapter '" + kv.first + "' did not train");
+    else
+      expect(moved == 0.0, at + ": frozen '" + kv.first + "' changed by " + std::to_string(moved));
+  }
+}
+
 void check_parity(const std::string& plan_file, bool sp) {
   const auto plan = shardplan::load_plan(plan_file);
   const auto reference = make_reference();
@@ -166,43 +210,11 @@ void check_parity(const std::string& plan_file, bool sp) {
   const at::Tensor target = torch::randn({kBatch, kSeq, kOut}, torch::kDouble);
   const Run want = run_unsharded(reference, x, target);
   lora::save_adapters(want.adapters, "adapters_1.pt");
-  // What the reference itself must show, or the comparisons prove little.
-  expect(want.grads.size() == 4, "unsharded: gradients of the 4 adapters alone, got " +
-                                     std::to_string(want.grads.size()));
-  for (const auto& kv : want.grads) expect(kv.second.abs().max().item<double>() > 1e-3, "zero gradient " + kv.first);
-  std::map<std::string, at::Tensor> trained(want.trained.begin(), want.trained.end());
-  for (const char* fc : {"fc1.", "fc2."}) {
-    const std::string p = fc;
-    const at::Tensor merged = trained[p + "weight"] + 2.0 * trained[p + "lora_B"].mm(trained[p + "lora_A"]);
-    for (const auto& kv : want.merged)
-      if (kv.first == p + "weight") expect(max_diff(kv.second, merged) <= 1e-12, "unsharded merge of " + p);
-  }
-  expect(max_diff(want.merged_output, want.trained_output) <= kTol, "unsharded: merged output differs");
+  check_reference(want);
   for (int ranks : {2, 4}) {
-    const std::string at = plan_file + " at " + std::to_string(ranks) + " ranks";
     std::vector<at::Tensor> reloaded;
     const auto runs = run_sharded(reference, plan, ranks, sp, x, target, reloaded);
-    for (int r = 0; r < ranks; ++r) {
-      const std::string who = at + ", rank " + std::to_string(r);
-      expect(max_diff(runs[r].output, part(want.output, sp, r, ranks)) <= kTol, who + ": output differs");
-      expect(max_diff(runs[r].merged_output, part(want.trained_output, sp, r, ranks)) <= kTol,
-             who + ": merged model's output differs");
-      expect(max_diff(reloaded[r], part(want.trained_output, sp, r, ranks)) <= kTol,
-             who + ": output with reloaded adapters differs");
-    }
-    const Run& got = runs[0];
-    expect_same(got.grads, want.grads, at + ": gradients");
-    expect_same(got.trained, want.trained, at + ": after " + std::to_string(kSteps) + " Adam steps");
-    expect_same(got.adapters, want.adapters, at + ": adapters alone");
-    expect_same(got.merged, want.merged, at + ": merged");
-    std::map<std::string, at::Tensor> initial(got.initial.begin(), got.initial.end());
-    for (const auto& kv : got.trained) {
-      const double moved = max_diff(kv.second, initial[kv.first]);
-      if (lora::is_adapter(kv.first))
-        expect(moved > 1e-3, at + ": adapter '" + kv.first + "' did not train");
-      else
-        expect(moved == 0.0, at + ": frozen '" + kv.first + "' changed by " + std::to_string(moved));
-    }
+    check_sharded(want, runs, reloaded, sp, plan_file + " at " + std::to_string(ranks) + " ranks");
   }
 }
 

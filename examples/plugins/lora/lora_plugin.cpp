@@ -159,9 +159,40 @@ void reject_dense_only(const Rule* rule) {
     reject_option(rule, key, "is not supported by the lora plugin");
 }
 
+const Layout kWhole{std::nullopt, std::nullopt};
+
+// Column-parallel: out_features split; lora_B and the bias follow.
+void decide_column(const ModuleShard& shard, const Rule* rule, Decision& d) {
+  const ParamShard* bias = shard.param("bias");
+  d.mode = Mode::Column;
+  reject_option(rule, "input", "applies to a row-parallel LoRALinear (weight [null, axis])");
+  d.gather = output_option_gathered(rule);
+  if (shard.sequence.on && d.gather)
+    fail_param(*shard.param("weight"),
+               "a column-parallel LoRALinear in the sequence-parallel region needs output: sharded");
+  check_follows(shard.param("lora_A"), kWhole);
+  check_follows(shard.param("lora_B"), Layout{d.axis, std::nullopt});
+  if (bias && rule_of(bias) && bias->assignment.layout != Layout{d.axis})
+    fail_param(*bias, "the bias of a column-parallel LoRALinear follows its weight: layout [" + d.axis + "]");
+}
+
+// Row-parallel: in_features split; lora_A follows, the bias stays whole.
+void decide_row(const ModuleShard& shard, const Rule* rule, Decision& d) {
+  const ParamShard* bias = shard.param("bias");
+  d.mode = Mode::Row;
+  reject_option(rule, "output", "applies to a column-parallel LoRALinear (weight [axis, null])");
+  d.input_sharded = input_option_sharded(rule);
+  if (shard.sequence.on && !d.input_sharded)
+    fail_param(*shard.param("weight"),
+               "a row-parallel LoRALinear in the sequence-parallel region needs input: sharded");
+  check_follows(shard.param("lora_A"), Layout{std::nullopt, d.axis});
+  check_follows(shard.param("lora_B"), kWhole);
+  if (bias && rule_of(bias) && bias->assignment.layout != Layout{std::nullopt})
+    fail_param(*bias, "the bias of a row-parallel LoRALinear is added after the reduction: layout [null]");
+}
+
 Decision decide(const ModuleShard& shard) {
   const ParamShard* w = required_param(shard, "weight");
-  const ParamShard* bias = shard.param("bias");
   const ParamShard* a = required_param(shard, "lora_A");
   const ParamShard* b = required_param(shard, "lora_B");
   check_shapes(*w, *a, *b);
@@ -171,12 +202,11 @@ Decision decide(const ModuleShard& shard) {
   if (wl.size() != 2 || (wl[0] && wl[1]))
     fail_param(*w, "a LoRALinear weight is split along one dim at most, got " + layout_str(wl));
   Decision d;
-  const Layout whole{std::nullopt, std::nullopt};
   if (!wl[0] && !wl[1]) {
     reject_option(rule, "output", "applies to a column-parallel LoRALinear (weight [axis, null])");
     reject_option(rule, "input", "applies to a row-parallel LoRALinear (weight [null, axis])");
-    check_follows(a, whole);
-    check_follows(b, whole);
+    check_follows(a, kWhole);
+    check_follows(b, kWhole);
     return d;
   }
   d.axis = wl[0] ? *wl[0] : *wl[1];
@@ -187,27 +217,10 @@ Decision decide(const ModuleShard& shard) {
   if (split_features % d.parts != 0)
     fail_param(*w, std::string(wl[0] ? "out_features " : "in_features ") + std::to_string(split_features) +
                        " is not divisible by mesh axis '" + d.axis + "' of size " + std::to_string(d.parts));
-  if (wl[0]) {
-    d.mode = Mode::Column;
-    reject_option(rule, "input", "applies to a row-parallel LoRALinear (weight [null, axis])");
-    d.gather = output_option_gathered(rule);
-    if (shard.sequence.on && d.gather)
-      fail_param(*w, "a column-parallel LoRALinear in the sequence-parallel region needs output: sharded");
-    check_follows(a, whole);
-    check_follows(b, Layout{d.axis, std::nullopt});
-    if (bias && rule_of(bias) && bias->assignment.layout != Layout{d.axis})
-      fail_param(*bias, "the bias of a column-parallel LoRALinear follows its weight: layout [" + d.axis + "]");
-  } else {
-    d.mode = Mode::Row;
-    reject_option(rule, "output", "applies to a column-parallel LoRALinear (weight [axis, null])");
-    d.input_sharded = input_option_sharded(rule);
-    if (shard.sequence.on && !d.input_sharded)
-      fail_param(*w, "a row-parallel LoRALinear in the sequence-parallel region needs input: sharded");
-    check_follows(a, Layout{std::nullopt, d.axis});
-    check_follows(b, whole);
-    if (bias && rule_of(bias) && bias->assignment.layout != Layout{std::nullopt})
-      fail_param(*bias, "the bias of a row-parallel LoRALinear is added after the reduction: layout [null]");
-  }
+  if (wl[0])
+    decide_column(shard, rule, d);
+  else
+    decide_row(shard, rule, d);
   return d;
 }
 
