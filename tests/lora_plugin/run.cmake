@@ -8,20 +8,24 @@ build_against_install(${BIN} ${SRC} ${WORK} "${LAUNCHER}" "${SANITIZE}")
 set(build ${WORK}/build)
 file(MAKE_DIRECTORY ${WORK}/empty)
 set(env ${CMAKE_COMMAND} -E env --unset=SHARDPLAN_PLUGIN_PATH SHARDPLAN_PLAN_PLUGINS=1)
+# One command line per entry, its words joined by '|' (a ';' would flatten
+# the list of lists).
 set(runs
-  "lora_check;parity;lora.yaml"
-  "lora_check;parity;lora_gathered.yaml"
-  "lora_check;parity;lora_sp.yaml;sp"
-  "lora_check;missing;${WORK}/empty"
-  "lora_check;rank;lora.yaml"
-  "lora_finetune;lora.yaml;2;50")
-foreach(run IN LISTS runs)
+  "lora_check|parity|lora.yaml"
+  "lora_check|parity|lora_gathered.yaml"
+  "lora_check|parity|lora_sp.yaml|sp"
+  "lora_check|missing|${WORK}/empty"
+  "lora_check|rank|lora.yaml"
+  "lora_finetune|lora.yaml|2|50")
+foreach(line IN LISTS runs)
+  string(REPLACE "|" ";" run "${line}")
+  string(REPLACE "|" " " shown "${line}")
   list(POP_FRONT run program)
   execute_process(COMMAND ${env} ${build}/${program} ${run} WORKING_DIRECTORY ${build}
     RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-  message(STATUS "${program} ${run}:\n${out}${err}")
+  message(STATUS "${shown}:\n${out}${err}")
   if(rc)
-    message(FATAL_ERROR "${program} ${run} failed: ${rc}")
+    message(FATAL_ERROR "${shown} failed: ${rc}")
   endif()
 endforeach()
 if(NOT out MATCHES "saved 4 adapter tensors")
