@@ -147,7 +147,7 @@ add_test(NAME e2e_llama_sp_2d_gloo_f64 COMMAND ${_e2e} 1e-7 -- ${_llama_f64}
   -- $<TARGET_FILE:shardplan_cli> launch -n 4 --backend gloo -- ${_llama_f64}
      --plan ${CMAKE_CURRENT_SOURCE_DIR}/e2e/llama_sp_2d.yaml --check-replicas 5)
 # Weights from PyTorch (tests/e2e/llama_weights.sh): an independent PyTorch
-# Llama writes safetensors + config.json; loaded shard-on-load at 1, 2 and 4
+# Llama (tests/llama/reference.py) writes safetensors + config.json; loaded shard-on-load at 1, 2 and 4
 # ranks (kv_heads 2 and 1, float32 and bfloat16 files) the greedy text is
 # Python's; fine-tuned under {data: 2, model: 2} + SP and saved, Python
 # reproduces C++'s text from the file.

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Weights from PyTorch into the Llama example, checked against an independent
-# PyTorch Llama (tests/llama/reference.py: its own forward and safetensors
-# code). Python writes random weights (float32, and the same in bfloat16)
-# with a config.json; train_model --load-weights DIR (the shape from
+# PyTorch Llama (tests/llama/reference.py: its own forward; safetensors by
+# tests/weights/interop.py, apart from the C++ code). Python writes random
+# weights (float32, and the same in bfloat16) with a config.json; train_model --load-weights DIR (the shape from
 # config.json alone) --steps 0 generates greedily in float64, unsharded and
 # at 2 and 4 thread ranks, with 2 kv heads (4 ranks replicate them) and 1:
 # every text must be Python's. Then a fine-tune of 10 steps under

@@ -2,8 +2,8 @@
 """An independent PyTorch Llama (Hugging Face's LlamaForCausalLM: RMSNorm,
 rotate-half rotary positions, grouped-query attention, SwiGLU), for
 tests/e2e/llama_weights.sh. It shares no code with the C++ example: its own
-forward (no cache: every step recomputes the whole sequence) and its own
-safetensors reader and writer (struct + json).
+forward (no cache: every step recomputes the whole sequence), and the
+test-only safetensors reader and writer of tests/weights/interop.py.
 
   reference.py write DIR KEY=VALUE...  random weights with Hugging Face's
       names into DIR/model.safetensors (F32) and DIR/config.json; the same
@@ -15,48 +15,18 @@ safetensors reader and writer (struct + json).
 import json
 import math
 import os
-import struct
 import sys
 
 import torch
 
-DTYPES = {"F32": torch.float32, "F64": torch.float64, "BF16": torch.bfloat16, "F16": torch.float16}
-NAMES = {v: k for k, v in DTYPES.items()}
 DEFAULTS = {"vocab_size": 256, "max_position_embeddings": 64, "hidden_size": 128, "num_attention_heads": 4,
             "num_key_value_heads": 2, "num_hidden_layers": 2, "intermediate_size": 352, "rope_theta": 10000.0,
             "rms_norm_eps": 1e-6, "tie_word_embeddings": False}
 
-
-def write_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    for name, t in tensors.items():
-        t = t.contiguous()
-        raw = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes()
-        header[name] = {"dtype": NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    text = json.dumps(header).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
-
-
-def read_safetensors(path):
-    data = open(path, "rb").read()
-    (n,) = struct.unpack("<Q", data[:8])
-    out = {}
-    for name, e in json.loads(data[8:8 + n]).items():
-        if name == "__metadata__":
-            continue
-        begin, end = e["data_offsets"]
-        dtype = DTYPES[e["dtype"]]
-        buf = bytearray(data[8 + n + begin:8 + n + end])
-        if dtype == torch.bfloat16:
-            t = torch.frombuffer(buf, dtype=torch.int16).view(torch.bfloat16)
-        else:
-            t = torch.frombuffer(buf, dtype=dtype)
-        out[name] = t.reshape(e["shape"]).double()
-    return out
+# The test-only safetensors code of tests/weights (struct + json, apart from
+# the C++ reader and writer).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "weights"))
+from interop import read_safetensors, write_safetensors  # noqa: E402
 
 
 def random_weights(c, seed):
@@ -152,7 +122,7 @@ def greedy(directory, prompt, n):
     c.update(json.load(open(os.path.join(directory, "config.json"))))
     if c.get("num_key_value_heads") is None:
         c["num_key_value_heads"] = c["num_attention_heads"]
-    W = read_safetensors(os.path.join(directory, "model.safetensors"))
+    W = {n: t.double() for n, t in read_safetensors(os.path.join(directory, "model.safetensors")).items()}
     tokens = list(prompt.encode())
     for _ in range(n):
         tokens.append(int(logits(W, c, tokens)[-1].argmax()))
