@@ -2,12 +2,13 @@
 # Weights from PyTorch into the Llama example, checked against an independent
 # PyTorch Llama (tests/llama/reference.py: its own forward; safetensors by
 # tests/weights/interop.py, apart from the C++ code). Python writes random
-# weights (float32, and the same in bfloat16) with a config.json; train_model --load-weights DIR (the shape from
-# config.json alone) --steps 0 generates greedily in float64, unsharded and
-# at 2 and 4 thread ranks, with 2 kv heads (4 ranks replicate them) and 1:
-# every text must be Python's. Then a fine-tune of 10 steps under
-# {data: 2, model: 2} with sequence parallelism saves --save-weights, and
-# Python's greedy text from that file must be what C++ generates from it.
+# weights (float32, and the same in bfloat16) with a config.json;
+# train_model --load-weights DIR (the shape from config.json alone) --steps 0
+# generates greedily in float64, unsharded and at 2 and 4 thread ranks, with
+# 2 kv heads (4 ranks replicate them) and 1: every text must be Python's.
+# Then a fine-tune of 10 steps under {data: 2, model: 2} with sequence
+# parallelism saves --save-weights, and Python's greedy text from that file
+# must be what C++ generates from it.
 # usage: llama_weights.sh TRAIN_MODEL PLANS_DIR PLAN_2D WORK_DIR
 set -uo pipefail
 py=/usr/bin/python3
