@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <regex>
 #include <stdexcept>
 #include <string>
 
@@ -38,7 +39,8 @@ const Defaults kDefaults[] = {
                "       [--batch N] [--lr X] [--optimizer adam|adamw|sgd|rmsprop|adagrad] [--dtype float32|float64]\n"
                "       [--seed N] [--threads N] [--log-every N] [--data TEXT_FILE] [--report]\n"
                "       [--save DIR [--save-every N]] [--load DIR] [--micro-batches N] [--check-replicas N]\n"
-               "       [--load-weights PATH] [--save-weights PATH]\n"
+               "       [--load-weights PATH [--rename-weights REGEX=REPLACEMENT]... [--lenient-weights]]\n"
+               "       [--save-weights PATH]\n"
                "       [--generate N [--prompt TEXT] [--temperature X] [--top-k K] [--samples S]]\n"
                "--save writes a sharded checkpoint (model, optimizer, step) to DIR after the last step, and\n"
                "every N steps with --save-every; --load resumes from one, saved at any number of ranks,\n"
@@ -47,7 +49,9 @@ const Defaults kDefaults[] = {
                "this machine; docs/THREADS.md)\n"
                "--load-weights reads weights trained elsewhere, each rank only its shard (a safetensors file or\n"
                "directory, or a torch.save state dict; llama: the shape from config.json beside them, which\n"
-               "--config overrides); --save-weights writes the whole tensors as safetensors (+ config.json)\n"
+               "--config overrides; names in the file renamed to the model's by each --rename-weights in\n"
+               "order; every missing or unexpected name is an error, a warning with --lenient-weights);\n"
+               "--save-weights writes the whole tensors as safetensors (+ config.json)\n"
                "after the last step (docs/WEIGHTS.md); --steps 0 with --load-weights only generates\n"
                "--plan auto plans the model by itself (shardplan::auto_plan, docs/AUTO_PLAN.md; --report shows it)\n"
                "--batch is the global batch: a plan with a batch axis (mesh {data: 2, model: 2}) gives each\n"
@@ -97,6 +101,15 @@ void check_args(Args& a, const std::string& program, const std::string& only) {
     usage(program, only, "--steps 0 trains nothing: it needs --load-weights PATH or --load DIR");
   if (!a.load.empty() && !a.load_weights.empty())
     usage(program, only, "--load and --load-weights both set the model: give one");
+  if (a.load_weights.empty() && (!a.rename_weights.empty() || a.lenient_weights))
+    usage(program, only, "--rename-weights and --lenient-weights take effect with --load-weights only");
+  for (const auto& [pattern, replacement] : a.rename_weights) {
+    try {
+      std::regex check(pattern);
+    } catch (const std::regex_error& e) {
+      usage(program, only, "--rename-weights: '" + pattern + "' is not a regular expression (" + e.what() + ")");
+    }
+  }
   // As SHARDPLAN_NUM_THREADS: a larger count is a typo, not a machine.
   if (a.ranks > 4096 || a.threads > 4096) usage(program, only, "--ranks and --threads must be at most 4096");
   try {
@@ -159,6 +172,14 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
         a.load_weights = value();
       else if (k == "--save-weights")
         a.save_weights = value();
+      else if (k == "--rename-weights") {
+        const std::string rule = value();
+        const auto eq = rule.find('=');
+        if (eq == std::string::npos || eq == 0)
+          usage(program, only, "--rename-weights takes REGEX=REPLACEMENT, got '" + rule + "'");
+        a.rename_weights.emplace_back(rule.substr(0, eq), rule.substr(eq + 1));
+      } else if (k == "--lenient-weights")
+        a.lenient_weights = true;
       else if (k == "--micro-batches")
         a.micro_batches = option_int(value());
       else if (k == "--check-replicas")

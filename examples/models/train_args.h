@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace shardplan {
 namespace examples {
@@ -26,6 +28,9 @@ struct Args {
   // Weights from and to PyTorch (shardplan/weights.h): safetensors (a file,
   // or a directory, with config.json for llama) or a torch.save state dict.
   std::string load_weights, save_weights;
+  // Names in the file -> the model's: "REGEX=REPLACEMENT", applied in order.
+  std::vector<std::pair<std::string, std::string>> rename_weights;
+  bool lenient_weights = false;  // missing and unexpected names are warnings
   int save_every = 0;      // 0: save once, after the last step
   int micro_batches = 1;   // gradient accumulation: micro-batches per step
   int check_replicas = 0;  // every N steps (0: never)

@@ -178,7 +178,10 @@ Overrides model_config(const Args& a) {
 // --load-weights, before any optimizer copies the parameters (ZeRO-1 keeps
 // slices of them): each rank reads its shards only.
 void load_pretrained(const Args& a, torch::nn::Module& model, const ParallelReport& report, bool lead) {
-  const WeightsReport r = load_weights(model, report, a.load_weights);
+  WeightsOptions options;
+  options.rename = a.rename_weights;
+  options.strict = !a.lenient_weights;
+  const WeightsReport r = load_weights(model, report, a.load_weights, options);
   if (!lead) return;
   for (const auto& w : r.warnings) std::printf("warning: %s\n", w.c_str());
   std::printf("loaded %zu tensors from %s (rank 0 copied %lld bytes of its shards)\n", r.loaded.size(),
