@@ -103,6 +103,20 @@ struct SequenceParallelSpec {
   SourceLoc axis_loc;
 };
 
+// One entry of the top-level `divide` map (docs/PLAN_FORMAT.md, "Dividing
+// attributes"): integer attributes of TorchScript modules that count what the
+// model axis splits (attention heads), divided by its size when a plan is
+// applied to a torch::jit::Module (shardplan/script.h).
+struct DivideRule {
+  std::string pattern;                 // full-match regex over module paths ("blocks.0.attn")
+  std::vector<std::string> attributes; // "n_head"
+  SourceLoc loc;                       // the pattern
+  std::vector<SourceLoc> attribute_locs;
+  std::shared_ptr<const Matcher> matcher;
+
+  bool matches(const std::string& module_path) const;
+};
+
 class Plan {
  public:
   std::string source;                    // file path, or "<string>"
@@ -120,6 +134,8 @@ class Plan {
   SourceLoc paths_loc;
   DataParallelSpec data_parallel;
   SequenceParallelSpec sequence_parallel;
+  std::vector<DivideRule> divide;        // in the order written
+  SourceLoc divide_loc;
   // Written by to_yaml as `#` lines at the top (auto_plan: what it left
   // replicated and why); not parsed back.
   std::string comment;

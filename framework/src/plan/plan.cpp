@@ -1,6 +1,7 @@
 #include "shardplan/plan.h"
 
 #include "plan_data_parallel.h"
+#include "plan_divide.h"
 #include "plan_sequence_parallel.h"
 
 #include <algorithm>
@@ -239,6 +240,7 @@ std::string Plan::to_yaml() const {
   if (paths != "torch") y << "paths: " << paths << "\n";
   y << detail::data_parallel_yaml(*this);
   y << detail::sequence_parallel_yaml(*this);
+  y << detail::divide_yaml(*this);
   if (rules.empty()) {
     y << "rules: []\n";
     return y.str();

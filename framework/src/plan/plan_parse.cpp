@@ -7,6 +7,7 @@
 #include <set>
 
 #include "plan_data_parallel.h"
+#include "plan_divide.h"
 #include "plan_sequence_parallel.h"
 #include "plan_internal.h"
 #include "base/utf8.h"
@@ -80,6 +81,8 @@ class Parser {
         detail::parse_data_parallel(e.value, at(e.value, e.key_loc), plan);
       else if (e.key == "sequence_parallel")
         detail::parse_sequence_parallel(e.value, at(e.value, e.key_loc), plan);
+      else if (e.key == "divide")
+        detail::parse_divide(e.value, at(e.value, e.key_loc), plan);
       else if (!e.value.IsScalar() && !e.value.IsNull())  // name, description
         throw PlanError(at(e.value, e.key_loc), e.key + " must be text, got " + kind_name(e.value));
       else if (e.value.IsScalar())
@@ -104,7 +107,7 @@ class Parser {
 
   inline static const std::vector<std::string> kTopKeys = {
       "version", "mesh",         "plugins",           "strict", "paths",      "batch_axis",
-      "data_parallel", "sequence_parallel", "rules",  "name",       "description"};
+      "data_parallel", "sequence_parallel", "divide", "rules",  "name",       "description"};
   inline static const std::vector<std::string> kRuleKeys = {"match", "layout", "output",
                                                             "input", "blocks", "plugin",
                                                             "sequence_parallel", "sequence_dim", "overlap",

@@ -434,6 +434,11 @@ std::shared_ptr<const Matcher> compile(const std::string& pattern, const SourceL
 
 }  // namespace plan_detail
 
+bool DivideRule::matches(const std::string& module_path) const {
+  if (!matcher) return plan_detail::compile(pattern, loc)->matches(module_path);
+  return matcher->matches(module_path);
+}
+
 bool Rule::matches(const std::string& path) const {
   // Rules built in code rather than parsed have no matcher yet.
   if (!matcher) return plan_detail::compile(pattern, pattern_loc)->matches(path);
