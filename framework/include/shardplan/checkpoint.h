@@ -40,6 +40,10 @@ StateDict local_state_dict(torch::nn::Module& model);
 // The whole tensors, on `root` (other ranks get an empty dict) or on every
 // rank when root < 0. Collective over `world`.
 StateDict collect_state_dict(torch::nn::Module& model, const ParallelReport& report, World& world, int root = 0);
+// The same from this rank's state dict instead of a torch::nn::Module (a
+// TorchScript module's, shardplan/script.h's script_state_dict): tensors the
+// report does not cut are taken as they are.
+StateDict collect_state_dict(const StateDict& local, const ParallelReport& report, World& world, int root = 0);
 
 // The whole gradient of every parameter, by name, as one process would hold
 // it after backward (to log or check them): gathered like

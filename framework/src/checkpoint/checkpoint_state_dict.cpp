@@ -76,14 +76,38 @@ StateDict local_state_dict(torch::nn::Module& model) {
   return out;
 }
 
-StateDict collect_state_dict(torch::nn::Module& model, const ParallelReport& report, World& world, int root) {
+namespace {
+
+StateDict collect_items(const std::vector<ckpt_detail::Item>& items, const ParallelReport& report, World& world,
+                        int root) {
   at::NoGradGuard no_grad;
   StateDict out;
-  for (auto& item : inventory(model, report)) {
+  for (const auto& item : items) {
     at::Tensor t = ckpt_detail::gather_whole(item, item.local, report, world);
     if (root < 0 || world.rank() == root) out.emplace_back(item.name, t.contiguous());
   }
   return out;
+}
+
+}  // namespace
+
+StateDict collect_state_dict(torch::nn::Module& model, const ParallelReport& report, World& world, int root) {
+  return collect_items(inventory(model, report), report, world, root);
+}
+
+StateDict collect_state_dict(const StateDict& local, const ParallelReport& report, World& world, int root) {
+  const auto rows = rows_by_path(report);
+  std::vector<ckpt_detail::Item> items;
+  for (const auto& [name, t] : local) {
+    ckpt_detail::Item it{name, t.detach(), t, t.sizes().vec(), {}, ""};
+    auto r = rows.find(name);
+    if (r != rows.end() && !r->second->splits.empty()) {
+      it.global_shape = r->second->global_shape;
+      it.splits = r->second->splits;
+    }
+    items.push_back(std::move(it));
+  }
+  return collect_items(items, report, world, root);
 }
 
 StateDict collect_gradients(torch::nn::Module& model, const ParallelReport& report, World& world, int root) {

@@ -1,0 +1,217 @@
+// A plan applied to a TorchScript module: clone, inline the named methods,
+// decide (script_decide.cpp), check the divided attributes, then replace the
+// parameters through their existing slots and insert the communication ops.
+#include "shardplan/script.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <map>
+#include <mutex>
+#include <regex>
+
+#include "script_decide.h"
+#include "script_internal.h"
+#include "shardplan/error.h"
+#include "shardplan/shard.h"
+#include "shardplan/world.h"
+
+namespace shardplan {
+
+using script_detail::Action;
+using script_detail::Decisions;
+using script_detail::Param;
+using script_detail::Role;
+using torch::jit::Graph;
+using torch::jit::Module;
+using torch::jit::Node;
+using torch::jit::Value;
+
+namespace {
+
+// Cloning registers types and functions in the module's compilation unit,
+// which ranks that are threads share and which is not thread-safe.
+std::mutex& jit_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::map<std::string, Module> modules_by_path(const Module& m) {
+  std::map<std::string, Module> out;
+  for (const auto& nm : m.named_modules()) out.emplace(nm.name, nm.value);
+  return out;
+}
+
+std::pair<std::string, std::string> owner_and_name(const std::string& path) {
+  const auto dot = path.rfind('.');
+  if (dot == std::string::npos) return {"", path};
+  return {path.substr(0, dot), path.substr(dot + 1)};
+}
+
+// "__torch__.torch.nn.modules.linear.___torch_mangle_3.Linear" -> "...linear.Linear"
+std::string type_name(const Module& m) {
+  static const std::regex mangle(R"(___torch_mangle_\d+\.)");
+  return std::regex_replace(m.type()->name()->qualifiedName(), mangle, "");
+}
+
+Module clone_unrun(const Module& module) {
+  if (!module.hasattr("training"))
+    throw Error("the TorchScript module is frozen (torch.jit.freeze folded its parameters into constants), so "
+                "there is nothing to shard: parallelize the module before freezing it");
+  Module clone;
+  {
+    // Without the guard the clone's parameters would be non-leaf copies.
+    at::NoGradGuard no_grad;
+    clone = module.clone();
+  }
+  return clone;
+}
+
+// Parameters grouped by tensor: a tied tensor appears under each path.
+Decisions inventory(const Module& original, const PlanMatch& match) {
+  Decisions d;
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& p : original.named_parameters()) named.emplace_back(p.name, p.value);
+  for (size_t i = 0; i < named.size(); ++i) {
+    size_t k = 0;
+    while (k < d.params.size() && !d.params[k].original.is_same(named[i].second)) ++k;
+    if (k == d.params.size()) {
+      d.params.emplace_back();
+      d.params.back().original = named[i].second;
+    }
+    d.params[k].paths.push_back(named[i].first);
+    d.params[k].assignments.push_back(&match.params[i]);
+    d.by_path[named[i].first] = k;
+  }
+  return d;
+}
+
+// The model axis a divide divides by: the one axis that does not split the batch.
+std::string divide_axis(const Plan& plan, const Mesh& mesh) {
+  std::vector<std::string> axes;
+  for (const auto& a : mesh.axes())
+    if (a.first != plan.batch_axis()) axes.push_back(a.first);
+  if (axes.size() != 1)
+    throw PlanError(plan.divide_loc, "divide needs exactly one mesh axis besides the batch axis to divide by; the mesh " +
+                                         mesh.str() + " has " + std::to_string(axes.size()));
+  return axes.front();
+}
+
+int64_t reads_of(const std::vector<std::shared_ptr<Graph>>& graphs, const std::string& module, const std::string& attr) {
+  int64_t reads = 0;
+  for (const auto& g : graphs)
+    for (Node* n : script_detail::all_nodes(g->block()))
+      if (n->kind() == torch::jit::prim::GetAttr && n->s(torch::jit::attr::name) == attr &&
+          script_detail::attr_path(n->input(0), g->inputs()[0]) == module)
+        ++reads;
+  return reads;
+}
+
+// Checks every divide first, then divides: a failing plan changes nothing.
+void divide_attributes(const Plan& plan, const Mesh& mesh, Module& clone,
+                       const std::vector<std::shared_ptr<Graph>>& graphs) {
+  if (plan.divide.empty()) return;
+  const int64_t parts = mesh.axis_size(divide_axis(plan, mesh));
+  std::vector<std::tuple<Module, std::string, int64_t>> todo;
+  for (const DivideRule& d : plan.divide) {
+    bool matched = false;
+    for (const auto& [path, m] : modules_by_path(clone)) {
+      if (!d.matches(path)) continue;
+      matched = true;
+      for (size_t i = 0; i < d.attributes.size(); ++i) {
+        const std::string& attr = d.attributes[i];
+        const std::string what = "divide: attribute '" + attr + "' of module '" + path + "' (" + type_name(m) + ")";
+        const SourceLoc& loc = d.attribute_locs[i];
+        if (m.type()->hasConstant(attr))
+          throw PlanError(loc, what + " is a constant (__constants__ or Final), inlined into the graph where it "
+                                      "cannot be divided: make it a plain attribute before scripting");
+        if (!m.hasattr(attr)) throw PlanError(loc, what + " does not exist (a traced module keeps none)");
+        const c10::IValue v = m.attr(attr);
+        if (!v.isInt()) throw PlanError(loc, what + " is not an integer");
+        if (v.toInt() % parts != 0)
+          throw PlanError(loc, what + " = " + std::to_string(v.toInt()) + " is not divisible by " +
+                                   std::to_string(parts));
+        if (reads_of(graphs, path, attr) == 0)
+          throw PlanError(loc, what + " is never read by the rewritten methods, so dividing it changes nothing");
+        todo.emplace_back(m, attr, v.toInt() / parts);
+      }
+    }
+    if (!matched) throw PlanError(d.loc, "divide: pattern '" + d.pattern + "' matches no module");
+  }
+  for (auto& [m, attr, value] : todo) m.setattr(attr, value);
+}
+
+at::Tensor shard_tensor(const Param& p) {
+  at::NoGradGuard no_grad;
+  at::Tensor t = p.original.detach();
+  for (const ShardSplit& s : p.splits) t = take_split(t, s);
+  return t.contiguous().clone().set_requires_grad(p.original.requires_grad());
+}
+
+// Every slot of a tensor gets the same new leaf, so ties survive the clone.
+void replace_parameters(Module& clone, const Decisions& d) {
+  auto mods = modules_by_path(clone);
+  for (const Param& p : d.params) {
+    const at::Tensor t = shard_tensor(p);
+    for (const auto& path : p.paths) {
+      auto [owner, name] = owner_and_name(path);
+      mods.at(owner).register_parameter(name, t, /*is_buffer=*/false);
+    }
+  }
+}
+
+}  // namespace
+
+ScriptParallel parallelize_script(const Module& module, const Plan& plan, World& world, const ScriptOptions& options) {
+  const Mesh mesh = plan.resolve_mesh(world.size());
+  // Groups first and outside the lock: making one is collective.
+  std::map<std::string, int64_t> group_ids;
+  for (const auto& axis : mesh.axes())
+    group_ids[axis.first] = script_detail::register_group(world.group(mesh, axis.first));
+  std::lock_guard<std::mutex> lock(jit_mutex());
+  Module clone = clone_unrun(module);
+  std::vector<ParamInfo> infos;
+  for (const auto& p : module.named_parameters()) infos.push_back({p.name, p.value.sizes().vec()});
+  const PlanMatch match = plan.assign(infos, world.size());
+  std::vector<std::shared_ptr<Graph>> graphs;
+  for (const auto& name : options.methods) graphs.push_back(script_detail::inlined_graph(clone, name));
+  Decisions d = inventory(module, match);
+  script_detail::decide(d, graphs, mesh, world.rank());
+  divide_attributes(plan, mesh, clone, graphs);
+  replace_parameters(clone, d);
+  script_detail::rewrite(d, group_ids);
+  for (const auto& g : graphs) g->lint();
+
+  ScriptParallel out{std::make_shared<Module>(clone), {}};
+  out.report.mesh = mesh;
+  out.report.rank = world.rank();
+  out.report.world_size = world.size();
+  out.report.warnings = match.warnings;
+  out.report.plan_yaml = plan.to_yaml();
+  script_detail::fill_report(out.report, clone, d);
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> script_state_dict(const Module& module) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& p : module.named_parameters()) out.emplace_back(p.name, p.value.detach());
+  for (const auto& b : module.named_buffers()) out.emplace_back(b.name, b.value.detach());
+  return out;
+}
+
+void load_script_state_dict(Module& module, const std::vector<std::pair<std::string, at::Tensor>>& state) {
+  std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
+  at::NoGradGuard no_grad;
+  auto copy = [&](const std::string& name, at::Tensor dst) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) throw Error("state dict has no '" + name + "'");
+    if (it->second.sizes() != dst.sizes())
+      throw Error("state dict: '" + name + "' has shape " + c10::str(it->second.sizes()) + ", the module's is " +
+                  c10::str(dst.sizes()));
+    dst.copy_(it->second);
+  };
+  for (const auto& p : module.named_parameters()) copy(p.name, p.value);
+  for (const auto& b : module.named_buffers()) copy(b.name, b.value);
+}
+
+}  // namespace shardplan

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Scripts and saves the TorchScript models tests/test_script.cpp shards.
+
+  make_models.py OUT_DIR      writes OUT_DIR/*.pt; exit 77 when torch is missing
+
+Float64 throughout, so the C++ test can hold the sharded modules to 1e-10.
+Each model keeps the parts a rewrite must get right distinct: a hidden width
+that differs from the input's, head counts read as attributes, a bias on
+every linear that has one in real models.
+"""
+import math
+import os
+import sys
+
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+except ImportError:
+    sys.exit(77)
+
+V, E, H, T = 48, 24, 4, 6   # vocabulary, embedding, heads (head_dim 6), context
+
+
+class MLP(nn.Module):
+    """fc1 column (sharded) -> fc2 row (input sharded) -> fc3 column (gathered),
+    inside an `if`, -> fc4 row (input replicated: scattered on entry)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(12, 32)
+        self.fc2 = nn.Linear(32, 12)
+        self.fc3 = nn.Linear(12, 16)
+        self.fc4 = nn.Linear(16, 8)
+        self.use_fc3 = True
+
+    def forward(self, x):
+        h = self.fc2(F.gelu(self.fc1(x)))
+        if self.use_fc3:
+            h = torch.tanh(self.fc3(h))
+        return self.fc4(h)
+
+
+class Attention(nn.Module):
+    """Separate q, k, v projections (fused=False) or one qkv (a `blocks: 3` rule)."""
+
+    def __init__(self, fused):
+        super().__init__()
+        self.n_head = H
+        self.head_dim = E // H
+        self.n_embd = E          # never read by forward: a divide of it is refused
+        self.proj = nn.Linear(E, E)
+        self.register_buffer("mask", torch.tril(torch.ones(T, T)))
+
+    def attend(self, q, k, v):
+        B, T_, _ = q.size()
+        q = q.view(B, T_, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.view(B, T_, self.n_head, self.head_dim).transpose(1, 2)
+        v = v.view(B, T_, self.n_head, self.head_dim).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
+        att = att.masked_fill(self.mask[:T_, :T_] == 0, float("-inf")).softmax(-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T_, self.n_head * self.head_dim)
+        return self.proj(y)
+
+
+class AttnSep(Attention):
+    def __init__(self):
+        super().__init__(False)
+        self.q = nn.Linear(E, E)
+        self.k = nn.Linear(E, E)
+        self.v = nn.Linear(E, E)
+
+    def forward(self, x):
+        return self.attend(self.q(x), self.k(x), self.v(x))
+
+
+class AttnFused(Attention):
+    def __init__(self):
+        super().__init__(True)
+        self.qkv = nn.Linear(E, 3 * E)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return self.attend(q, k, v)
+
+
+class Block(nn.Module):
+    def __init__(self, fused):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(E)
+        self.attn = AttnFused() if fused else AttnSep()
+        self.ln2 = nn.LayerNorm(E)
+        self.fc1 = nn.Linear(E, 4 * E)
+        self.fc2 = nn.Linear(4 * E, E)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tok_emb = nn.Embedding(V, E)
+        self.pos_emb = nn.Parameter(torch.randn(T, E) * 0.1)
+        self.blocks = nn.ModuleList([Block(False), Block(True)])
+        self.ln_f = nn.LayerNorm(E)
+        self.head = nn.Linear(E, V, bias=False)
+
+    def forward(self, idx):
+        x = self.tok_emb(idx) + self.pos_emb[: idx.size(1)]
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln_f(x))
+
+
+class Tied(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, E)
+        self.ln = nn.LayerNorm(E)
+        self.head = nn.Linear(E, V, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, idx):
+        return self.head(self.ln(self.emb(idx)))
+
+
+def perturb_norms(model):
+    # LayerNorms start at ones/zeros; perturbed, their gradients check more.
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if ".ln" in "." + n:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def main(out):
+    torch.manual_seed(0)
+    os.makedirs(out, exist_ok=True)
+    save = lambda m, name: torch.jit.script(m).save(os.path.join(out, name))
+    mlp = MLP().double()
+    save(mlp, "mlp.pt")
+    torch.jit.freeze(torch.jit.script(mlp).eval()).save(os.path.join(out, "mlp_frozen.pt"))
+    gpt = perturb_norms(GPT().double())
+    save(gpt, "gpt.pt")
+    save(perturb_norms(Tied().double()), "tied.pt")
+    for cls in (AttnSep, AttnFused):   # head count inlined into the graph
+        cls.__constants__ = ["n_head", "head_dim"]
+    save(gpt, "gpt_const.pt")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
