@@ -267,6 +267,10 @@ std::string error_of(const std::string& file, const std::string& plan_yaml, int 
   return "";
 }
 
+void expect_contains(const std::string& e, const std::vector<std::string>& parts) {
+  for (const auto& part : parts) EXPECT_NE(e.find(part), std::string::npos) << "no '" << part << "' in: " << e;
+}
+
 std::string gpt_plan_with(const std::string& divide, const std::string& extra_rule = "") {
   std::string plan = kGptPlan;
   plan.replace(plan.find("divide:"), plan.find('\n', plan.find("divide:")) - plan.find("divide:"), divide);
@@ -328,52 +332,44 @@ TEST(Script, TiedRowsShareOneTensor) {
 TEST(ScriptErrors, ParameterReadByAnUnknownOp) {
   REQUIRE_MODELS();
   const std::string e = error_of("gpt.pt", gpt_plan_with("", "  - {match: 'pos_emb', layout: [model, null]}\n"));
-  EXPECT_NE(e.find("p.yaml:"), std::string::npos) << e;
-  EXPECT_NE(e.find("'pos_emb'"), std::string::npos) << e;
-  EXPECT_NE(e.find("aten::slice"), std::string::npos) << e;
-  EXPECT_NE(e.find("make_models.py:"), std::string::npos) << e;
+  expect_contains(e, {"p.yaml:", "'pos_emb'", "aten::slice", "make_models.py:"});
 }
 
 TEST(ScriptErrors, DivideAttributeMissing) {
   REQUIRE_MODELS();
   const std::string e = error_of("gpt.pt", gpt_plan_with("divide: {'blocks\\.\\d+\\.attn': [n_heads]}"));
-  EXPECT_NE(e.find("'n_heads'"), std::string::npos) << e;
-  EXPECT_NE(e.find("does not exist"), std::string::npos) << e;
-  EXPECT_NE(e.find("p.yaml:3:"), std::string::npos) << e;
+  expect_contains(e, {"'n_heads'", "does not exist", "p.yaml:3:"});
 }
 
 TEST(ScriptErrors, DivideAttributeConstant) {
   REQUIRE_MODELS();
   const std::string e = error_of("gpt_const.pt", kGptPlan);
-  EXPECT_NE(e.find("'n_head'"), std::string::npos) << e;
-  EXPECT_NE(e.find("is a constant"), std::string::npos) << e;
+  expect_contains(e, {"'n_head'", "is a constant"});
 }
 
 TEST(ScriptErrors, DivideAttributeNotDivisible) {
   REQUIRE_MODELS();
   const std::string plan = gpt_plan_with("divide: {'blocks\\.\\d+\\.attn': [n_head, head_dim]}");
   const std::string e = error_of("gpt.pt", plan, 4);
-  EXPECT_NE(e.find("'head_dim'"), std::string::npos) << e;
-  EXPECT_NE(e.find("= 6 is not divisible by 4"), std::string::npos) << e;
+  expect_contains(e, {"'head_dim'", "= 6 is not divisible by 4"});
 }
 
 TEST(ScriptErrors, DivideAttributeNeverRead) {
   REQUIRE_MODELS();
   const std::string e = error_of("gpt.pt", gpt_plan_with("divide: {'blocks\\.\\d+\\.attn': [n_head, n_embd]}"));
-  EXPECT_NE(e.find("'n_embd'"), std::string::npos) << e;
-  EXPECT_NE(e.find("never read"), std::string::npos) << e;
+  expect_contains(e, {"'n_embd'", "never read"});
 }
 
 TEST(ScriptErrors, DividePatternMatchesNoModule) {
   REQUIRE_MODELS();
   const std::string e = error_of("gpt.pt", gpt_plan_with("divide: {'blocks\\.\\d+\\.attention': [n_head]}"));
-  EXPECT_NE(e.find("matches no module"), std::string::npos) << e;
+  expect_contains(e, {"matches no module"});
 }
 
 TEST(ScriptErrors, FrozenModule) {
   REQUIRE_MODELS();
   const std::string e = error_of("mlp_frozen.pt", "mesh: {model: auto}\nstrict: false\nrules: []\n");
-  EXPECT_NE(e.find("frozen"), std::string::npos) << e;
+  expect_contains(e, {"frozen"});
 }
 
 TEST(ScriptErrors, TiedPlannedDifferently) {
@@ -381,8 +377,7 @@ TEST(ScriptErrors, TiedPlannedDifferently) {
   std::string plan = kTiedPlan;
   plan.replace(plan.rfind("[model, null]"), 13, "[null, model]");
   const std::string e = error_of("tied.pt", plan);
-  EXPECT_NE(e.find("tied"), std::string::npos) << e;
-  EXPECT_NE(e.find("different layouts"), std::string::npos) << e;
+  expect_contains(e, {"tied", "different layouts"});
 }
 
 TEST(ScriptErrors, RowBiasSplit) {
@@ -390,8 +385,7 @@ TEST(ScriptErrors, RowBiasSplit) {
   std::string plan = kMlpPlan;
   plan += "  - {match: 'fc2\\.bias', layout: [model]}\n";
   const std::string e = error_of("mlp.pt", plan);
-  EXPECT_NE(e.find("'fc2.bias'"), std::string::npos) << e;
-  EXPECT_NE(e.find("added after the reduction"), std::string::npos) << e;
+  expect_contains(e, {"'fc2.bias'", "added after the reduction"});
 }
 
 TEST(ScriptPlan, DivideRoundTripsAndRejectsBadValues) {
