@@ -170,8 +170,8 @@ rank_killed_two_nodes)
   ELAPSED_MS=$(($(now_ms) - start))
   [[ $RC -eq 1 ]] || fail "node 0's launcher exited with $RC, expected 1"
   cat "$WORK/node0.err" "$WORK/node1.err" >"$WORK/err"
-  expect_line err "shardplan launch: rank 1 (pid $victim) was killed by signal 9 (SIGKILL)"
-  expect_line err "shardplan launch: rank 0 (pid $survivor) exited with status 1"
+  expect_line err "shardplan launch: node 1 of 2 (127.0.0.2): rank 1 (pid $victim) was killed by signal 9 (SIGKILL)"
+  expect_line err "shardplan launch: node 0 of 2 (127.0.0.1): rank 0 (pid $survivor) exited with status 1"
   expect_line_re err "\[rank 0\] train_model: error: gloo [a-z_]+ on group '[a-z]+' \(rank 0 of 2\): .*"
   expect_faster_than 15000
   ;;

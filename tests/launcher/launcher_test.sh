@@ -170,11 +170,11 @@ two_nodes_failure)
   ELAPSED_MS=$(($(now_ms) - start))
   expect_rc 1
   expect_faster_than 30000
-  grep -qx "shardplan launch: rank 2 (pid $(pid_of rank2)) exited with status 5; terminating 1 other rank(s)" \
+  grep -qx "shardplan launch: node 1 of 2 (127.0.0.2): rank 2 (pid $(pid_of rank2)) exited with status 5; terminating 1 other rank(s)" \
     "$WORK/err" || fail "node 1's launcher did not report rank 2"
   grep -qx "two_nodes.sh: node 1's launcher exited with status 1; stopping node 0" "$WORK/err" ||
     fail "two_nodes.sh did not report stopping node 0"
-  grep -qx "shardplan launch: received SIGTERM; forwarding it to 2 rank(s)" "$WORK/err" ||
+  grep -qx "shardplan launch: node 0 of 2 (127.0.0.1): received SIGTERM; forwarding it to 2 rank(s)" "$WORK/err" ||
     fail "node 0's launcher did not forward SIGTERM"
   grep -qx "two_nodes.sh: launcher exit statuses: node 0 143, node 1 1" "$WORK/err" ||
     fail "two_nodes.sh did not summarise the exit statuses"

@@ -343,6 +343,9 @@ int launch_main(int argc, char** argv) {
       return kExitUsage;
     }
   }
+  if (options.nnodes > 1)
+    say_as_node("node " + std::to_string(options.node_rank) + " of " + std::to_string(options.nnodes) +
+                (options.has_local_addr ? " (" + options.local_addr + ")" : ""));
   Launcher launcher(std::move(options));
   return launcher.run();
 }

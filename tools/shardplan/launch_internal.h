@@ -80,6 +80,9 @@ std::string why_not_executable(const std::string& program);
 void write_all(int fd, const char* data, size_t size);
 void write_all(int fd, const std::string& s);
 void say(const std::string& line);  // "shardplan launch: <line>" on stderr
+// In a job of several nodes, what say() prints after "shardplan launch: ", so
+// that a node's failure names the node (the other nodes' logs are elsewhere).
+void say_as_node(const std::string& node);
 std::string signal_name(int signo);
 std::string describe_wait_status(int status);
 

@@ -26,7 +26,13 @@ void write_all(int fd, const char* data, size_t size) {
 
 void write_all(int fd, const std::string& s) { write_all(fd, s.data(), s.size()); }
 
-void say(const std::string& line) { write_all(STDERR_FILENO, "shardplan launch: " + line + "\n"); }
+namespace {
+std::string g_node;
+}  // namespace
+
+void say_as_node(const std::string& node) { g_node = node.empty() ? node : node + ": "; }
+
+void say(const std::string& line) { write_all(STDERR_FILENO, "shardplan launch: " + g_node + line + "\n"); }
 
 std::string signal_name(int signo) {
   static const struct {
