@@ -10,6 +10,10 @@
 # (SIGTERM, which it forwards to its ranks; SIGKILL if it lingers) and the
 # script exits 1. A job running longer than $TWO_NODES_TIMEOUT_S (default 300)
 # is stopped the same way, so a test never hangs on a rendezvous.
+#
+# The test hosts of tests/hosts/two_hosts.sh put the nodes on separate hosts:
+#   TWO_NODES_ADDRS="A0 A1"   the nodes' addresses (node 0's is the master's)
+#   TWO_NODES_EXEC_0/1        a command prefix that runs node K on its host
 set -u
 
 usage() {
@@ -27,12 +31,13 @@ done
 [[ $# -ge 2 ]] || usage
 shift  # the --
 timeout_s=${TWO_NODES_TIMEOUT_S:-300}
+read -r -a addrs <<<"${TWO_NODES_ADDRS:-127.0.0.1 127.0.0.2}"
 
 pids=()
 start_node() {
-  local node=$1 addr=$2
+  local node=$1 addr=$2 exec_var=TWO_NODES_EXEC_$1
   shift 2
-  "$shardplan" launch -n "$nproc" --nnodes 2 --node-rank "$node" --master-addr 127.0.0.1 \
+  ${!exec_var:-} "$shardplan" launch -n "$nproc" --nnodes 2 --node-rank "$node" --master-addr "${addrs[0]}" \
     --master-port "$port" --local-addr "$addr" ${opts[@]+"${opts[@]}"} -- "$@" &
   pids[node]=$!
 }
@@ -58,8 +63,8 @@ on_signal() {
 }
 trap on_signal INT TERM HUP
 
-start_node 0 127.0.0.1 "$@"
-start_node 1 127.0.0.2 "$@"
+start_node 0 "${addrs[0]}" "$@"
+start_node 1 "${addrs[1]}" "$@"
 
 deadline=$((SECONDS + timeout_s))
 failed=""

@@ -1,0 +1,23 @@
+# Several hosts for real (tests/hosts): network namespaces on a bridge of
+# their own stand for hosts, so the nodes of a job meet over a real link
+# (veth, optionally shaped with tc tbf) that a test can cut. Every case needs
+# root and `ip netns`; where those are missing it is skipped (status 77).
+find_program(SHARDPLAN_BASH bash REQUIRED)
+set(_hosts ${CMAKE_CURRENT_SOURCE_DIR}/hosts)
+foreach(case reach rate cleanup)
+  add_test(NAME hosts.fixture_${case} COMMAND ${SHARDPLAN_BASH} ${_hosts}/fixture_test.sh ${case})
+endforeach()
+# 2 hosts x 2 ranks against one process: plans/gpt.yaml splits the model over
+# all four ranks, across the link; gpt_2d.yaml's {data: 2, model: 2} keeps the
+# model axis within a host and puts the data axis across.
+foreach(plan gpt gpt_2d)
+  add_test(NAME hosts.e2e_${plan} COMMAND ${SHARDPLAN_BASH} ${_hosts}/e2e_test.sh
+    $<TARGET_FILE:shardplan_cli> $<TARGET_FILE:train_model> ${PROJECT_SOURCE_DIR}/plans/${plan}.yaml)
+endforeach()
+foreach(case link_down link_flap master_gone)
+  add_test(NAME hosts.${case} COMMAND ${SHARDPLAN_BASH} ${_hosts}/link_faults.sh ${case}
+    $<TARGET_FILE:shardplan_cli> $<TARGET_FILE:train_model> ${PROJECT_SOURCE_DIR})
+endforeach()
+get_property(_hosts_tests DIRECTORY PROPERTY TESTS)
+list(FILTER _hosts_tests INCLUDE REGEX "^hosts\\.")
+set_tests_properties(${_hosts_tests} PROPERTIES TIMEOUT 120 LABELS hosts SKIP_RETURN_CODE 77)
