@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Link faults between two test hosts (tests/hosts/netns.sh), 2 ranks each, the
+# GPT on plans/gpt.yaml in float64 over gloo:
+#   link_faults.sh CASE SHARDPLAN TRAIN_MODEL SOURCE_DIR
+# link_down:   host 1's cable is cut while training: both launchers exit 1
+#              within the timeout (+ the launcher's 5 s grace) naming their
+#              node and rank, the ranks name the collective and the timeout,
+#              no process is left on either host, and the last checkpoint
+#              (--save-every) is whole: `shardplan ckpt inspect` reads it and
+#              one process resumes from it.
+# link_flap:   the cable is out for a third of the timeout, then back: the
+#              job either ends with the uninterrupted run's losses or fails
+#              as in link_down; never hangs, never other numbers.
+# master_gone: host 0's cable is cut while its rank 0 waits for node 1 at the
+#              rendezvous (its store listening on host 0's address only):
+#              node 1 fails within the timeout naming tcp://<host 0>:29500,
+#              node 0 naming the key it waited for.
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+. "$HERE/netns.sh"
+hosts_require
+CASE=$1 SP=$2 TRAIN=$3 SRC=$4
+TIMEOUT_MS=3000
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/link-faults.XXXXXX")
+cleanup() { hosts_down; rm -rf "$WORK"; }
+fail() {
+  echo "FAIL: $*" >&2
+  for f in "$WORK"/*.log; do [[ -e $f ]] && { echo "--- $(basename "$f") (last 15 lines)" >&2; tail -n 15 "$f" >&2; }; done
+  exit 1
+}
+unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE MASTER_ADDR MASTER_PORT \
+  SHARDPLAN_BACKEND SHARDPLAN_STORE SHARDPLAN_LOCAL_ADDR SHARDPLAN_TIMEOUT_MS
+train=("$TRAIN" --model gpt --config vocab=256,context=16,embed=32,heads=4,layers=1,mlp=64 --dtype float64
+  --batch 4 --log-every 1 --seed 5)
+hosts_up 2 || fail "cannot make the test hosts"
+trap cleanup EXIT
+trap 'cleanup; exit 130' INT
+trap 'cleanup; exit 143' TERM
+now_ms() { date +%s%3N; }
+
+# start_node K ARGS...: node K's launcher on host K (the `timeout` only
+# catches a hang: status 124 or 137); its pid in PID[K], output in nodeK.log.
+PID=()
+start_node() {
+  local k=$1
+  shift
+  timeout -k 5 90 ip netns exec "$(hosts_ns "$k")" "$SP" launch -n 2 --nnodes 2 --node-rank "$k" \
+    --master-addr "$(host_addr 0)" --master-port 29500 --local-addr "$(host_addr "$k")" --timeout-ms "$TIMEOUT_MS" \
+    -- "${train[@]}" --plan "$SRC/plans/gpt.yaml" "$@" >"$WORK/node$k.log" 2>&1 &
+  PID[k]=$!
+}
+wait_for_line() {  # wait_for_line FILE REGEX
+  local i
+  for ((i = 0; i < 600; i++)); do grep -qE -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+  fail "no line matching '$2' in $(basename "$1") within 60 s"
+}
+# expect_node_failed K SINCE_MS: node K's launcher exited 1 within the bound.
+expect_node_failed() {
+  local k=$1 since=$2 rc elapsed
+  wait "${PID[k]}"
+  rc=$?
+  elapsed=$(($(now_ms) - since))
+  ((rc != 124 && rc != 137)) || fail "node $k's launcher hung (stopped by timeout)"
+  ((rc == 1)) || fail "node $k's launcher exited with $rc, expected 1"
+  ((elapsed <= TIMEOUT_MS + 7000)) || fail "node $k took $elapsed ms to fail (timeout $TIMEOUT_MS ms)"
+  echo "node $k failed after $elapsed ms"
+}
+expect_no_leftovers() {
+  local k
+  for k in 0 1; do [[ -z $(host_pids "$k") ]] || fail "processes left on host $k: $(host_pids "$k" | xargs)"; done
+}
+# The ranks' and launcher's lines after a lost link, on node K.
+expect_link_errors() {
+  local k=$1 log=$WORK/node$1.log
+  grep -qE "^\[rank [0-9]+\] train_model: error: gloo [a-z_]+ on group 'model' \(rank [0-9] of 4\): .*within $TIMEOUT_MS ms" "$log" ||
+    grep -qE "^\[rank [0-9]+\] train_model: error: gloo [a-z_]+ on group 'model' \(rank [0-9] of 4\): .*(reset|closed|refused)" "$log" ||
+    fail "no rank on node $k named the collective it lost"
+  grep -qE "^shardplan launch: node $k of 2 \($(host_addr "$k")\): rank [0-9]+ \(pid [0-9]+\) exited with status 1" "$log" ||
+    fail "node $k's launcher did not name its node and the failed rank"
+}
+losses() { sed -E 's/^\[rank [0-9]+\] //' "$1" | awk '$1 == "step" && $3 == "loss" {print $2, $4}' | sort -n -u; }
+
+case_link_down() {
+  start_node 0 --steps 100000 --save "$WORK/ckpt" --save-every 4
+  start_node 1 --steps 100000 --save "$WORK/ckpt" --save-every 4
+  wait_for_line "$WORK/node0.log" '^\[rank 0\] saved .* at step 8$'
+  local cut
+  cut=$(now_ms)
+  link_down 1
+  expect_node_failed 0 "$cut"
+  expect_node_failed 1 "$cut"
+  expect_no_leftovers
+  expect_link_errors 0
+  expect_link_errors 1
+  "$SP" ckpt inspect "$WORK/ckpt" >"$WORK/inspect.log" 2>&1 || fail "ckpt inspect cannot read the last checkpoint"
+  local step
+  step=$(sed -n 's/^attribute step: \([0-9]*\)$/\1/p' "$WORK/inspect.log")
+  [[ -n $step && $step -ge 8 && $((step % 4)) -eq 0 ]] || fail "the checkpoint's step is '$step', expected 8, 12, ..."
+  "${train[@]}" --load "$WORK/ckpt" --steps $((step + 1)) >"$WORK/resume.log" 2>&1 || fail "resuming from step $step failed"
+  grep -q "resumed from .* at step $step" "$WORK/resume.log" || fail "did not resume at step $step"
+  echo "checkpoint at step $step intact"
+}
+
+case_link_flap() {
+  TIMEOUT_MS=6000
+  "${train[@]}" --steps 40 >"$WORK/reference.log" 2>&1 || fail "the uninterrupted run failed"
+  start_node 0 --steps 40
+  start_node 1 --steps 40
+  wait_for_line "$WORK/node0.log" '^\[rank 0\] step +5 '
+  local cut rc0 rc1
+  cut=$(now_ms)
+  link_down 1
+  sleep 2
+  link_up 1
+  wait "${PID[0]}"; rc0=$?
+  wait "${PID[1]}"; rc1=$?
+  ((rc0 != 124 && rc0 != 137 && rc1 != 124 && rc1 != 137)) || fail "a launcher hung (stopped by timeout)"
+  expect_no_leftovers
+  if ((rc0 == 0 && rc1 == 0)); then
+    [[ $(losses "$WORK/node0.log" | wc -l) -eq 40 ]] || fail "node 0 did not print 40 steps"
+    diff <(losses "$WORK/reference.log") <(losses "$WORK/node0.log") >"$WORK/diff.log" ||
+      fail "the job survived the flap with other losses: $(head -5 "$WORK/diff.log")"
+    echo "survived a 2 s flap; 40 losses equal to the uninterrupted run's"
+  else
+    ((rc0 == 1 && rc1 == 1)) || fail "launcher statuses $rc0 and $rc1 after the flap, expected 0 0 or 1 1"
+    expect_link_errors 0
+    expect_link_errors 1
+    echo "failed cleanly after the flap, within $(($(now_ms) - cut)) ms"
+  fi
+}
+
+case_master_gone() {
+  start_node 0 --steps 5
+  # Rank 0's store: listening on host 0's address only, never on 0.0.0.0 or lo.
+  local port_hex=733C i listeners
+  for ((i = 0; i < 300; i++)); do
+    listeners=$(host_exec 0 awk -v p=":$port_hex" '$4 == "0A" && substr($2, length($2) - 4) == p {print $2}' /proc/net/tcp /proc/net/tcp6)
+    [[ -n $listeners ]] && break
+    sleep 0.1
+  done
+  [[ -n $listeners ]] || fail "rank 0 never listened on port 29500"
+  [[ $listeners == "0100630A:733C" ]] || fail "the store listens on $listeners, expected only 10.99.0.1 (0100630A:733C)"
+  link_down 0
+  local cut
+  cut=$(now_ms)
+  start_node 1 --steps 5
+  expect_node_failed 1 "$cut"
+  expect_node_failed 0 "$cut"
+  expect_no_leftovers
+  grep -qE "^\[rank [23]\] .*tcp://$(host_addr 0):29500.*$TIMEOUT_MS ms" "$WORK/node1.log" ||
+    fail "node 1's ranks did not name the master's address and the timeout"
+  grep -qE "^\[rank [01]\] .*rendezvous timed out after $TIMEOUT_MS ms waiting for key" "$WORK/node0.log" ||
+    fail "node 0's ranks did not name the key they waited for"
+}
+
+case $CASE in
+  link_down | link_flap | master_gone) "case_$CASE" ;;
+  *) echo "usage: link_faults.sh link_down|link_flap|master_gone SHARDPLAN TRAIN_MODEL SOURCE_DIR" >&2; exit 2 ;;
+esac
