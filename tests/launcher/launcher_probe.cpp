@@ -23,6 +23,7 @@ const char* const kUsage =
     "  --free-port          print a TCP port that is free right now, exit 0\n"
     "  --env                print KEY=value (or KEY=<unset>) for the launcher's variables,\n"
     "                       then STORE_DIR=exists|missing|n/a for a file:// store\n"
+    "  --print-env NAME     print NAME=value (or NAME=<unset>)\n"
     "  --pidfile DIR        write this pid to DIR/rank<RANK>.pid\n"
     "  --grandchild DIR     fork a child sleeping 300 s (it keeps stdout/stderr open);\n"
     "                       its pid goes to DIR/grandchild<RANK>.pid\n"
@@ -143,6 +144,10 @@ int main(int argc, char** argv) {
       }
     } else if (action == "--env") {
       if (run) print_env();
+    } else if (action == "--print-env") {
+      std::string name = arg();
+      const char* v = std::getenv(name.c_str());
+      if (run) std::printf("%s=%s\n", name.c_str(), v ? v : "<unset>");
     } else if (action == "--pidfile") {
       std::string dir = arg();
       if (run) write_file(dir + "/rank" + rank + ".pid", std::to_string(getpid()) + "\n");

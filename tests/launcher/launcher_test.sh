@@ -97,6 +97,8 @@ usage_errors)
     launch -n 2 --master-port 70000 -- "$PROBE"
   check_usage "shardplan launch: --timeout-ms must be an integer from 1 to 1000000000000, got '-5'" \
     launch -n 2 --timeout-ms -5 -- "$PROBE"
+  check_usage "shardplan launch: --max-restarts must be an integer from 0 to 1000, got 'x'" \
+    launch -n 2 --max-restarts x -- "$PROBE"
   check_usage "shardplan launch: --master-addr must not be empty" launch -n 2 --master-addr "" -- "$PROBE"
   check_usage "shardplan launch: --local-addr must not be empty" launch -n 2 --local-addr= -- "$PROBE"
   check_usage "shardplan launch: cannot execute '/nonexistent/prog': No such file or directory" \
@@ -158,6 +160,31 @@ two_nodes_env)
     expected_env 2 0 2 2 1 127.0.0.1 "$port" gloo "$store" 127.0.0.2 5000 n/a
     expected_env 3 1 2 2 1 127.0.0.1 "$port" gloo "$store" 127.0.0.2 5000 n/a
   )"
+  ;;
+
+restart_limit)
+  # Rank 1 fails on every start: 2 restarts, each a new rendezvous (store) with
+  # the count exported, then the launcher gives up naming the last failure.
+  "$SP" launch -n 2 --max-restarts 2 -- "$PROBE" --print-env SHARDPLAN_RESTART_COUNT \
+    --print-env TORCHELASTIC_RESTART_COUNT --print-env SHARDPLAN_STORE --if-rank 1 --exit 3 --sleep-ms 30000 \
+    >"$WORK/out" 2>"$WORK/err"
+  RC=$?
+  expect_rc 1
+  for n in 0 1 2; do
+    for r in 0 1; do
+      grep -qx "\[rank $r\] SHARDPLAN_RESTART_COUNT=$n" "$WORK/out" || fail "rank $r did not see SHARDPLAN_RESTART_COUNT=$n"
+      grep -qx "\[rank $r\] TORCHELASTIC_RESTART_COUNT=$n" "$WORK/out" || fail "rank $r did not see TORCHELASTIC_RESTART_COUNT=$n"
+    done
+  done
+  [[ $(sed -n 's/^\[rank 0\] SHARDPLAN_STORE=//p' "$WORK/out" | sort -u | wc -l) -eq 3 ]] ||
+    fail "the three starts did not get three stores"
+  grep -Eqx "shardplan launch: restart 1 of 2 after: rank 1 \(pid [0-9]+\) exited with status 3" "$WORK/err" ||
+    fail "no line for restart 1"
+  grep -Eqx "shardplan launch: restart 2 of 2 after: rank 1 \(pid [0-9]+\) exited with status 3" "$WORK/err" ||
+    fail "no line for restart 2"
+  grep -Eqx "shardplan launch: giving up after 2 restart\(s\); the last failure: rank 1 \(pid [0-9]+\) exited with status 3" \
+    "$WORK/err" || fail "no final verdict naming the last failure"
+  [[ $(grep -c '^shardplan launch: restart' "$WORK/err") -eq 2 ]] || fail "expected exactly 2 restarts"
   ;;
 
 two_nodes_failure)

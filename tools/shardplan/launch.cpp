@@ -157,6 +157,7 @@ void Launcher::on_rank_exit(Rank& r) {
   const int others = running_count();
   std::string msg = r.label + " (pid " + std::to_string(r.pid) + ") " +
                     describe_wait_status(r.wait_status);
+  failure_ = msg;
   if (others > 0) msg += "; terminating " + std::to_string(others) + " other rank(s)";
   say(msg);
   stop_ranks(SIGTERM);
@@ -313,6 +314,24 @@ int Launcher::run() {
   return failed_ ? kExitFailure : 0;
 }
 
+// torchrun's --max-restarts: a failed start is followed by a new one, with a
+// new store (one node) or a new store served by the new rank 0 (several),
+// until one succeeds or the restarts are spent. A signal ends it at once.
+int run_with_restarts(Options options) {
+  for (int start = 0;; ++start) {
+    options.restart = start;
+    Launcher launcher(options);
+    const int rc = launcher.run();
+    if (rc != kExitFailure || options.max_restarts == 0) return rc;
+    const std::string cause = launcher.failure().empty() ? "a rank could not be started" : launcher.failure();
+    if (start == options.max_restarts) {
+      say("giving up after " + std::to_string(start) + " restart(s); the last failure: " + cause);
+      return rc;
+    }
+    say("restart " + std::to_string(start + 1) + " of " + std::to_string(options.max_restarts) + " after: " + cause);
+  }
+}
+
 }  // namespace launcher
 
 int launch_main(int argc, char** argv) {
@@ -346,8 +365,7 @@ int launch_main(int argc, char** argv) {
   if (options.nnodes > 1)
     say_as_node("node " + std::to_string(options.node_rank) + " of " + std::to_string(options.nnodes) +
                 (options.has_local_addr ? " (" + options.local_addr + ")" : ""));
-  Launcher launcher(std::move(options));
-  return launcher.run();
+  return run_with_restarts(options);
 }
 
 }  // namespace shardplan_cli

@@ -22,6 +22,8 @@ std::vector<std::string> Launcher::environment_for(int local_rank) const {
       {"SHARDPLAN_STORE", store_url_},
       // Names this job's shared-memory segments (launch_shm_cleanup.cpp).
       {"SHARDPLAN_JOB_ID", job_id()},
+      {"SHARDPLAN_RESTART_COUNT", std::to_string(opt_.restart)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(opt_.restart)},
   };
   // Without the option, a value the user exported is passed through untouched.
   if (opt_.has_local_addr) ours.emplace_back("SHARDPLAN_LOCAL_ADDR", opt_.local_addr);

@@ -66,6 +66,8 @@ struct Options {
   bool has_timeout = false;
   long long timeout_ms = 0;
   std::string backend = "gloo";
+  int max_restarts = 0;
+  int restart = 0;  // which start this is: 0, then 1 to max_restarts (not an option)
   std::vector<std::string> program;
   bool help = false;
 };
@@ -148,6 +150,8 @@ class Launcher {
   explicit Launcher(Options o) : opt_(std::move(o)) {}
   ~Launcher();
   int run();
+  // Why the ranks failed (the launcher's verdict line), "" when none did.
+  const std::string& failure() const { return failure_; }
 
  private:
   std::vector<std::string> environment_for(int local_rank) const;
@@ -183,6 +187,7 @@ class Launcher {
   int devnull_ = -1;
 
   bool failed_ = false;       // a rank failed, or a rank could not be started
+  std::string failure_;
   int interrupted_by_ = 0;    // the signal the launcher received first
   bool stopping_ = false;     // ranks have been asked to stop
   int stop_signal_ = SIGTERM;

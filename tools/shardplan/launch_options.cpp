@@ -24,6 +24,9 @@ const char* const kUsage =
     "      --local-addr ADDR   address this node's ranks bind to\n"
     "      --timeout-ms T      rendezvous and communication timeout of the ranks\n"
     "      --backend B         communication backend plugin (default gloo)\n"
+    "      --max-restarts R    when a rank fails, stop this node's ranks and start\n"
+    "                          them again, up to R times (default 0); each start is\n"
+    "                          a new rendezvous (torchrun's --max-restarts)\n"
     "  -h, --help              print this help\n"
     "Options may also be written --name=value, and with '_' for '-'.\n"
     "\n"
@@ -39,6 +42,8 @@ const char* const kUsage =
     "  SHARDPLAN_STORE=file://<temporary dir>/store with one node (the directory is\n"
     "    removed when the launcher exits), tcp://A:P with several\n"
     "  SHARDPLAN_LOCAL_ADDR=ADDR, SHARDPLAN_TIMEOUT_MS=T when those options are given\n"
+    "  SHARDPLAN_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT: 0, then 1, 2, ... on\n"
+    "    each restart\n"
     "  SHARDPLAN_JOB_ID: new per launch; names the job's shared-memory segments,\n"
     "    which the launcher removes when the ranks are gone\n"
     "  SHARDPLAN_NUM_THREADS, OMP_NUM_THREADS and OPENBLAS_NUM_THREADS: each rank's\n"
@@ -47,7 +52,7 @@ const char* const kUsage =
     "Standard input of the ranks is /dev/null.\n"
     "\n"
     "exit status: 0 when every rank exits 0; 1 when a rank fails (the others get\n"
-    "SIGTERM, then SIGKILL 5 s later); 2 for a usage error; 128+S when the\n"
+    "SIGTERM, then SIGKILL 5 s later) and no restart is left; 2 for a usage error; 128+S when the\n"
     "launcher receives signal S (SIGINT, SIGTERM, SIGHUP are forwarded to the\n"
     "ranks; a second one sends SIGKILL).\n";
 
@@ -103,7 +108,7 @@ Options parse_options(int argc, char** argv) {
     }
     static const char* const kKnown[] = {"-n",          "--nproc-per-node", "--nnodes",
                                          "--node-rank", "--master-addr",    "--master-port",
-                                         "--local-addr", "--timeout-ms",    "--backend"};
+                                         "--local-addr", "--timeout-ms",    "--backend", "--max-restarts"};
     if (std::find_if(std::begin(kKnown), std::end(kKnown),
                      [&](const char* k) { return name == k; }) == std::end(kKnown))
       throw UsageError{"unknown option '" + arg + "'"};
@@ -130,6 +135,8 @@ Options parse_options(int argc, char** argv) {
     } else if (name == "--timeout-ms") {
       o.has_timeout = true;
       o.timeout_ms = parse_integer(name, value, 1, 1000000000000LL);
+    } else if (name == "--max-restarts") {
+      o.max_restarts = static_cast<int>(parse_integer(name, value, 0, 1000));
     } else if (name == "--backend") {
       if (value.empty()) throw UsageError{"--backend must not be empty"};
       o.backend = value;
