@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <regex>
 #include <stdexcept>
 #include <string>
@@ -38,15 +39,16 @@ const Defaults kDefaults[] = {
                "%s: %s\nusage: %s %s[--config KEY=VALUE,...] [--plan PLAN.yaml|auto] [--ranks N] [--steps N]\n"
                "       [--batch N] [--lr X] [--optimizer adam|adamw|sgd|rmsprop|adagrad] [--dtype float32|float64]\n"
                "       [--seed N] [--threads N] [--log-every N] [--data TEXT_FILE] [--report]\n"
-               "       [--save DIR [--save-every N]] [--load DIR] [--micro-batches N] [--check-replicas N]\n"
-               "       [--load-weights PATH [--rename-weights REGEX=REPLACEMENT]... [--lenient-weights]]\n"
-               "       [--save-weights PATH]\n"
+               "       [--save DIR [--save-every N] [--resume auto]] [--load DIR] [--micro-batches N]\n"
+               "       [--check-replicas N] [--load-weights PATH [--rename-weights REGEX=REPLACEMENT]...\n"
+               "       [--lenient-weights]] [--save-weights PATH]\n"
                "       [--generate N [--prompt TEXT] [--temperature X] [--top-k K] [--samples S]]\n"
                "--save writes a sharded checkpoint (model, optimizer, step) to DIR after the last step, and\n"
                "every N steps with --save-every; --load resumes from one, saved at any number of ranks,\n"
                "training on from its step to --steps (docs/CHECKPOINTS.md); --threads sets libtorch's and\n"
                "the BLAS pool's threads per rank (default: SHARDPLAN_NUM_THREADS, else cores / ranks on\n"
-               "this machine; docs/THREADS.md)\n"
+               "this machine; docs/THREADS.md); --resume auto loads DIR of --save when it holds a checkpoint\n"
+               "(a run restarted by shardplan launch --max-restarts goes on from its last save)\n"
                "--load-weights reads weights trained elsewhere, each rank only its shard (a safetensors file or\n"
                "directory, or a torch.save state dict; llama: the shape from config.json beside them, which\n"
                "--config overrides; names in the file renamed to the model's by each --rename-weights in\n"
@@ -96,6 +98,16 @@ void check_args(Args& a, const std::string& program, const std::string& only) {
     usage(program, only, a.generation_option + " takes effect with --generate N only");
   if (a.steps < 0 || a.batch < 1 || a.log_every < 1 || a.ranks < 0 || a.threads < 0)
     usage(program, only, "--batch and --log-every must be at least 1, --steps, --ranks and --threads not negative");
+  if (a.resume_auto && (a.save.empty() || !a.load.empty()))
+    usage(program, only, "--resume auto needs --save DIR and no --load");
+  // A checkpoint's metadata is written last, so its presence means a whole one.
+  // A restart goes on from its checkpoint, not from the weights it started with.
+  if (a.resume_auto && std::filesystem::exists(std::filesystem::path(a.save) / "metadata.yaml")) {
+    a.load = a.save;
+    a.load_weights.clear();
+    a.rename_weights.clear();
+    a.lenient_weights = false;
+  }
   // --steps 0: the loaded weights as they are (e.g. to --generate from them).
   if (a.steps == 0 && a.load_weights.empty() && a.load.empty())
     usage(program, only, "--steps 0 trains nothing: it needs --load-weights PATH or --load DIR");
@@ -168,7 +180,10 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
         a.save_every = option_int(value());
       else if (k == "--load")
         a.load = value();
-      else if (k == "--load-weights")
+      else if (k == "--resume") {
+        if (value() != "auto") usage(program, only, "--resume takes 'auto' only");
+        a.resume_auto = true;
+      } else if (k == "--load-weights")
         a.load_weights = value();
       else if (k == "--save-weights")
         a.save_weights = value();

@@ -25,6 +25,9 @@ struct Args {
   int threads = 0;  // 0: SHARDPLAN_NUM_THREADS, else the cores shared out among this machine's ranks
   bool report = false;
   std::string save, load;  // checkpoint directories
+  // --resume auto: --load the checkpoint in --save when there is one (a run
+  // restarted by `shardplan launch --max-restarts` goes on from its last save).
+  bool resume_auto = false;
   // Weights from and to PyTorch (shardplan/weights.h): safetensors (a file,
   // or a directory, with config.json for llama) or a torch.save state dict.
   std::string load_weights, save_weights;
