@@ -15,6 +15,12 @@
 #              rendezvous (its store listening on host 0's address only):
 #              node 1 fails within the timeout naming tcp://<host 0>:29500,
 #              node 0 naming the key it waited for.
+# restart_across: both launchers with --max-restarts 1 and the examples'
+#              --save-every 2 --resume auto; rank 3 (host 1) is killed with
+#              SIGKILL: node 1 restarts it, node 0's ranks lose their peer and
+#              restart too, the new rank 0 serves a new store, every rank
+#              resumes from the last checkpoint, and the losses are one
+#              process's (float64, to the printed precision).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/netns.sh"
@@ -39,14 +45,16 @@ trap 'cleanup; exit 143' TERM
 now_ms() { date +%s%3N; }
 
 # start_node K ARGS...: node K's launcher on host K (the `timeout` only
-# catches a hang: status 124 or 137); its pid in PID[K], output in nodeK.log.
+# catches a hang: status 124 or 137), with the options in LAUNCH_OPTS; its
+# pid in PID[K], output in nodeK.log.
 PID=()
+LAUNCH_OPTS=()
 start_node() {
   local k=$1
   shift
   timeout -k 5 90 ip netns exec "$(hosts_ns "$k")" "$SP" launch -n 2 --nnodes 2 --node-rank "$k" \
     --master-addr "$(host_addr 0)" --master-port 29500 --local-addr "$(host_addr "$k")" --timeout-ms "$TIMEOUT_MS" \
-    -- "${train[@]}" --plan "$SRC/plans/gpt.yaml" "$@" >"$WORK/node$k.log" 2>&1 &
+    ${LAUNCH_OPTS[@]+"${LAUNCH_OPTS[@]}"} -- "${train[@]}" --plan "$SRC/plans/gpt.yaml" "$@" >"$WORK/node$k.log" 2>&1 &
   PID[k]=$!
 }
 wait_for_line() {  # wait_for_line FILE REGEX
@@ -153,7 +161,37 @@ case_master_gone() {
     fail "node 0's ranks did not name the key they waited for"
 }
 
+case_restart_across() {
+  TIMEOUT_MS=6000
+  "${train[@]}" --steps 16 >"$WORK/reference.log" 2>&1 || fail "the uninterrupted run failed"
+  LAUNCH_OPTS=(--max-restarts 1)
+  local k pid victim=
+  for k in 0 1; do start_node "$k" --steps 16 --save "$WORK/ckpt" --save-every 2 --resume auto; done
+  wait_for_line "$WORK/node0.log" "^\[rank 0\] step +$((3 + RANDOM % 4)) "
+  for pid in $(host_pids 1); do
+    [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$(basename "$TRAIN" | cut -c1-15)" ]] || continue
+    tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'RANK=3' && victim=$pid
+  done
+  [[ -n $victim ]] || fail "rank 3 not found on host 1"
+  kill -KILL "$victim"
+  for k in 0 1; do
+    wait "${PID[k]}" || fail "node $k's launcher exited with $? after the restart"
+  done
+  expect_no_leftovers
+  grep -qx "shardplan launch: node 1 of 2 ($(host_addr 1)): restart 1 of 1 after: rank 3 (pid $victim) was killed by signal 9 (SIGKILL)" \
+    "$WORK/node1.log" || fail "node 1 did not restart after rank 3's SIGKILL"
+  grep -qE "^shardplan launch: node 0 of 2 \($(host_addr 0)\): restart 1 of 1 after: rank [01] " "$WORK/node0.log" ||
+    fail "node 0 did not restart"
+  grep -qE '^\[rank 0\] resumed from .* at step [0-9]+' "$WORK/node0.log" || fail "rank 0 did not resume"
+  # Each step's loss, whichever start printed it, is one process's.
+  join <(losses "$WORK/reference.log") <(losses "$WORK/node0.log") | awk '
+    { d = $2 - $3; if (d < 0) d = -d; s = $2 < 0 ? -$2 : $2; if (d > 1e-7 * s) { print "step " $1 ": " $2 " vs " $3; bad = 1 } n++ }
+    END { if (n != 16) { print "compared " n " steps, expected 16"; bad = 1 } exit bad }' >"$WORK/diff.log" ||
+    fail "losses differ from one process's: $(head -3 "$WORK/diff.log")"
+  echo "rank 3 killed, both nodes restarted; 16 losses equal to one process's"
+}
+
 case $CASE in
-  link_down | link_flap | master_gone) "case_$CASE" ;;
-  *) echo "usage: link_faults.sh link_down|link_flap|master_gone SHARDPLAN TRAIN_MODEL SOURCE_DIR" >&2; exit 2 ;;
+  link_down | link_flap | master_gone | restart_across) "case_$CASE" ;;
+  *) echo "usage: link_faults.sh link_down|link_flap|master_gone|restart_across SHARDPLAN TRAIN_MODEL SOURCE_DIR" >&2; exit 2 ;;
 esac

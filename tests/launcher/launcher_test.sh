@@ -165,8 +165,9 @@ two_nodes_env)
 restart_limit)
   # Rank 1 fails on every start: 2 restarts, each a new rendezvous (store) with
   # the count exported, then the launcher gives up naming the last failure.
+  # Rank 1 fails 300 ms in, so that rank 0 has printed before it is stopped.
   "$SP" launch -n 2 --max-restarts 2 -- "$PROBE" --print-env SHARDPLAN_RESTART_COUNT \
-    --print-env TORCHELASTIC_RESTART_COUNT --print-env SHARDPLAN_STORE --if-rank 1 --exit 3 --sleep-ms 30000 \
+    --print-env TORCHELASTIC_RESTART_COUNT --print-env SHARDPLAN_STORE --sleep-ms 300 --if-rank 1 --exit 3 --sleep-ms 30000 \
     >"$WORK/out" 2>"$WORK/err"
   RC=$?
   expect_rc 1
