@@ -8,24 +8,13 @@
 # uninterrupted run at the same 2 ranks, float64.
 set -u
 SP=$1 TRAIN=$2 PLAN=$3
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/restart-kill.XXXXXX")
+source "$(dirname "$0")/ckpt_common.sh" restart-kill
 LPID=
-cleanup() {
-  [[ -n $LPID ]] && kill -KILL "$LPID" 2>/dev/null
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$WORK"/*.log; do echo "--- $(basename "$f") (last 20 lines)" >&2; tail -n 20 "$f" >&2; done
-  exit 1
-}
-unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE MASTER_ADDR MASTER_PORT \
-  SHARDPLAN_BACKEND SHARDPLAN_STORE SHARDPLAN_LOCAL_ADDR SHARDPLAN_TIMEOUT_MS
+trap '[[ -n $LPID ]] && kill -KILL "$LPID" 2>/dev/null; rm -rf "$WORK"' EXIT
+unset GROUP_RANK GROUP_WORLD_SIZE SHARDPLAN_LOCAL_ADDR SHARDPLAN_TIMEOUT_MS
 train=("$TRAIN" --model gpt --config vocab=256,context=16,embed=32,heads=4,layers=1,mlp=64 --dtype float64
   --batch 4 --log-every 1 --seed 5 --steps 12 --save-every 2 --plan "$PLAN")
 launch() { timeout -k 5 120 "$SP" launch -n 2 --backend gloo --timeout-ms 10000 "$@"; }
-losses() { sed -E 's/^\[rank 0\] //;t;d' "$1" | awk '$1 == "step" && $3 == "loss" {print $2, $4}'; }
 
 launch -- "${train[@]}" --save "$WORK/reference" >"$WORK/reference.log" 2>&1 || fail "the uninterrupted run failed"
 kill_at=$((3 + RANDOM % 5))
