@@ -223,7 +223,7 @@ rendezvous_timeout)
   ((ELAPSED_MS >= 2000)) || fail "gave up after ${ELAPSED_MS} ms, before the 2000 ms timeout"
   expect_faster_than 30000
   expect_line_re err "\[rank 0\] fault_probe: error: backend 'gloo': rank 0 of 2 could not join the world: .*rendezvous timed out after 2000 ms waiting for key '[^']+' at tcp://127\.0\.0\.1:$PORT"
-  expect_line_re err "shardplan launch: rank 0 \(pid [0-9]+\) exited with status 1"
+  expect_line_re err "shardplan launch: node 0 of 2: rank 0 \(pid [0-9]+\) exited with status 1"
   ;;
 
 rendezvous_timeout_file)
@@ -281,7 +281,7 @@ unreachable_master)
     expect_rc 1
     expect_faster_than 30000
     expect_line_re err "\[rank 1\] fault_probe: error: cannot reach master tcp://$addr:$PORT within 1500 ms: .*"
-    expect_line_re err "shardplan launch: rank 1 \(pid [0-9]+\) exited with status 1"
+    expect_line_re err "shardplan launch: node 1 of 2: rank 1 \(pid [0-9]+\) exited with status 1"
   done
   ;;
 
