@@ -14,6 +14,8 @@ foreach(plan gpt gpt_2d)
   add_test(NAME hosts.e2e_${plan} COMMAND ${SHARDPLAN_BASH} ${_hosts}/e2e_test.sh
     $<TARGET_FILE:shardplan_cli> $<TARGET_FILE:train_model> ${PROJECT_SOURCE_DIR}/plans/${plan}.yaml)
 endforeach()
+# A cable cut mid-training, a flap, the master's host gone at the rendezvous,
+# and a rank killed under --max-restarts (tests/hosts/link_faults.sh).
 foreach(case link_down link_flap master_gone restart_across)
   add_test(NAME hosts.${case} COMMAND ${SHARDPLAN_BASH} ${_hosts}/link_faults.sh ${case}
     $<TARGET_FILE:shardplan_cli> $<TARGET_FILE:train_model> ${PROJECT_SOURCE_DIR})

@@ -16,7 +16,8 @@
 #                              packets are dropped silently, as with a cut
 #                              cable, rather than refused
 #   hosts_down                 kills what runs on the hosts and removes them;
-#                              armed on EXIT INT TERM by hosts_up
+#                              armed on EXIT INT TERM by hosts_up (a script
+#                              that sets its own traps afterwards must call it)
 #   hosts_clean_stale          removes the namespaces of runs whose process
 #                              is gone (a run killed with SIGKILL cannot trap);
 #                              hosts_up calls it first
