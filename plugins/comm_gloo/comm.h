@@ -11,10 +11,12 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "context.h"
 #include "errors.h"
@@ -70,6 +72,12 @@ class Comm {
   std::shared_ptr<ShmGroup> shm;      // set when its ranks share a host (shm.h)
   // Test hook SHARDPLAN_TEST_GLOO_STALL_MS (env.h), this communicator's and its splits'.
   long test_stall_ms = 0;
+  // Each root rank's address (gathered once by the root communicator) and the
+  // root rank of each of this communicator's ranks: a timeout cannot tell
+  // which peer failed (gloo does not say which pair an operation waits on),
+  // so it names the group's other hosts, which points at the link.
+  std::shared_ptr<const std::vector<std::string>> hosts;
+  std::vector<int> root_ranks;
 
   // `cancel`: the abort flag of whoever else is waiting for this connect
   // (the parent of a split).
@@ -173,6 +181,7 @@ class Comm {
     } catch (const gloo::IoException& e) {
       err = clean(e.what());
       status = mentions_timeout(err) ? SP_ERR_TIMEOUT : SP_ERR_INTERNAL;
+      if (status == SP_ERR_TIMEOUT) err += other_hosts();
     } catch (const std::exception& e) {
       status = SP_ERR_INTERNAL;
       err = clean(e.what());
@@ -185,6 +194,22 @@ class Comm {
       err = refusal() + " (" + err + ")";
     }
     return status;
+  }
+
+  // "; the group's ranks on other hosts: 10.0.0.2 (2, 3)", or "".
+  std::string other_hosts() const {
+    if (!hosts || root_ranks.size() != static_cast<size_t>(size)) return "";
+    const std::string& mine = hosts->at(static_cast<size_t>(root_ranks[rank]));
+    std::map<std::string, std::string> ranks_on;
+    for (int m = 0; m < size; ++m) {
+      const std::string& h = hosts->at(static_cast<size_t>(root_ranks[m]));
+      if (h == mine) continue;
+      std::string& list = ranks_on[h];
+      list += (list.empty() ? "" : ", ") + std::to_string(m);
+    }
+    std::string out;
+    for (const auto& [host, list] : ranks_on) out += (out.empty() ? "" : ", ") + host + " (" + list + ")";
+    return out.empty() ? out : "; the group's ranks on other hosts: " + out;
   }
 
   // SIGPIPE stays blocked for good on the worker, which only ever runs gloo.

@@ -100,6 +100,26 @@ Options parse_options(const char* const* options) {
   return o;
 }
 
+// Every rank's address, for the errors of this communicator and its splits
+// (Comm::other_hosts): one all-gather of 64 bytes a rank, once per world.
+void gather_hosts(Comm& c, const std::string& mine) {
+  constexpr size_t kLen = 64;
+  c.root_ranks.resize(static_cast<size_t>(c.size));
+  for (int r = 0; r < c.size; ++r) c.root_ranks[static_cast<size_t>(r)] = r;
+  std::vector<char> in(kLen, '\0'), all(kLen * static_cast<size_t>(c.size), '\0');
+  std::copy_n(mine.begin(), std::min(mine.size(), kLen - 1), in.begin());
+  if (c.size > 1)
+    run_gloo(c, gloo::allgather, [&](auto& o) {
+      o.setInput(in.data(), kLen);
+      o.setOutput(all.data(), all.size());
+    });
+  else
+    all = in;
+  auto hosts = std::make_shared<std::vector<std::string>>();
+  for (int r = 0; r < c.size; ++r) hosts->emplace_back(all.data() + kLen * static_cast<size_t>(r));
+  c.hosts = std::move(hosts);
+}
+
 int api_create(const sp_comm_config* config, sp_comm** out) {
   if (int rc = shardplan::comm::check_create("gloo", config, out)) return rc;
   const int rank = config->rank, size = config->world_size;
@@ -143,6 +163,7 @@ int api_create(const sp_comm_config* config, sp_comm** out) {
     comm->link_bytes_per_second = opt.link_gbps * 1e9 / 8;
     comm->test_stall_ms = opt.test_stall_ms;
     comm->connect();
+    gather_hosts(*comm, opt.iface.empty() ? attr.hostname : "interface " + opt.iface);
     attach_shm(*comm, comm->shm_mode);
     *out = new sp_comm{comm};
     return SP_OK;
@@ -183,6 +204,8 @@ int api_split(sp_comm* parent, int32_t color, int32_t key, sp_comm** out) {
         c->shm_mode = p->shm_mode;
         c->link_bytes_per_second = p->link_bytes_per_second;
         c->test_stall_ms = p->test_stall_ms;
+        c->hosts = p->hosts;
+        for (const auto& m : members) c->root_ranks.push_back(p->root_ranks.at(static_cast<size_t>(m.second)));
         c->connect(&p->aborted);
         attach_shm(*c, c->shm_mode);
         child = std::move(c);

@@ -77,12 +77,14 @@ expect_no_leftovers() {
   local k
   for k in 0 1; do [[ -z $(host_pids "$k") ]] || fail "processes left on host $k: $(host_pids "$k" | xargs)"; done
 }
-# The ranks' and launcher's lines after a lost link, on node K.
+# The ranks' and launcher's lines after a lost link, on node K: a rank names
+# the other host, either as the group's ranks there (a timeout) or as the peer
+# that closed or reset its connection.
 expect_link_errors() {
-  local k=$1 log=$WORK/node$1.log
-  grep -qE "^\[rank [0-9]+\] train_model: error: gloo [a-z_]+ on group 'model' \(rank [0-9] of 4\): .*within $TIMEOUT_MS ms" "$log" ||
-    grep -qE "^\[rank [0-9]+\] train_model: error: gloo [a-z_]+ on group 'model' \(rank [0-9] of 4\): .*(reset|closed|refused)" "$log" ||
-    fail "no rank on node $k named the collective it lost"
+  local k=$1 log=$WORK/node$1.log other
+  other=$(host_addr $((1 - k)) | sed 's/\./\\./g')
+  grep -qE "^\[rank [0-9]+\] train_model: error: gloo [a-z_]+ on group 'model' \(rank [0-9] of 4\): .*(the group's ranks on other hosts: $other \([0-9, ]+\).*within $TIMEOUT_MS ms|(closed|reset).*\[$other\])" "$log" ||
+    fail "no rank on node $k named the collective and the host it lost"
   grep -qE "^shardplan launch: node $k of 2 \($(host_addr "$k")\): rank [0-9]+ \(pid [0-9]+\) exited with status 1" "$log" ||
     fail "node $k's launcher did not name its node and the failed rank"
 }
