@@ -51,6 +51,29 @@ for kv in 2 1; do
     "$(gen --load-weights "$d/bf16/model.safetensors" --ranks 2 --plan "$plans/llama.yaml")"
 done
 
+# Names that differ: the file's "base.model.*" mapped back by --rename-weights;
+# a tensor the model lacks is an error naming it, a warning with
+# --lenient-weights.
+want=$($py "$ref" greedy "$work/kv2" "$prompt" $n)
+$py - "$(dirname "$ref")/../weights" "$work/kv2/model.safetensors" "$work" <<'PY' || exit 1
+import os, sys, torch
+sys.path.insert(0, sys.argv[1])
+from interop import read_safetensors, write_safetensors
+tensors = read_safetensors(sys.argv[2])
+for sub, named in (("renamed", {"base." + k: v for k, v in tensors.items()}),
+                   ("extra", dict(tensors, **{"extra.bias": torch.zeros(3)}))):
+    os.makedirs(os.path.join(sys.argv[3], sub))
+    write_safetensors(os.path.join(sys.argv[3], sub, "model.safetensors"), named)
+PY
+cp "$work/kv2/config.json" "$work/renamed/" && cp "$work/kv2/config.json" "$work/extra/"
+check "renamed in the file, --rename-weights" "$want" "$(gen --load-weights "$work/renamed" --rename-weights '^base\.=')"
+if gen --load-weights "$work/extra" >/dev/null || ! grep -q "extra.bias" "$work/out.txt"; then
+  echo "FAIL a tensor the model lacks: not an error naming it"
+  failures=$((failures + 1))
+fi
+check "a tensor the model lacks, --lenient-weights" "$want" "$(gen --load-weights "$work/extra" --lenient-weights)"
+grep -q "^warning: .*extra.bias" "$work/out.txt" || { echo "FAIL --lenient-weights: no warning"; failures=$((failures + 1)); }
+
 # Fine-tune from Python's weights on 4 ranks, {data: 2, model: 2} + SP; save.
 "$train" --model llama --steps 10 --log-every 10 --batch 8 --dtype float64 --ranks 4 --plan "$plan_2d" \
   --load-weights "$work/kv2" --save-weights "$work/tuned" >"$work/tune.txt" 2>&1 || { cat "$work/tune.txt"; exit 1; }
