@@ -9,6 +9,8 @@
 #include <ostream>
 #include <variant>
 
+#include "shardplan/nn/deferred_init.h"
+
 namespace shardplan {
 namespace nn {
 namespace {
@@ -75,13 +77,13 @@ void ConvNdImpl<D, Derived>::reset() {
 
   std::vector<int64_t> weight_sizes = {options.out_channels(), options.in_channels() / options.groups()};
   weight_sizes.insert(weight_sizes.end(), (*options.kernel_size()).begin(), (*options.kernel_size()).end());
-  weight = this->register_parameter("weight", torch::empty(weight_sizes));
+  weight = this->register_parameter("weight", empty_parameter(weight_sizes));
   if (options.bias()) {
-    bias = this->register_parameter("bias", torch::empty({options.out_channels()}));
+    bias = this->register_parameter("bias", empty_parameter({options.out_channels()}));
   } else {
     bias = this->register_parameter("bias", {}, /*requires_grad=*/false);
   }
-  reset_parameters();
+  if (!deferring()) reset_parameters();
 }
 
 template <size_t D, typename Derived>
@@ -132,6 +134,8 @@ at::Tensor ConvNdImpl<D, Derived>::convolve(const at::Tensor& input, const at::T
 
 template <size_t D, typename Derived>
 at::Tensor ConvNdImpl<D, Derived>::forward(const at::Tensor& input) {
+  check_materialized(weight, "shardplan::nn::Conv", "weight");
+  check_materialized(bias, "shardplan::nn::Conv", "bias");
   if (strategy_) {
     return strategy_->forward(input, weight, bias,
                               [this](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, int64_t groups) {

@@ -5,6 +5,8 @@
 
 #include <ostream>
 
+#include "shardplan/nn/deferred_init.h"
+
 namespace shardplan {
 namespace nn {
 
@@ -24,8 +26,8 @@ void EmbeddingImpl::reset() {
     }
   }
   if (!options._weight().defined()) {
-    weight = register_parameter("weight", torch::empty({options.num_embeddings(), options.embedding_dim()}));
-    reset_parameters();
+    weight = register_parameter("weight", empty_parameter({options.num_embeddings(), options.embedding_dim()}));
+    if (!deferring()) reset_parameters();
   } else {
     TORCH_CHECK(options._weight().sizes() == torch::IntArrayRef({options.num_embeddings(), options.embedding_dim()}),
                 "Shape of _weight does not match num_embeddings and embedding_dim");
@@ -54,6 +56,7 @@ void EmbeddingImpl::pretty_print(std::ostream& stream) const {
 }
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& indices) {
+  check_materialized(weight, "shardplan::nn::Embedding", "weight");
   if (strategy_) return strategy_->forward(indices, weight, options);
   return embedding_lookup(indices, weight, options);
 }

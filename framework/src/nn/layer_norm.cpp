@@ -5,6 +5,8 @@
 
 #include <ostream>
 
+#include "shardplan/nn/deferred_init.h"
+
 namespace shardplan {
 namespace nn {
 
@@ -13,13 +15,13 @@ LayerNormImpl::LayerNormImpl(torch::nn::LayerNormOptions options_) : options(std
 // Mirrors torch::nn::LayerNormImpl::reset: same parameters, same values.
 void LayerNormImpl::reset() {
   if (options.elementwise_affine()) {
-    weight = register_parameter("weight", torch::empty(options.normalized_shape()));
-    bias = register_parameter("bias", torch::empty(options.normalized_shape()));
+    weight = register_parameter("weight", empty_parameter(options.normalized_shape()));
+    bias = register_parameter("bias", empty_parameter(options.normalized_shape()));
   } else {
     weight = register_parameter("weight", {}, /*requires_grad=*/false);
     bias = register_parameter("bias", {}, /*requires_grad=*/false);
   }
-  reset_parameters();
+  if (!deferring()) reset_parameters();
 }
 
 void LayerNormImpl::reset_parameters() {
@@ -37,6 +39,8 @@ void LayerNormImpl::pretty_print(std::ostream& stream) const {
 }
 
 at::Tensor LayerNormImpl::forward(const at::Tensor& input) {
+  check_materialized(weight, "shardplan::nn::LayerNorm", "weight");
+  check_materialized(bias, "shardplan::nn::LayerNorm", "bias");
   if (strategy_) return strategy_->forward(input, weight, bias, options);
   return at::layer_norm(input, options.normalized_shape(), weight, bias, options.eps());
 }

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <ostream>
 
+#include "shardplan/nn/deferred_init.h"
+
 namespace shardplan {
 namespace nn {
 
@@ -14,13 +16,13 @@ LinearImpl::LinearImpl(const torch::nn::LinearOptions& options_) : options(optio
 // Mirrors torch::nn::LinearImpl::reset so both draw the same numbers from the
 // same generator: unsharded models built from either type are bit-identical.
 void LinearImpl::reset() {
-  weight = register_parameter("weight", torch::empty({options.out_features(), options.in_features()}));
+  weight = register_parameter("weight", empty_parameter({options.out_features(), options.in_features()}));
   if (options.bias()) {
-    bias = register_parameter("bias", torch::empty(options.out_features()));
+    bias = register_parameter("bias", empty_parameter(options.out_features()));
   } else {
     bias = register_parameter("bias", {}, /*requires_grad=*/false);
   }
-  reset_parameters();
+  if (!deferring()) reset_parameters();
 }
 
 void LinearImpl::reset_parameters() {
@@ -41,6 +43,8 @@ void LinearImpl::pretty_print(std::ostream& stream) const {
 }
 
 at::Tensor LinearImpl::forward(const at::Tensor& input) {
+  check_materialized(weight, "shardplan::nn::Linear", "weight");
+  check_materialized(bias, "shardplan::nn::Linear", "bias");
   if (strategy_) return strategy_->forward(input, weight, bias);
   return torch::nn::functional::linear(input, weight, bias);
 }

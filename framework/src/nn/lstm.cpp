@@ -9,6 +9,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "shardplan/nn/deferred_init.h"
 #include "shardplan/random.h"
 
 namespace shardplan {
@@ -61,14 +62,14 @@ void LSTMImpl::reset() {
       if (options.proj_size() > 0)
         params.push_back({"weight_hr_l" + suffix, {options.proj_size(), options.hidden_size()}});
       for (auto& p : params) {
-        register_parameter(p.first, torch::empty(p.second));
+        register_parameter(p.first, empty_parameter(p.second));
         flat_weights_names_.push_back(p.first);
       }
     }
   }
   reset_flat_weights();
   flatten_parameters();
-  reset_parameters();
+  if (!deferring()) reset_parameters();
 }
 
 void LSTMImpl::reset_parameters() {
@@ -176,6 +177,7 @@ LSTMOutput LSTMImpl::forward(const at::Tensor& input, torch::optional<std::tuple
     hx = *hx_opt;
   }
   check_forward_args(input, hx);
+  for (const auto& w : flat_weights_) check_materialized(w, "shardplan::nn::LSTM", "weight");
   if (strategy_) return strategy_->forward(*this, input, hx);
   if (options.dropout() > 0 && is_training() && options.num_layers() > 1 && current_rng_tracker())
     return forward_layerwise(input, hx);

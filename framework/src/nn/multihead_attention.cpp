@@ -11,6 +11,7 @@
 
 #include "shardplan/communicator.h"
 #include "shardplan/error.h"
+#include "shardplan/nn/deferred_init.h"
 #include "shardplan/random.h"
 
 namespace shardplan {
@@ -43,31 +44,31 @@ void MultiheadAttentionImpl::reset() {
   head_dim = options.embed_dim() / options.num_heads();
   TORCH_CHECK(head_dim * options.num_heads() == options.embed_dim(), "embed_dim must be divisible by num_heads");
   if (!_qkv_same_embed_dim) {
-    q_proj_weight = register_parameter("q_proj_weight", torch::empty({options.embed_dim(), options.embed_dim()}));
-    k_proj_weight = register_parameter("k_proj_weight", torch::empty({options.embed_dim(), options.kdim()}));
-    v_proj_weight = register_parameter("v_proj_weight", torch::empty({options.embed_dim(), options.vdim()}));
+    q_proj_weight = register_parameter("q_proj_weight", empty_parameter({options.embed_dim(), options.embed_dim()}));
+    k_proj_weight = register_parameter("k_proj_weight", empty_parameter({options.embed_dim(), options.kdim()}));
+    v_proj_weight = register_parameter("v_proj_weight", empty_parameter({options.embed_dim(), options.vdim()}));
     register_parameter("in_proj_weight", {}, /*requires_grad=*/false);
   } else {
-    in_proj_weight = register_parameter("in_proj_weight", torch::empty({3 * options.embed_dim(), options.embed_dim()}));
+    in_proj_weight = register_parameter("in_proj_weight", empty_parameter({3 * options.embed_dim(), options.embed_dim()}));
     register_parameter("q_proj_weight", {}, /*requires_grad=*/false);
     register_parameter("k_proj_weight", {}, /*requires_grad=*/false);
     register_parameter("v_proj_weight", {}, /*requires_grad=*/false);
   }
   if (options.bias()) {
-    in_proj_bias = register_parameter("in_proj_bias", torch::empty(3 * options.embed_dim()));
+    in_proj_bias = register_parameter("in_proj_bias", empty_parameter(3 * options.embed_dim()));
   } else {
     register_parameter("in_proj_bias", {}, /*requires_grad=*/false);
   }
   out_proj = register_module(
       "out_proj", Linear(torch::nn::LinearOptions(options.embed_dim(), options.embed_dim()).bias(options.bias())));
   if (options.add_bias_kv()) {
-    bias_k = register_parameter("bias_k", torch::empty({1, 1, options.embed_dim()}));
-    bias_v = register_parameter("bias_v", torch::empty({1, 1, options.embed_dim()}));
+    bias_k = register_parameter("bias_k", empty_parameter({1, 1, options.embed_dim()}));
+    bias_v = register_parameter("bias_v", empty_parameter({1, 1, options.embed_dim()}));
   } else {
     bias_k.reset();
     bias_v.reset();
   }
-  _reset_parameters();
+  if (!deferring()) _reset_parameters();
 }
 
 void MultiheadAttentionImpl::_reset_parameters() {
@@ -234,6 +235,9 @@ std::tuple<at::Tensor, at::Tensor> MultiheadAttentionImpl::forward(const at::Ten
                                                                    const at::Tensor& key_padding_mask,
                                                                    bool need_weights, const at::Tensor& attn_mask,
                                                                    bool average_attn_weights) {
+  for (const at::Tensor* p : {&in_proj_weight, &q_proj_weight, &k_proj_weight, &v_proj_weight, &in_proj_bias, &bias_k,
+                              &bias_v})
+    check_materialized(*p, "shardplan::nn::MultiheadAttention", "parameter");
   if (strategy_)
     return strategy_->forward(*this, query, key, value, key_padding_mask, need_weights, attn_mask,
                               average_attn_weights);

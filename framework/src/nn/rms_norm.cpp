@@ -5,6 +5,8 @@
 
 #include <ostream>
 
+#include "shardplan/nn/deferred_init.h"
+
 #include "shardplan/error.h"
 
 namespace shardplan {
@@ -24,8 +26,8 @@ RMSNormImpl::RMSNormImpl(const RMSNormOptions& options_) : options(options_) { r
 
 void RMSNormImpl::reset() {
   if (options.dim() < 1) throw Error("RMSNorm: dim must be at least 1, got " + std::to_string(options.dim()));
-  weight = register_parameter("weight", torch::empty({options.dim()}));
-  reset_parameters();
+  weight = register_parameter("weight", empty_parameter({options.dim()}));
+  if (!deferring()) reset_parameters();
 }
 
 void RMSNormImpl::reset_parameters() { torch::nn::init::ones_(weight); }
@@ -37,6 +39,7 @@ void RMSNormImpl::pretty_print(std::ostream& stream) const {
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& input) {
+  check_materialized(weight, "shardplan::nn::RMSNorm", "weight");
   if (strategy_) return strategy_->forward(input, weight, options);
   return rms_norm(input, weight, options.eps());
 }

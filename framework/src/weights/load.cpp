@@ -18,8 +18,10 @@
 #include <set>
 
 #include "base/shape_text.h"
+#include "nn/deferred_internal.h"
 #include "checkpoint/checkpoint_internal.h"
 #include "shardplan/error.h"
+#include "shardplan/nn/deferred_init.h"
 #include "shardplan/shard.h"
 #include "shardplan/weights.h"
 #include "weights/weights_internal.h"
@@ -187,6 +189,19 @@ int64_t copy_one(const Target& t, const WeightsOptions& options) {
   return dst.numel() * dst.element_size();
 }
 
+// A model built under DeferredInit has no values but the file's: a
+// parameter the file lacks would keep zeros nobody chose, so even a lenient
+// load refuses to leave one out.
+void refuse_unfilled(const std::vector<Target>& targets, const std::string& path) {
+  std::vector<std::string> unfilled;
+  for (const auto& t : targets)
+    if (!t.source && !t.item.buffer && nn::is_deferred(t.item.param)) unfilled.push_back(t.names.front());
+  if (!unfilled.empty())
+    throw Error("weights '" + path + "' lack " + std::to_string(unfilled.size()) +
+                " parameter(s) of a model built under DeferredInit, which would keep no values: " + joined(unfilled) +
+                "; build the model without DeferredInit to keep their initial values");
+}
+
 }  // namespace
 
 WeightsReport load_weights(torch::nn::Module& model, const ParallelReport& report, const std::string& path,
@@ -212,11 +227,21 @@ WeightsReport load_weights(torch::nn::Module& model, const ParallelReport& repor
     for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
     throw Error(msg);
   }
+  refuse_unfilled(targets, path);
+  // Parameters still over the zero page (replicated ones; shards were cut
+  // into memory of their own) get theirs now, after every check passed. Their
+  // tensors change storage, so the targets' views of them are taken again.
+  if (!nn::detail::give_memory(model, /*zero=*/false).empty()) {
+    targets = targets_of(model, report);
+    WeightsReport again;
+    match(targets, sources, options, again, path);
+  }
   at::NoGradGuard no_grad;
   for (const auto& t : targets) {
     if (!t.source) continue;
     rep.bytes_copied += copy_one(t, options);
     rep.loaded.push_back(t.names.front());
+    if (!t.item.buffer) nn::detail::mark_filled(t.item.param);
   }
   return rep;
 }

@@ -1,0 +1,28 @@
+#pragma once
+// What load_weights needs of deferred initialisation beyond the public API
+// (shardplan/nn/deferred_init.h). Not installed.
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+namespace torch {
+namespace nn {
+class Module;
+}
+}  // namespace torch
+
+namespace shardplan {
+namespace nn {
+namespace detail {
+
+// Gives every parameter still over the zero page memory of its own, in place;
+// zeroed or not (a caller that writes every element need not pay for zeros).
+std::vector<std::string> give_memory(torch::nn::Module& model, bool zero);
+
+// `t` holds real values now: forward may use it.
+void mark_filled(const at::Tensor& t);
+
+}  // namespace detail
+}  // namespace nn
+}  // namespace shardplan
