@@ -155,6 +155,14 @@ add_test(NAME e2e_llama_weights_from_pytorch COMMAND ${CMAKE_CURRENT_SOURCE_DIR}
   $<TARGET_FILE:train_model> ${_plans} ${CMAKE_CURRENT_SOURCE_DIR}/e2e/llama_sp_2d.yaml
   ${CMAKE_CURRENT_BINARY_DIR}/llama_weights)
 set_tests_properties(e2e_llama_weights_from_pytorch PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
+# A Llama larger than one rank's memory (tests/e2e/llama_bigger_than_rank.sh):
+# under one per-process limit on private memory (prlimit --data) the
+# unsharded run fails with the out-of-memory line, 2 and 4 gloo processes
+# load their shards (DeferredInit) and generate the unsharded text.
+add_test(NAME e2e_llama_bigger_than_rank COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/llama_bigger_than_rank.sh
+  $<TARGET_FILE:train_model> $<TARGET_FILE:shardplan_cli> ${_plans}/llama.yaml
+  ${CMAKE_CURRENT_BINARY_DIR}/llama_bigger_than_rank)
+set_tests_properties(e2e_llama_bigger_than_rank PROPERTIES TIMEOUT 600)
 set(_run $<TARGET_FILE:train_model> --model llama --steps 20 --log-every 10 --batch 8 --dtype float64 --generate 30
   --samples 2 --temperature 0)
 add_test(NAME e2e_llama_generate_threads4 COMMAND ${_gen} -- ${_run}

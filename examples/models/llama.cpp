@@ -12,6 +12,7 @@
 #include "shardplan/communicator.h"
 #include "shardplan/error.h"
 #include "shardplan/mappings.h"
+#include "shardplan/nn/deferred_init.h"
 #include "shardplan/tied.h"
 
 namespace shardplan {
@@ -24,8 +25,10 @@ namespace {
 std::string num(int64_t v) { return std::to_string(v); }
 
 // Hugging Face's LlamaPreTrainedModel._init_weights: normal(0, 0.02) for
-// every Linear and Embedding weight (RMSNorm weights are ones).
+// every Linear and Embedding weight (RMSNorm weights are ones). Under
+// DeferredInit the weights come from a file and have no memory to write.
 void init_normal(const at::Tensor& w) {
+  if (shardplan::nn::deferring()) return;
   at::NoGradGuard no_grad;
   w.normal_(0, 0.02);
 }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -23,6 +24,7 @@
 #include "shardplan/checkpoint.h"
 #include "shardplan/data_parallel.h"
 #include "shardplan/error.h"
+#include "shardplan/nn/deferred_init.h"
 #include "shardplan/parallelize.h"
 #include "shardplan/plan.h"
 #include "shardplan/random.h"
@@ -243,6 +245,12 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
   {
     std::lock_guard<std::mutex> lock(init_mutex);
     torch::manual_seed(a.seed);
+    // Weights from a file replace every parameter: build them without
+    // memory, so each rank holds only its shards (a model larger than one
+    // rank's memory loads under tensor parallelism). A lenient load keeps
+    // the initial values of what the file lacks, so it builds them.
+    std::optional<nn::DeferredInit> deferred;
+    if (!a.load_weights.empty() && !a.lenient_weights) deferred.emplace(dtype);
     m = make_model(a.model, model_config(a));
   }
   m.module->to(dtype);
@@ -438,7 +446,10 @@ int train_main(int argc, char** argv, const std::string& program, const std::str
       ModelHandle probe;
       {
         std::lock_guard<std::mutex> lock(init_mutex);
-        probe = make_model(a.model, model_config(a));  // checks the config before any rank starts
+        // Checks the config before any rank starts; its parameters are never
+        // read, so they take no memory (a model may not fit twice).
+        nn::DeferredInit no_memory;
+        probe = make_model(a.model, model_config(a));
       }
       if (a.generate > 0) {
         // Before any training, so that a bad prompt fails in a second.
