@@ -119,6 +119,25 @@ set_tests_properties(e2e_gpt_option_save_weights_unwritable PROPERTIES
   PASS_REGULAR_EXPRESSION "^train_gpt: --save-weights /nonexistent-shardplan-dir/w: the directory it would be written in, /nonexistent-shardplan-dir, does not exist\n")
 set_tests_properties(e2e_gpt_option_steps_zero_alone e2e_gpt_option_load_and_load_weights
   e2e_gpt_option_save_weights_unwritable PROPERTIES FAIL_REGULAR_EXPRESSION "step +1 " TIMEOUT 60)
+# --dump-logits: one safetensors file, for a language model, its prompt
+# checked (a --prompt needs --generate or --dump-logits).
+add_test(NAME e2e_gpt_option_dump_logits_not_safetensors COMMAND train_gpt --steps 3 --dump-logits logits.bin)
+add_test(NAME e2e_convnet_option_dump_logits COMMAND train_model --model convnet --steps 3
+  --dump-logits logits.safetensors)
+add_test(NAME e2e_gpt_option_dump_logits_prompt_past_context COMMAND train_gpt --steps 3 --config context=8
+  --dump-logits logits.safetensors)
+add_test(NAME e2e_gpt_option_prompt_alone COMMAND train_gpt --steps 3 --prompt hi)
+set_tests_properties(e2e_gpt_option_dump_logits_not_safetensors PROPERTIES
+  PASS_REGULAR_EXPRESSION "^train_gpt: --dump-logits takes a file name ending in .safetensors, got 'logits.bin'\n")
+set_tests_properties(e2e_convnet_option_dump_logits PROPERTIES
+  PASS_REGULAR_EXPRESSION "^train_model: --dump-logits works with the language models \\(gpt, llama\\) only\n")
+set_tests_properties(e2e_gpt_option_dump_logits_prompt_past_context PROPERTIES
+  PASS_REGULAR_EXPRESSION "^train_gpt: --dump-logits: the prompt has 22 bytes; it needs 1 to the context's 8\n")
+set_tests_properties(e2e_gpt_option_prompt_alone PROPERTIES
+  PASS_REGULAR_EXPRESSION "^train_gpt: --prompt takes effect with --generate N or --dump-logits FILE only\n")
+set_tests_properties(e2e_gpt_option_dump_logits_not_safetensors e2e_convnet_option_dump_logits
+  e2e_gpt_option_dump_logits_prompt_past_context e2e_gpt_option_prompt_alone PROPERTIES
+  FAIL_REGULAR_EXPRESSION "step +1 " TIMEOUT 60)
 add_test(NAME e2e_gpt_failure_after_training_keeps_model
   COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/after_training.sh $<TARGET_FILE:train_gpt>)
 set_tests_properties(e2e_gpt_failure_after_training_keeps_model PROPERTIES TIMEOUT 300)

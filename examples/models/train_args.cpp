@@ -41,7 +41,7 @@ const Defaults kDefaults[] = {
                "       [--seed N] [--threads N] [--log-every N] [--data TEXT_FILE] [--report]\n"
                "       [--save DIR [--save-every N] [--resume auto]] [--load DIR] [--micro-batches N]\n"
                "       [--check-replicas N] [--load-weights PATH [--rename-weights REGEX=REPLACEMENT]...\n"
-               "       [--lenient-weights]] [--save-weights PATH]\n"
+               "       [--lenient-weights]] [--save-weights PATH] [--dump-logits FILE.safetensors [--prompt TEXT]]\n"
                "       [--generate N [--prompt TEXT] [--temperature X] [--top-k K] [--samples S]]\n"
                "--save writes a sharded checkpoint (model, optimizer, step) to DIR after the last step, and\n"
                "every N steps with --save-every; --load resumes from one, saved at any number of ranks,\n"
@@ -55,6 +55,9 @@ const Defaults kDefaults[] = {
                "order; every missing or unexpected name is an error, a warning with --lenient-weights);\n"
                "--save-weights writes the whole tensors as safetensors (+ config.json)\n"
                "after the last step (docs/WEIGHTS.md); --steps 0 with --load-weights only generates\n"
+               "--dump-logits FILE (gpt, llama): after training (and --save-weights), rank 0 writes the logits of\n"
+               "one forward over --prompt as safetensors: one tensor \"logits\" [prompt bytes, vocab], the whole\n"
+               "vocabulary, in --dtype (read it with Python's safetensors, or tests/weights/interop.py)\n"
                "--plan auto plans the model by itself (shardplan::auto_plan, docs/AUTO_PLAN.md; --report shows it)\n"
                "--batch is the global batch: a plan with a batch axis (mesh {data: 2, model: 2}) gives each\n"
                "data rank its slice; --micro-batches accumulates gradients over N slices of it per step;\n"
@@ -96,6 +99,13 @@ void check_args(Args& a, const std::string& program, const std::string& only) {
     usage(program, only, "--generate must not be negative, --samples at least 1");
   if (a.generate == 0 && !a.generation_option.empty())
     usage(program, only, a.generation_option + " takes effect with --generate N only");
+  if (a.generate == 0 && a.dump_logits.empty() && a.prompt_given)
+    usage(program, only, "--prompt takes effect with --generate N or --dump-logits FILE only");
+  // One file, not a directory of shards: what Python reads back whole.
+  const std::string ext = ".safetensors";
+  if (!a.dump_logits.empty() &&
+      (a.dump_logits.size() <= ext.size() || a.dump_logits.compare(a.dump_logits.size() - ext.size(), ext.size(), ext)))
+    usage(program, only, "--dump-logits takes a file name ending in .safetensors, got '" + a.dump_logits + "'");
   if (a.steps < 0 || a.batch < 1 || a.log_every < 1 || a.ranks < 0 || a.threads < 0)
     usage(program, only, "--batch and --log-every must be at least 1, --steps, --ranks and --threads not negative");
   if (a.resume_auto && (a.save.empty() || !a.load.empty()))
@@ -127,6 +137,7 @@ void check_args(Args& a, const std::string& program, const std::string& only) {
   try {
     if (!a.save.empty()) check_save_dir(a.save, "--save");
     if (!a.save_weights.empty()) check_save_dir(a.save_weights, "--save-weights");
+    if (!a.dump_logits.empty()) check_save_dir(a.dump_logits, "--dump-logits");
   } catch (const std::exception& e) {
     usage(program, only, e.what());
   }
@@ -144,7 +155,8 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
       if (i + 1 >= argc) usage(program, only, "missing value for " + k);
       return v = argv[++i];
     };
-    if (k == "--prompt" || k == "--temperature" || k == "--top-k" || k == "--samples") a.generation_option = k;
+    if (k == "--temperature" || k == "--top-k" || k == "--samples") a.generation_option = k;
+    if (k == "--prompt") a.prompt_given = true;
     try {
       if (k == "--model" && !fixed)
         a.model = value();
@@ -199,6 +211,8 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
         a.micro_batches = option_int(value());
       else if (k == "--check-replicas")
         a.check_replicas = option_int(value());
+      else if (k == "--dump-logits")
+        a.dump_logits = value();
       else if (k == "--generate")
         a.generate = option_int(value());
       else if (k == "--prompt")

@@ -37,13 +37,18 @@ struct Args {
   int save_every = 0;      // 0: save once, after the last step
   int micro_batches = 1;   // gradient accumulation: micro-batches per step
   int check_replicas = 0;  // every N steps (0: never)
+  // After training, rank 0 writes the logits of one forward over --prompt,
+  // the vocabulary whole, as a safetensors file (gpt, llama): how
+  // tests/e2e/llama_logits.sh compares them with PyTorch's.
+  std::string dump_logits;
   // Text generation after training (gpt only).
   int generate = 0;  // new tokens per sample (0: none)
   std::string prompt = "From fairest creatures";  // the sonnets' first line, begun
   double temperature = 0.8;
   int top_k = 20;
   int samples = 3;
-  std::string generation_option;  // the last of --prompt ... --samples given (they need --generate)
+  std::string generation_option;  // the last of --temperature, --top-k, --samples given (they need --generate)
+  bool prompt_given = false;      // --prompt needs --generate or --dump-logits
 };
 
 // Prints why and the usage to stderr and exits with status 2. `only`: the one

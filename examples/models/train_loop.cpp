@@ -24,6 +24,7 @@
 #include "shardplan/checkpoint.h"
 #include "shardplan/data_parallel.h"
 #include "shardplan/error.h"
+#include "shardplan/mappings.h"
 #include "shardplan/nn/deferred_init.h"
 #include "shardplan/parallelize.h"
 #include "shardplan/plan.h"
@@ -143,6 +144,33 @@ void generate_text(const Args& a, World& world, torch::nn::Module& module, const
                 static_cast<long long>(g.tokens.numel()), g.seconds, g.tokens_per_second(), a.samples,
                 static_cast<long long>(prompt.size(1)), a.generate - 1);
   std::fflush(stdout);
+}
+
+// --dump-logits: one forward over the prompt (batch 1) through fresh caches,
+// as generation's prefill runs it, so CausalLM::forward_cached gathers a
+// vocab-parallel head's slices and every rank holds [T, 1, V] whole. Under
+// sequence parallelism the prompt stays split when it divides over the
+// ranks, as generate() prefills it, else runs whole. Rank 0 writes it.
+void dump_prompt_logits(const Args& a, World& world, torch::nn::Module& module, const Plan& plan,
+                        const ParallelReport& report) {
+  auto& lm = dynamic_cast<CausalLM&>(module);
+  const int64_t parts = generate_options(a, plan, report.mesh).sequence_parts;
+  const at::Tensor prompt = encode(a.prompt);
+  at::Tensor logits;
+  {
+    at::NoGradGuard no_grad;
+    const bool was_training = module.is_training();
+    module.eval();
+    std::optional<WholeSequence> whole;
+    if (parts > 1 && prompt.size(1) % parts != 0) whole.emplace();
+    auto caches = lm.make_caches();
+    logits = lm.forward_cached(prompt, caches).select(1, 0).contiguous();  // [T, V]
+    module.train(was_training);
+  }
+  if (world.rank() != 0) return;
+  write_safetensors(a.dump_logits, {{"logits", logits}});
+  std::printf("wrote the prompt's logits [%lld, %lld] (%s) to %s\n", static_cast<long long>(logits.size(0)),
+              static_cast<long long>(logits.size(1)), a.dtype.c_str(), a.dump_logits.c_str());
 }
 
 // What a failure after the last step says about the model it trained.
@@ -426,10 +454,30 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
                     zero ? " (ZeRO-1 slices)" : "");
     });
     if (!a.save_weights.empty()) save_pretrained(a, world, *m.module, report, *m.model);
+    if (!a.dump_logits.empty()) dump_prompt_logits(a, world, *m.module, plan, report);
     if (a.generate > 0) generate_text(a, world, *m.module, plan, report);
   } catch (const std::exception& e) {
     throw Error(std::string("after training: ") + e.what() + " (" + model_whereabouts(a, start) + ")");
   }
+}
+
+// --generate and --dump-logits need a language model and a prompt that fits
+// its context (usage() otherwise; check_generation throws for --generate).
+void check_prompt_options(const Args& a, const ModelHandle& probe, const std::string& program,
+                          const std::string& only) {
+  if (a.generate == 0 && a.dump_logits.empty()) return;
+  auto* lm = dynamic_cast<CausalLM*>(probe.module.get());
+  if (!lm)
+    usage(program, only,
+          std::string(a.generate > 0 ? "--generate" : "--dump-logits") +
+              " works with the language models (gpt, llama) only");
+  if (a.generate > 0) check_generation(*lm, static_cast<int64_t>(a.prompt.size()), generate_options(a));
+  if (a.dump_logits.empty()) return;
+  const int64_t n = static_cast<int64_t>(a.prompt.size());
+  if (n < 1 || n > lm->context_size())
+    usage(program, only,
+          "--dump-logits: the prompt has " + std::to_string(n) + " bytes; it needs 1 to the context's " +
+              std::to_string(lm->context_size()));
 }
 
 }  // namespace
@@ -451,13 +499,8 @@ int train_main(int argc, char** argv, const std::string& program, const std::str
         nn::DeferredInit no_memory;
         probe = make_model(a.model, model_config(a));
       }
-      if (a.generate > 0) {
-        // Before any training, so that a bad prompt fails in a second.
-        auto* lm = dynamic_cast<CausalLM*>(probe.module.get());
-        if (!lm)
-          usage(program, fixed_model ? default_model : "", "--generate works with the language models (gpt, llama) only");
-        check_generation(*lm, static_cast<int64_t>(a.prompt.size()), generate_options(a));
-      }
+      // Before any training, so that a bad prompt fails in a second.
+      check_prompt_options(a, probe, program, fixed_model ? default_model : "");
       if (probe.model->needs_corpus())
         corpus = std::make_unique<Corpus>(a.data.empty() ? default_corpus_path() : a.data);
     }
