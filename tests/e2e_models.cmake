@@ -165,6 +165,18 @@ add_test(NAME e2e_llama_sp_threads4_f64 COMMAND ${_e2e} 1e-7 -- ${_llama_f64}
 add_test(NAME e2e_llama_sp_2d_gloo_f64 COMMAND ${_e2e} 1e-7 -- ${_llama_f64}
   -- $<TARGET_FILE:shardplan_cli> launch -n 4 --backend gloo -- ${_llama_f64}
      --plan ${CMAKE_CURRENT_SOURCE_DIR}/e2e/llama_sp_2d.yaml --check-replicas 5)
+# Async tensor parallelism (plans/llama_async.yaml: plans/llama_sp.yaml with
+# every Linear's sequence gather or reduce-scatter a ring): 2 gloo processes
+# and 4 thread ranks (each kv head replicated on two, and multi-query) give
+# the unsharded losses in float64.
+add_test(NAME e2e_llama_async_gloo_f64 COMMAND ${_e2e} 1e-7 -- ${_llama_f64}
+  -- $<TARGET_FILE:shardplan_cli> launch -n 2 --backend gloo -- ${_llama_f64} --plan ${_plans}/llama_async.yaml)
+add_test(NAME e2e_llama_async_threads4_f64 COMMAND ${_e2e} 1e-7 -- ${_llama_f64}
+  -- ${_llama_f64} --ranks 4 --plan ${_plans}/llama_async.yaml)
+add_test(NAME e2e_llama_async_mqa_threads4_f64 COMMAND ${_e2e} 1e-7 -- ${_llama_f64} --config kv_heads=1
+  -- ${_llama_f64} --config kv_heads=1 --ranks 4 --plan ${_plans}/llama_async.yaml)
+set_tests_properties(e2e_llama_async_gloo_f64 e2e_llama_async_threads4_f64 e2e_llama_async_mqa_threads4_f64
+  PROPERTIES TIMEOUT 300)
 # Weights from PyTorch (tests/e2e/llama_weights.sh): an independent PyTorch
 # Llama (tests/llama/reference.py) writes safetensors + config.json; loaded shard-on-load at 1, 2 and 4
 # ranks (kv_heads 2 and 1, float32 and bfloat16 files) the greedy text is

@@ -1,6 +1,8 @@
-// The example Llama (examples/models/llama.h) under plans/llama.yaml and
-// plans/llama_sp.yaml against itself unsharded (tests/parity.h): forward,
-// parameter gradients and parameters after three steps, at world 1, 2 and 4,
+// The example Llama (examples/models/llama.h) under plans/llama.yaml,
+// plans/llama_sp.yaml and plans/llama_async.yaml (sequence parallelism with
+// every Linear's gather or reduce-scatter a ring) against itself unsharded
+// (tests/parity.h): forward, parameter gradients and parameters after three
+// steps, at world 1, 2 and 4,
 // float64 (1e-10) and float32, with kv_heads = heads, 2 (world 4 replicates
 // each kv head on two ranks) and 1 (multi-query); Hugging Face's rotary
 // convention and grouped-query head mapping; greedy generation through
@@ -100,6 +102,14 @@ TEST(Llama, SequenceParallelEqualsUnsharded) {
   for (int kv : {2, 1})
     for (int world : {2, 4}) expect_parity("llama_sp", kv, world, torch::kDouble);
   expect_parity("llama_sp", 2, 4, torch::kFloat);
+}
+
+// The rings of async TP on every Linear, replicated kv heads (kv 2 and 1 at
+// world 4) and multi-query included.
+TEST(Llama, AsyncTensorParallelEqualsUnsharded) {
+  for (int kv : {2, 1})
+    for (int world : {2, 4}) expect_parity("llama_async", kv, world, torch::kDouble);
+  expect_parity("llama_async", 2, 4, torch::kFloat);
 }
 
 // A kv head replicated on two ranks: whole weights, reported whole, and
