@@ -178,10 +178,17 @@ add_test(NAME e2e_llama_async_mqa_threads4_f64 COMMAND ${_e2e} 1e-7 -- ${_llama_
 set_tests_properties(e2e_llama_async_gloo_f64 e2e_llama_async_threads4_f64 e2e_llama_async_mqa_threads4_f64
   PROPERTIES TIMEOUT 300)
 # Weights from PyTorch (tests/e2e/llama_weights.sh): an independent PyTorch
-# Llama (tests/llama/reference.py) writes safetensors + config.json; loaded shard-on-load at 1, 2 and 4
-# ranks (kv_heads 2 and 1, float32 and bfloat16 files) the greedy text is
-# Python's; fine-tuned under {data: 2, model: 2} + SP and saved, Python
-# reproduces C++'s text from the file.
+# Llama (tests/llama/reference.py) writes safetensors + config.json; loaded
+# shard-on-load from the bfloat16 file at 2 ranks (kv_heads 2 and 1) the
+# greedy text is Python's; fine-tuned under {data: 2, model: 2} + SP and
+# saved, Python reproduces C++'s text and float64 logits (1e-10) from the file.
+# tests/e2e/llama_logits.sh: from the float32 file, unsharded and at 2 and 4
+# thread ranks and gloo processes (kv_heads 2 and 1), --dump-logits equal
+# Python's float64 ones to 1e-10 in float64 and within 4x the unsharded
+# float32 run's spread in float32, and every greedy text is Python's.
+add_test(NAME e2e_llama_logits_from_pytorch COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/llama_logits.sh
+  $<TARGET_FILE:train_model> $<TARGET_FILE:shardplan_cli> ${_plans} ${CMAKE_CURRENT_BINARY_DIR}/llama_logits)
+set_tests_properties(e2e_llama_logits_from_pytorch PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
 add_test(NAME e2e_llama_weights_from_pytorch COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/llama_weights.sh
   $<TARGET_FILE:train_model> ${_plans} ${CMAKE_CURRENT_SOURCE_DIR}/e2e/llama_sp_2d.yaml
   ${CMAKE_CURRENT_BINARY_DIR}/llama_weights)

@@ -11,6 +11,11 @@ test-only safetensors reader and writer of tests/weights/interop.py.
   reference.py greedy DIR PROMPT N     prints the greedy continuation (N bytes)
       of PROMPT under DIR's weights, in float64, escaped as the C++ example
       prints it ("\\xNN" for bytes outside printable ASCII)
+  reference.py logits DIR PROMPT FILE...  the float64 logits [T, V] of one
+      forward over PROMPT under DIR's weights against each FILE (tensor
+      "logits" [T, V] in a safetensors file, as train_model --dump-logits
+      writes it): one line per FILE, "MAX_ABS_DIFFERENCE FILE"; exit 1 when a
+      FILE's shape is not [T, V]
 """
 import json
 import math
@@ -117,16 +122,35 @@ def write(directory, items):
             json.dump(dict(c, architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu"), f)
 
 
-def greedy(directory, prompt, n):
+def load(directory):
+    """The config and the weights in float64 (exactly the file's values)."""
     c = dict(DEFAULTS)
     c.update(json.load(open(os.path.join(directory, "config.json"))))
     if c.get("num_key_value_heads") is None:
         c["num_key_value_heads"] = c["num_attention_heads"]
-    W = {n: t.double() for n, t in read_safetensors(os.path.join(directory, "model.safetensors")).items()}
+    return c, {n: t.double() for n, t in read_safetensors(os.path.join(directory, "model.safetensors")).items()}
+
+
+def greedy(directory, prompt, n):
+    c, W = load(directory)
     tokens = list(prompt.encode())
     for _ in range(n):
         tokens.append(int(logits(W, c, tokens)[-1].argmax()))
     print(printable(prompt.encode()) + "|" + printable(tokens[len(prompt.encode()):]))
+
+
+def compare_logits(directory, prompt, files):
+    c, W = load(directory)
+    want = logits(W, c, list(prompt.encode()))
+    ok = True
+    for path in files:
+        got = read_safetensors(path)["logits"]
+        if list(got.shape) != list(want.shape):
+            print(f"{path}: logits of shape {list(got.shape)}, expected {list(want.shape)}")
+            ok = False
+            continue
+        print("%.3e %s" % (float((got.double() - want).abs().max()), path))
+    return ok
 
 
 if __name__ == "__main__":
@@ -135,5 +159,7 @@ if __name__ == "__main__":
         write(sys.argv[2], sys.argv[3:])
     elif len(sys.argv) == 5 and sys.argv[1] == "greedy":
         greedy(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif len(sys.argv) >= 5 and sys.argv[1] == "logits":
+        sys.exit(0 if compare_logits(sys.argv[2], sys.argv[3], sys.argv[4:]) else 1)
     else:
         sys.exit(__doc__)
