@@ -100,23 +100,6 @@ TEST(Weights, TorchZipStateDictLoadsShardOnLoad) {
   fs::remove_all(dir);
 }
 
-// A counting CPU allocator: the largest block allocated while `on`.
-struct CountingAllocator final : c10::Allocator {
-  c10::Allocator* inner = c10::GetCPUAllocator();
-  std::atomic<bool> on{false};
-  std::atomic<int64_t> largest{0}, count{0};
-  c10::DataPtr allocate(size_t n) const override {
-    auto* self = const_cast<CountingAllocator*>(this);
-    if (on) {
-      ++self->count;
-      int64_t prev = largest.load();
-      while (static_cast<int64_t>(n) > prev && !self->largest.compare_exchange_weak(prev, static_cast<int64_t>(n))) {}
-    }
-    return inner->allocate(n);
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return inner->raw_deleter(); }
-};
-
 // Shard-on-load's promise: at TP 2 no allocation while loading is as large
 // as any sharded parameter whole. Loading whole-then-slice breaks it, which
 // shows the hook sees such allocations.

@@ -1,9 +1,11 @@
 #pragma once
 // What the weights tests share (test_weights*.cpp): the example GPT under
 // plans/gpt.yaml on thread ranks, and bit-exact comparison of state dicts.
+#include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <atomic>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -74,5 +76,24 @@ inline fs::path temp_dir(const std::string& name) {
   fs::create_directories(p);
   return p;
 }
+
+// A counting CPU allocator: the largest block and the bytes allocated while
+// `on`. Install it with c10::SetCPUAllocator and keep it alive (static).
+struct CountingAllocator final : c10::Allocator {
+  c10::Allocator* inner = c10::GetCPUAllocator();
+  std::atomic<bool> on{false};
+  std::atomic<int64_t> largest{0}, count{0}, total{0};
+  c10::DataPtr allocate(size_t n) const override {
+    auto* self = const_cast<CountingAllocator*>(this);
+    if (on) {
+      ++self->count;
+      self->total += static_cast<int64_t>(n);
+      int64_t prev = largest.load();
+      while (static_cast<int64_t>(n) > prev && !self->largest.compare_exchange_weak(prev, static_cast<int64_t>(n))) {}
+    }
+    return inner->allocate(n);
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return inner->raw_deleter(); }
+};
 
 }  // namespace weights_test
