@@ -154,6 +154,14 @@ bool is_view(const std::string& op) {
   return in(op, {"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0"});
 }
 
+bool is_attention_op(const std::string& op) {
+  return is_view(op) || is_elementwise_unary(op) || is_elementwise_binary(op) ||
+         in(op, {"TransposeBackward0", "TransposeBackward1", "TBackward0", "PermuteBackward0", "ExpandBackward0",
+                 "BmmBackward0", "MmBackward0", "SoftmaxBackward0", "SliceBackward0", "CatBackward0",
+                 "IndexSelectBackward0", "RepeatBackward0", "UnsqueezeBackward0", "SqueezeBackward0",
+                 "SqueezeBackward1", "MaskedFillBackward0", "WhereBackward0", "ToCopyBackward0"});
+}
+
 std::string op_short(const std::string& op) {
   std::string b = base_name(op);
   const size_t back = b.find("Backward");
@@ -330,8 +338,8 @@ namespace {
 class ChainWalk {
  public:
   ChainWalk(const std::map<Node*, Layer*>& made_by, Kind kind, const std::function<bool(const std::string&)>& allowed,
-            Feed& f)
-      : made_by_(made_by), kind_(kind), allowed_(allowed), f_(f) {}
+            Feed& f, bool constants = false)
+      : made_by_(made_by), kind_(kind), allowed_(allowed), f_(f), constants_(constants) {}
 
   bool walk(Node* n, uint32_t nr) {
     if (!n) {
@@ -347,7 +355,7 @@ class ChainWalk {
       return false;
     }
     for (const auto& e : n->next_edges())
-      if (!e.is_valid()) {
+      if (!e.is_valid() && !constants_) {
         f_.why_not = "its input is combined by " + op_short(op) + " with a tensor that is not a layer's output";
         return false;
       }
@@ -360,7 +368,7 @@ class ChainWalk {
     const std::string s = op_short(op);
     if (std::find(ops.begin(), ops.end(), s) == ops.end()) ops.push_back(s);
     for (const auto& e : n->next_edges())
-      if (!walk(e.function.get(), e.input_nr)) return false;
+      if (e.is_valid() && !walk(e.function.get(), e.input_nr)) return false;
     return true;
   }
 
@@ -390,6 +398,7 @@ class ChainWalk {
   Kind kind_;
   const std::function<bool(const std::string&)>& allowed_;
   Feed& f_;
+  bool constants_;  // operands that need no gradient (masks, rotary tables) are allowed
   std::unordered_set<Node*> done_;
 };
 
@@ -416,7 +425,7 @@ std::unordered_set<Node*> own_nodes(const at::Tensor& output, const std::functio
 }  // namespace
 
 Feed ProbeGraph::feed(const Layer& consumer, Kind producer_kind,
-                      const std::function<bool(const std::string&)>& allowed_op) {
+                      const std::function<bool(const std::string&)>& allowed_op, bool constants) {
   Feed f;
   if (!probed()) {
     f.why_not = "no probe forward was given, so who feeds it is unknown";
@@ -441,7 +450,7 @@ Feed ProbeGraph::feed(const Layer& consumer, Kind producer_kind,
     f.starts_chain = true;
     return f;
   }
-  ChainWalk w(made_by_, producer_kind, allowed_op, f);
+  ChainWalk w(made_by_, producer_kind, allowed_op, f, constants);
   if (!w.walk(start, consumer.input.output_nr())) {
     f.producers.clear();
     return f;

@@ -79,8 +79,12 @@ class ProbeGraph {
 
   // Which layers of kind `producer_kind` feed `consumer`'s input, through
   // operations allowed by `allowed_op`, with nothing else consuming the
-  // activations on the way (only `consumer` reads them).
-  Feed feed(const Layer& consumer, Kind producer_kind, const std::function<bool(const std::string&)>& allowed_op);
+  // activations on the way (only `consumer` reads them). With `constants`,
+  // operations may also take tensors that need no gradient (an attention's
+  // causal mask, rotary tables); without, every operand must be a layer's.
+  // On success, and when only the readers fail, f.ops lists the operations.
+  Feed feed(const Layer& consumer, Kind producer_kind, const std::function<bool(const std::string&)>& allowed_op,
+            bool constants = false);
 
  private:
   struct Recording;
@@ -102,7 +106,33 @@ bool is_elementwise_unary(const std::string& op);   // relu, gelu, tanh, scalar 
 bool is_elementwise_binary(const std::string& op);  // tensor + - * / tensor
 bool is_channel_preserving(const std::string& op);  // pooling over spatial dims
 bool is_view(const std::string& op);                // view / reshape
+// What attention does between its projections and its output projection:
+// the above, and transposes, batched products, softmax, slices and
+// concatenations (rotary embeddings), index_select (grouped queries' kv
+// heads repeated), casts. Whether heads stay apart is not the op's business:
+// split_heads() tests that on the probe's graph.
+bool is_attention_op(const std::string& op);
 std::string op_short(const std::string& op);        // "GeluBackward0" -> "gelu"
+
+// Attention built from separate Linears (q, k, v -> o_proj, as Llama's),
+// read from the probe (auto_plan_heads.cpp).
+struct HeadSplit {
+  // o's input is a softmax attention over several Linears' outputs; false:
+  // not attention, other units may take the layers.
+  bool attention = false;
+  std::vector<Layer*> projections;  // q, k, v, in probe order
+  std::vector<bool> replicate;      // per projection: fewer heads than ranks (replicate_heads)
+  int64_t head_dim = 0;             // from the reshape of the heads' context into o's input
+  int64_t heads = 0;                // o's input heads: the query heads
+  std::string why_not;              // attention, but not split at `ranks` (the layers' reason)
+};
+
+// Whether `o` is such an attention's output projection, and whether its
+// heads split among `ranks`: the query heads divide among them, each
+// projection's heads divide among them or they among its heads, and the
+// probe's graph shows each rank's share of o's input computed from that
+// rank's heads of every projection alone (a vector-Jacobian product per rank).
+HeadSplit split_heads(ProbeGraph& graph, const Layer& o, int ranks);
 
 }  // namespace auto_detail
 }  // namespace shardplan
