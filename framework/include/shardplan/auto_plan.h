@@ -9,6 +9,11 @@
 //     then input-channel parallel;
 //   - MultiheadAttention: head-parallel (in_proj split by heads, out_proj
 //     row-parallel on the heads' context);
+//   - attention written over separate q, k, v and o Linears (Llama's):
+//     the same by whole heads, the head size read from the probe, k and v
+//     replicated per rank when the axis exceeds their heads (grouped
+//     queries), and only when the probe's graph shows each rank's heads
+//     computed from that rank's share alone;
 //   - LSTM: hidden-parallel, gate-aware;
 //   - a Linear whose output reaches a CrossEntropyLoss only through reshapes
 //     (an LM head): vocab-parallel, with the parallel cross-entropy, and an

@@ -132,6 +132,10 @@ class Planner {
       if (l->kind == Kind::Attention) attention(*l);
       if (l->kind == Kind::LSTM) lstm(*l);
     }
+    // Before pairs: an attention's output projection would otherwise be
+    // refused as a pair's second half, with a less useful reason.
+    for (Layer* l : order)
+      if (l->kind == Kind::Linear && !l->inside_attention && !claimed(l)) heads(*l);
     for (Layer* l : order)
       if ((l->kind == Kind::Linear && !l->inside_attention) || l->kind == Kind::Conv) pair(*l);
     for (Layer* l : order)
@@ -161,6 +165,50 @@ class Planner {
         "row-parallel output projection of " + l.name() +
             ": reads this rank's heads' context as it is; one all-reduce after it");
     claim(std::move(u));
+  }
+
+  // Attention from separate q, k, v Linears into `o` (Llama's): each
+  // projection column-parallel by whole heads of the head size the probe
+  // showed, k and v replicated per rank when they have fewer heads than
+  // ranks (grouped queries), o row-parallel on this rank's heads' context.
+  void heads(Layer& o) {
+    const auto s = auto_detail::split_heads(graph_, o, mesh_.axis_size);
+    if (!s.attention) return;
+    if (!s.why_not.empty()) {
+      for (Layer* p : s.projections)
+        replicated(p, "its attention into " + o.name() + " is not split by heads: " + s.why_not);
+      replicated(&o, "its attention is not split by heads: " + s.why_not);
+      return;
+    }
+    Unit u;
+    for (size_t i = 0; i < s.projections.size(); ++i) head_projection(u, *s.projections[i], s.replicate[i], s, o);
+    u.layers.push_back(&o);
+    add(u, o, "weight", layout(2, 1), {{"input", "sharded"}, {"head_dim", std::to_string(s.head_dim)}},
+        "row-parallel " + o.name() + ": reads the context of this rank's query heads (" +
+            heads_of(s.heads / mesh_.axis_size, s.head_dim) + ") as it is; one all-reduce after it");
+    claim(std::move(u));
+  }
+
+  static std::string heads_of(int64_t n, int64_t d) {
+    return std::to_string(n) + (n == 1 ? " head of " : " heads of ") + std::to_string(d);
+  }
+
+  void head_projection(Unit& u, Layer& p, bool replicate, const auto_detail::HeadSplit& s, const Layer& o) {
+    const std::string heads = heads_of(p.width / s.head_dim, s.head_dim);
+    std::vector<std::pair<std::string, std::string>> options = {{"output", "sharded"},
+                                                                {"head_dim", std::to_string(s.head_dim)}};
+    std::string why = "column-parallel " + p.name() + " by whole heads (" + heads +
+                      "), output left split: only the attention into " + o.name() + " reads it, head by head";
+    if (replicate) {
+      options.emplace_back("replicate_heads", "true");
+      why = "column-parallel " + p.name() + " with its " + heads + " replicated over " +
+            std::to_string(mesh_.axis_size) +
+            " ranks: each keeps the weight whole and computes the head its query heads read (gradients all-reduced)";
+    }
+    u.layers.push_back(&p);
+    add(u, p, "weight", layout(2, 0), options, why);
+    // Replicated heads narrow the whole bias with the weight: no rule.
+    if (shape(p, "bias") && !replicate) add(u, p, "bias", layout(1, 0), {}, "follows " + p.name() + "'s heads");
   }
 
   void lstm(Layer& l) {
