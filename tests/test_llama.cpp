@@ -10,12 +10,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <fstream>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "llama_fixture.h"
 #include "models/generate.h"
 #include "models/llama.h"
 #include "models/model.h"
@@ -30,57 +29,10 @@ namespace {
 
 namespace ex = shardplan::examples;
 
-// head_dim 8, every dim divisible by 4 ranks.
-ex::Overrides config(int kv_heads) {
-  return {{"vocab", "32"}, {"context", "8"}, {"embed", "32"}, {"heads", "4"},
-          {"kv_heads", std::to_string(kv_heads)}, {"layers", "2"}, {"mlp", "24"}, {"rope_theta", "500"}};
-}
-
-std::shared_ptr<ex::LlamaImpl> build(const ex::Overrides& c, torch::Dtype dtype = torch::kDouble) {
-  torch::manual_seed(3);
-  auto m = std::dynamic_pointer_cast<ex::LlamaImpl>(ex::make_model("llama", c).module);
-  m->to(dtype);
-  return m;
-}
-
-// The shipped plan with head_dim set to the test model's.
-shardplan::Plan plan(const std::string& name, int64_t head_dim = 8) {
-  std::ifstream in(std::string(SHARDPLAN_SOURCE_DIR) + "/plans/" + name + ".yaml");
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string s = text.str();
-  for (size_t at = s.find("head_dim: 32"); at != std::string::npos; at = s.find("head_dim: 32", at))
-    s.replace(at, 12, "head_dim: " + std::to_string(head_dim));
-  return shardplan::parse_plan(s, name + ".yaml");
-}
-
-// Logits (the vocabulary gathered) and the loss of the vocab-parallel loss.
-parity::Setup setup(int world, torch::Dtype dtype, int kv_heads) {
-  parity::Setup s;
-  s.world = world;
-  s.dtype = dtype;
-  // Three steps: the step-0 gradients agree to 1e-15, and SGD at 0.1 with
-  // momentum amplifies rounding a hundredfold per step after the third on
-  // this model (2.6e-10 by step 5), which would hide nothing but blur the
-  // bound.
-  s.steps = 3;
-  s.float64_tolerance = 1e-10;
-  torch::manual_seed(11);
-  for (int step = 0; step < s.steps; ++step) s.inputs.push_back({torch::randint(32, {2, 9}, torch::kLong)});
-  s.forward = [](torch::nn::Module& m, const std::vector<torch::Tensor>& in) {
-    auto& llama = dynamic_cast<ex::LlamaImpl&>(m);
-    const ex::Batch b{in[0].narrow(1, 0, 8), in[0].narrow(1, 1, 8)};
-    const torch::Tensor logits = llama.full_logits(llama.forward(b.input));
-    return torch::cat({logits.flatten(), llama.loss(b).unsqueeze(0)});
-  };
-  const bool kv_split = kv_heads % world == 0;
-  parity::Shards shards = {{R"(model\.embed_tokens\.weight|lm_head\.weight)", {0, 1}},
-                           {R"(.*q_proj\.weight|.*(gate|up)_proj\.weight)", {0, 1}},
-                           {R"(.*(o|down)_proj\.weight)", {1, 1}}};
-  if (kv_split) shards[R"(.*[kv]_proj\.weight)"] = {0, 1};
-  s.local = parity::local_by(shards);
-  return s;
-}
+using llama_fixture::build;
+using llama_fixture::config;
+using llama_fixture::plan;
+using llama_fixture::setup;
 
 void expect_parity(const std::string& plan_name, int kv_heads, int world, torch::Dtype dtype) {
   auto failures = parity::compare(build(config(kv_heads), dtype), plan(plan_name), setup(world, dtype, kv_heads));
