@@ -158,6 +158,10 @@ add_test(NAME e2e_llama_threads4_f64 COMMAND ${_e2e} 1e-7 -- ${_llama_f64}
   -- ${_llama_f64} --ranks 4 --plan ${_plans}/llama.yaml)
 add_test(NAME e2e_llama_mqa_threads4_f64 COMMAND ${_e2e} 1e-7 -- ${_llama_f64} --config kv_heads=1
   -- ${_llama_f64} --config kv_heads=1 --ranks 4 --plan ${_plans}/llama.yaml)
+# --plan auto: auto_plan finds plans/llama.yaml's decisions (docs/AUTO_PLAN.md),
+# kv heads replicated at 4 ranks included.
+add_test(NAME e2e_llama_auto_threads4_f64 COMMAND ${_e2e} 1e-7 -- ${_llama_f64}
+  -- ${_llama_f64} --ranks 4 --plan auto)
 add_test(NAME e2e_llama_sp_gloo_launcher COMMAND ${_e2e} float32 -- ${_llama}
   -- $<TARGET_FILE:shardplan_cli> launch -n 2 --backend gloo -- ${_llama} --plan ${_plans}/llama_sp.yaml)
 add_test(NAME e2e_llama_sp_threads4_f64 COMMAND ${_e2e} 1e-7 -- ${_llama_f64}
@@ -205,6 +209,6 @@ set(_run $<TARGET_FILE:train_model> --model llama --steps 20 --log-every 10 --ba
   --samples 2 --temperature 0)
 add_test(NAME e2e_llama_generate_threads4 COMMAND ${_gen} -- ${_run}
   -- ${_run} --ranks 4 --plan ${_plans}/llama.yaml)
-set_tests_properties(e2e_llama_gloo_launcher e2e_llama_threads4_f64 e2e_llama_mqa_threads4_f64
+set_tests_properties(e2e_llama_gloo_launcher e2e_llama_threads4_f64 e2e_llama_mqa_threads4_f64 e2e_llama_auto_threads4_f64
   e2e_llama_sp_gloo_launcher e2e_llama_sp_threads4_f64 e2e_llama_sp_2d_gloo_f64 e2e_llama_generate_threads4
   PROPERTIES TIMEOUT 300)
