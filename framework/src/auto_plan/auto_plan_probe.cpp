@@ -26,6 +26,7 @@
 #include "shardplan/error.h"
 #include "shardplan/nn/conv.h"
 #include "shardplan/nn/cross_entropy.h"
+#include "shardplan/nn/deferred_init.h"
 #include "shardplan/nn/embedding.h"
 #include "shardplan/nn/linear.h"
 #include "shardplan/nn/lstm.h"
@@ -276,6 +277,9 @@ void ProbeGraph::run(const std::function<at::Tensor(torch::nn::Module&)>& probe)
   model_.eval();
   try {
     c10::AutoGradMode grad(true);
+    // A model built under DeferredInit (weights to come from a file) is
+    // probed as it is: its graph does not depend on the values.
+    nn::ReadDeferred graph_only;
     root_ = probe(model_);
   } catch (const std::exception& e) {
     restore();

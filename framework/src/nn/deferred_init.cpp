@@ -12,10 +12,13 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/intrusive_ptr.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <unistd.h>
 #include <torch/nn/module.h>
 
 #include <atomic>
+#include <cstring>
 #include <mutex>
 #include <unordered_map>
 
@@ -26,6 +29,67 @@ namespace nn {
 namespace {
 
 thread_local const DeferredInit* current = nullptr;
+thread_local bool reading_deferred = false;
+
+// A write into a deferred parameter (model code initialising it under
+// DeferredInit) faults on the read-only page. The handler says so before
+// the process dies as it would have; faults elsewhere go to the handler
+// that was installed before (a sanitizer's, or the default). The ranges of
+// live mappings sit in fixed slots so the handler reads them without locks.
+constexpr int kSlots = 8192;
+std::atomic<uintptr_t> slot_begin[kSlots], slot_end[kSlots];
+struct sigaction previous_segv;
+
+void on_segv(int sig, siginfo_t* info, void* context) {
+  const auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
+  for (int i = 0; i < kSlots; ++i) {
+    if (addr >= slot_begin[i].load(std::memory_order_relaxed) && addr < slot_end[i].load(std::memory_order_relaxed)) {
+      static const char msg[] =
+          "shardplan: a write into a parameter built under shardplan::nn::DeferredInit, which has no memory until "
+          "load_weights (or materialize_deferred) gives it some: skip initialising parameters while "
+          "shardplan::nn::deferring()\n";
+      ssize_t ignored = write(STDERR_FILENO, msg, sizeof(msg) - 1);
+      (void)ignored;
+      break;
+    }
+  }
+  if (previous_segv.sa_flags & SA_SIGINFO) {
+    previous_segv.sa_sigaction(sig, info, context);
+  } else if (previous_segv.sa_handler != SIG_DFL && previous_segv.sa_handler != SIG_IGN) {
+    previous_segv.sa_handler(sig);
+  } else {
+    signal(sig, SIG_DFL);  // returning re-runs the write, which now ends the process as before
+  }
+}
+
+void install_segv_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = &on_segv;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, &previous_segv);
+  });
+}
+
+void remember_range(void* p, size_t bytes, bool live) {
+  const auto b = reinterpret_cast<uintptr_t>(p);
+  for (int i = 0; i < kSlots; ++i) {
+    if (live) {
+      uintptr_t empty = 0;
+      if (slot_begin[i].compare_exchange_strong(empty, b)) {
+        slot_end[i].store(b + bytes);
+        return;
+      }
+    } else if (slot_begin[i].load() == b) {
+      slot_end[i].store(0);
+      slot_begin[i].store(0);
+      return;
+    }
+  }
+}
 
 struct Mapping {
   void* addr;
@@ -34,6 +98,7 @@ struct Mapping {
 
 void unmap(void* ctx) {
   auto* m = static_cast<Mapping*>(ctx);
+  remember_range(m->addr, m->bytes, false);
   munmap(m->addr, m->bytes);
   delete m;
 }
@@ -48,6 +113,7 @@ at::Tensor zero_page_tensor(at::IntArrayRef sizes, at::ScalarType dtype) {
   void* p = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED)
     throw Error("DeferredInit: cannot reserve " + std::to_string(bytes) + " bytes of address space for a parameter");
+  remember_range(p, bytes, true);
   c10::DataPtr data(p, new Mapping{p, bytes}, &unmap, c10::Device(c10::kCPU));
   c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, std::move(data), nullptr, /*resizable=*/false);
   at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtype));
@@ -102,6 +168,7 @@ Registry& registry() {
 DeferredInit::DeferredInit(at::ScalarType dtype) : previous_(current), dtype_(dtype) {
   if (!at::isFloatingType(dtype))
     throw Error(std::string("DeferredInit: parameters need a floating dtype, got ") + c10::toString(dtype));
+  install_segv_handler();
   current = this;
 }
 
@@ -118,8 +185,11 @@ at::Tensor empty_parameter(at::IntArrayRef sizes) {
 
 bool is_deferred(const at::Tensor& t) { return registry().has(t); }
 
+ReadDeferred::ReadDeferred() : previous_(reading_deferred) { reading_deferred = true; }
+ReadDeferred::~ReadDeferred() { reading_deferred = previous_; }
+
 void check_materialized(const at::Tensor& t, const char* layer, const char* what) {
-  if (is_deferred(t))
+  if (!reading_deferred && is_deferred(t))
     throw Error(std::string(layer) + ": its " + what +
                 " was built under DeferredInit and never filled (load_weights fills it; materialize_deferred gives "
                 "it zeros): computing with it would give numbers no weight file holds");

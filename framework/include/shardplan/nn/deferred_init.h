@@ -23,8 +23,11 @@
 //
 // What is never filled must not be used: a layer's forward with a deferred
 // parameter is an error naming the layer, and load_weights refuses to leave
-// one unloaded. Writing into one (an optimizer step, copy_, init) faults,
-// which is why the layers check in forward, before any of that can happen.
+// one unloaded. Writing into one (model code initialising its weights while
+// building: skip that while deferring()) faults on the read-only page; a
+// handler installed with the first DeferredInit says why on stderr, then
+// the process dies as it would have (other faults go to the handler that
+// was there before).
 // Parameters a model creates itself (not through shardplan's layers) and
 // buffers are allocated as usual.
 #include <ATen/core/Tensor.h>
@@ -60,6 +63,20 @@ class DeferredInit {
 // True while a DeferredInit lives on this thread: layers skip initialising.
 bool deferring();
 
+// While one lives on this thread, forward reads deferred parameters as the
+// zeros they hold instead of refusing: for probes that need the graph only,
+// never the numbers (auto_plan's probe forward).
+class ReadDeferred {
+ public:
+  ReadDeferred();
+  ~ReadDeferred();
+  ReadDeferred(const ReadDeferred&) = delete;
+  ReadDeferred& operator=(const ReadDeferred&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // A layer's parameter storage: torch::empty(sizes) (default dtype), or under
 // DeferredInit a deferred tensor of its dtype.
 at::Tensor empty_parameter(at::IntArrayRef sizes);
@@ -67,7 +84,8 @@ at::Tensor empty_parameter(at::IntArrayRef sizes);
 // True when `t` still lies over the zero page (was never given memory).
 bool is_deferred(const at::Tensor& t);
 
-// Throws shardplan::Error naming `layer` and `what` when `t` is deferred.
+// Throws shardplan::Error naming `layer` and `what` when `t` is deferred
+// (unless a ReadDeferred lives on this thread).
 void check_materialized(const at::Tensor& t, const char* layer, const char* what);
 
 // Gives every deferred parameter of `model` its own memory, in place (the
