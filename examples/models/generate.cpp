@@ -23,6 +23,15 @@ double Generation::tokens_per_second() const {
   return tokens.defined() ? static_cast<double>(tokens.numel()) / std::max(seconds, 1e-9) : 0;
 }
 
+double Generation::prefill_tokens_per_second() const {
+  return static_cast<double>(prompt_tokens) / std::max(prefill_seconds, 1e-9);
+}
+
+double Generation::decode_tokens_per_second() const {
+  if (!tokens.defined() || tokens.size(1) < 2) return 0;
+  return static_cast<double>(tokens.size(0) * (tokens.size(1) - 1)) / std::max(seconds - prefill_seconds, 1e-9);
+}
+
 void check_generation(const CausalLM& model, int64_t prompt_tokens, const GenerateOptions& o) {
   const int64_t context = model.context_size(), vocab = model.vocab_size();
   if (prompt_tokens < 1) throw Error("generate: the prompt is empty; give at least one token (--prompt TEXT)");
@@ -83,10 +92,12 @@ Generation generate(CausalLM& model, const at::Tensor& prompt, const GenerateOpt
   for (int64_t i = 0; i < o.new_tokens; ++i) {
     at::Tensor next = next_token(logits.select(0, logits.size(0) - 1), o, gen);  // [B]
     out.push_back(next);
+    if (i == 0) g.prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     // The last token needs no forward: nothing reads its logits.
     if (i + 1 < o.new_tokens) logits = model.forward_cached(next.unsqueeze(1), caches);
   }
   g.tokens = at::stack(out, 1);
+  g.prompt_tokens = prompt.numel();
   g.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (const auto& c : caches) g.cache_bytes += c.bytes();
   module.train(was_training);

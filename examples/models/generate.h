@@ -51,8 +51,15 @@ struct GenerateOptions {
 struct Generation {
   at::Tensor tokens;          // [B, new_tokens] long, the prompt not included
   double seconds = 0;         // prefill and decoding, wall clock
+  // The two phases apart (they are bound differently: the prefill is B x T
+  // positions at once, a decoding step B positions through the cache):
+  // the prompt's forward and the first token's pick, then the rest.
+  double prefill_seconds = 0;
+  int64_t prompt_tokens = 0;  // B x T
   int64_t cache_bytes = 0;    // this rank's key/value caches, all blocks
   double tokens_per_second() const;  // generated tokens (all B rows) per second
+  double prefill_tokens_per_second() const;  // prompt positions (B x T) per second of prefill
+  double decode_tokens_per_second() const;   // B x (new_tokens - 1) per second after the prefill
 };
 
 // Throws shardplan::Error for an empty prompt, a prompt longer than the

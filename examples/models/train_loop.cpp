@@ -143,6 +143,10 @@ void generate_text(const Args& a, World& world, torch::nn::Module& module, const
     std::printf("generated %lld tokens in %.3f s: %.0f tokens/s (batch %d, prefill of %lld + %d steps)\n",
                 static_cast<long long>(g.tokens.numel()), g.seconds, g.tokens_per_second(), a.samples,
                 static_cast<long long>(prompt.size(1)), a.generate - 1);
+  if (lead)
+    std::printf("prefill %d x %lld tokens in %.3f s: %.0f tokens/s; decode %d x %d tokens in %.3f s: %.0f tokens/s\n",
+                a.samples, static_cast<long long>(prompt.size(1)), g.prefill_seconds, g.prefill_tokens_per_second(),
+                a.samples, a.generate - 1, g.seconds - g.prefill_seconds, g.decode_tokens_per_second());
   std::fflush(stdout);
 }
 
