@@ -17,6 +17,7 @@
 #include "models/generate.h"
 #include "models/heap.h"
 #include "models/hf_config.h"
+#include "models/memory.h"
 #include "models/model.h"
 #include "models/train_args.h"
 #include "models/train_checks.h"
@@ -68,6 +69,31 @@ void in_rank_order(World& world, F fn) {
       std::fflush(stdout);
     }
     world.comm().barrier();
+  }
+}
+
+// SHARDPLAN_REPORT_MEMORY=1 (a benchmark switch, models/memory.h): runs fn and
+// prints each process's resident memory before it, its peak during it and
+// after it. Thread ranks share a process: one line for all of them.
+template <class F>
+void reporting_memory(World& world, int ranks_in_process, const char* what, F fn) {
+  if (!memory_report_requested()) return fn();
+  const ProcessMemory before = process_memory();
+  bool reset = false;
+  const ProcessMemory after = peak_during(world, ranks_in_process, fn, &reset);
+  const std::string who = ranks_in_process > 1
+                              ? "ranks 0-" + std::to_string(world.size() - 1) + " (threads of one process)"
+                              : "rank " + std::to_string(world.rank());
+  auto line = [&] {
+    std::printf("%s: memory %s: RSS %s MiB before (peak since start %s), peak %s during%s, %s after\n", who.c_str(),
+                what, mib(before.rss).c_str(), mib(before.peak).c_str(), mib(after.peak).c_str(),
+                reset ? "" : " (since start: no reset)", mib(after.rss).c_str());
+  };
+  if (ranks_in_process > 1) {
+    if (world.rank() == 0) line();
+    std::fflush(stdout);
+  } else {
+    in_rank_order(world, line);
   }
 }
 
@@ -303,7 +329,8 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
   } else if (world.size() > 1) {
     throw Error("several ranks but no --plan: every rank would train the whole model alone");
   }
-  if (!a.load_weights.empty()) load_pretrained(a, *m.module, report, lead);
+  if (!a.load_weights.empty())
+    reporting_memory(world, ranks_in_process, "at load", [&] { load_pretrained(a, *m.module, report, lead); });
   // Gradients averaged over the plan's batch axis, if it has one.
   DataParallel dp(*m.module, report, plan, world);
   if (a.batch % (dp.size() * a.micro_batches) != 0)
@@ -459,7 +486,9 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
     });
     if (!a.save_weights.empty()) save_pretrained(a, world, *m.module, report, *m.model);
     if (!a.dump_logits.empty()) dump_prompt_logits(a, world, *m.module, plan, report);
-    if (a.generate > 0) generate_text(a, world, *m.module, plan, report);
+    if (a.generate > 0)
+      reporting_memory(world, ranks_in_process, "in generation",
+                       [&] { generate_text(a, world, *m.module, plan, report); });
   } catch (const std::exception& e) {
     throw Error(std::string("after training: ") + e.what() + " (" + model_whereabouts(a, start) + ")");
   }
