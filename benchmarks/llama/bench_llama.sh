@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 20's Llama benchmark in one invocation (docs/BENCHMARKS.md, "Llama
 # example"): the example Llama at a size where compute dominates, unsharded
+# (with the default threads, and with one: the 2-rank runs have one each)
 # and under plans/llama.yaml at 2 ranks, as threads (--ranks 2, local
 # backend) and as gloo processes (shardplan launch), side by side:
 #   - generation from loaded weights (--steps 0 --load-weights DIR
@@ -8,7 +9,9 @@
 #   - training tokens/s (the second half of a few steps: the first pay for
 #     the allocator's and the caches' warm-up);
 #   - resident memory per process at load and during generation
-#     (SHARDPLAN_REPORT_MEMORY=1; thread ranks share one process);
+#     (SHARDPLAN_REPORT_MEMORY=1; thread ranks share one process), as the
+#     example runs and again with glibc giving freed memory back
+#     (MALLOC_TRIM_THRESHOLD_=0), which shows what the process holds;
 #   - load time and the memory a load needs, shard-on-load (mmap-slice) vs
 #     each tensor whole then sliced vs the whole file then sliced
 #     (bench_llama_load: the modes interleaved in one run, medians), at 1
@@ -20,7 +23,7 @@
 #   benchmarks/llama/bench_llama.sh [BUILD_DIR] [WORK_DIR]
 #
 # Environment: LLAMA_CONFIG (the model's --config), ROUNDS (default 3),
-# LOAD_REPS (default 7). About 8 minutes on 2 cores at the defaults.
+# LOAD_REPS (default 7). About 9 minutes on 2 cores at the defaults.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build}
@@ -36,13 +39,14 @@ TRAIN="$BUILD/examples/train_model" CLI="$BUILD/bin/shardplan" LOAD="$BUILD/bin/
 for f in "$TRAIN" "$CLI" "$LOAD"; do
   [[ -x $f ]] || { echo "bench_llama.sh: $f is missing; build train_model shardplan_cli bench_llama_load" >&2; exit 2; }
 done
-SETUPS=("unsharded" "2 threads" "2 gloo processes")
+SETUPS=("unsharded" "unsharded, 1 thread" "2 threads" "2 gloo processes")
 # The command of a setup, then its own options.
 run() {
   local setup=$1
   shift
   case $setup in
     unsharded) "$TRAIN" --model llama "$@" ;;
+    "unsharded, 1 thread") "$TRAIN" --model llama --threads 1 "$@" ;;
     "2 threads") "$TRAIN" --model llama --ranks 2 --plan "$PLAN" "$@" ;;
     "2 gloo processes") "$CLI" launch -n 2 --backend gloo -- "$TRAIN" --model llama --plan "$PLAN" "$@" ;;
   esac 2>&1 | sed 's/^\[rank [0-9]*\] //'
@@ -90,7 +94,7 @@ echo
 echo "generation: batch $SAMPLES, prompt $PROMPT_BYTES tokens, $NEW new (prefill + $((NEW - 1)) decode steps), greedy;"
 echo "training: batch $TRAIN_BATCH x context $TRAIN_CONTEXT, tokens/s of steps $((TRAIN_STEPS / 2 + 1))-$TRAIN_STEPS;"
 echo "medians of $ROUNDS rounds (every round's figure in brackets), ratio to unsharded"
-printf '%-18s %-30s %-30s %-30s\n' setup "prefill tokens/s" "decode tokens/s" "training tokens/s"
+printf '%-20s %-30s %-30s %-30s\n' setup "prefill tokens/s" "decode tokens/s" "training tokens/s"
 for s in "${SETUPS[@]}"; do
   cell() {
     local -n arr=$1
@@ -99,12 +103,23 @@ for s in "${SETUPS[@]}"; do
     b=$(median "${arr[unsharded]}")
     echo "$m [${arr[$s]% }] x$(ratio "$m" "$b")"
   }
-  printf '%-18s %-30s %-30s %-30s\n' "$s" "$(cell pre)" "$(cell dec)" "$(cell trn)"
+  printf '%-20s %-30s %-30s %-30s\n' "$s" "$(cell pre)" "$(cell dec)" "$(cell trn)"
 done
 echo
 echo "resident memory (MiB; round 1; 'peak since start' includes building the whole model before the plan cuts it):"
 for s in "${SETUPS[@]}"; do
   grep -h '^rank.*: memory ' "$WORK/gen-${s// /_}-0.log" | sed "s/^/  $s, /"
+done
+# The examples keep freed memory in the heap (models/heap.h), so the whole
+# model built before the plan cuts it stays resident; given back, RSS shows
+# what the process holds. The caches are sized for the whole context at
+# once, so a shorter generation peaks alike.
+echo "the same with MALLOC_TRIM_THRESHOLD_=0 (freed memory given back), --generate 16:"
+for s in "${SETUPS[@]}"; do
+  log="$WORK/trimmed-${s// /_}.log"
+  MALLOC_TRIM_THRESHOLD_=0 SHARDPLAN_REPORT_MEMORY=1 run "$s" --steps 0 --load-weights "$weights" --generate 16 \
+    --samples "$SAMPLES" --temperature 0 --prompt "$prompt" >"$log" || { cat "$log"; exit 1; }
+  grep -h '^rank.*: memory ' "$log" | sed "s/^/  $s, /"
 done
 
 echo
