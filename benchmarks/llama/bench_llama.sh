@@ -65,7 +65,9 @@ weights=$WORK/weights
 "$TRAIN" --model llama --config "$CONFIG" --steps 1 --batch 1 --save-weights "$weights" >"$WORK/write.log" 2>&1 ||
   { cat "$WORK/write.log"; exit 1; }
 echo "model: $(grep -m1 '^model llama' "$WORK/write.log" | sed 's/; threads.*//'); $(du -sh "$weights"/*.safetensors | cut -f1) of float32"
-prompt=$(tr -s '\n ' '  ' <examples/data/sonnets.txt | head -c "$PROMPT_BYTES")
+# No `| head` after tr: under pipefail, tr's SIGPIPE would end the script.
+text=$(head -c 4096 examples/data/sonnets.txt | tr -s '\n ' '  ')
+prompt=${text:0:PROMPT_BYTES}
 
 declare -A pre dec trn
 for ((r = 0; r < ROUNDS; r++)); do
