@@ -88,6 +88,18 @@ add_test(NAME e2e_gpt_generate_samples_past_memory COMMAND train_gpt --steps 3 -
 set_tests_properties(e2e_gpt_generate_samples_past_memory PROPERTIES
   PASS_REGULAR_EXPRESSION "train_gpt: error: rank 0: --samples 2000000000: generation \\(key/value caches and the prompt's logits\\) needs [0-9]+ bytes on this machine \\(1 rank\\(s\\) x [0-9]+\\), but [0-9]+ are available \\(MemAvailable in /proc/meminfo\\)\n"
   FAIL_REGULAR_EXPRESSION "step +1 " TIMEOUT 60)
+# SHARDPLAN_REPORT_MEMORY=1 (benchmarks/llama's switch): one line for the
+# process of 2 thread ranks around generation, after the prefill and decode
+# rates; a value other than 0 or 1 is an error naming it, before step 1.
+add_test(NAME e2e_gpt_generate_memory_report COMMAND train_gpt --steps 1 --generate 5 --samples 1 --ranks 2
+  --plan ${PROJECT_SOURCE_DIR}/plans/gpt.yaml)
+set_tests_properties(e2e_gpt_generate_memory_report PROPERTIES ENVIRONMENT SHARDPLAN_REPORT_MEMORY=1
+  PASS_REGULAR_EXPRESSION "prefill 1 x [0-9]+ tokens in [0-9.]+ s: [0-9]+ tokens/s; decode 1 x 4 tokens in [0-9.]+ s: [0-9]+ tokens/s\nranks 0-1 \\(threads of one process\\): memory in generation: RSS [0-9.]+ MiB before \\(peak since start [0-9.]+\\), peak [0-9.]+ during( \\(since start: no reset\\))?, [0-9.]+ after\n"
+  TIMEOUT 60)
+add_test(NAME e2e_gpt_generate_memory_report_bad COMMAND train_gpt --steps 1 --generate 5 --samples 1)
+set_tests_properties(e2e_gpt_generate_memory_report_bad PROPERTIES ENVIRONMENT SHARDPLAN_REPORT_MEMORY=yes
+  PASS_REGULAR_EXPRESSION "train_gpt: error: SHARDPLAN_REPORT_MEMORY='yes' is not one of: 0, 1\n"
+  FAIL_REGULAR_EXPRESSION "step +1 " TIMEOUT 60)
 # Every option is checked before anything runs: a value that is not wholly a
 # number, one out of range, an option without the one it needs, and a --save
 # directory that could not be written.

@@ -522,6 +522,7 @@ int train_main(int argc, char** argv, const std::string& program, const std::str
     if (a.ranks > 0 && WorldOptions::env_has_job())
       usage(program, fixed_model ? default_model : "",
             "--ranks runs ranks as threads; do not combine it with a launcher");
+    memory_report_requested();  // a bad SHARDPLAN_REPORT_MEMORY fails here, not after training
     std::unique_ptr<Corpus> corpus;
     {
       ModelHandle probe;
