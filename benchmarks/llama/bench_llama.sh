@@ -108,14 +108,17 @@ for s in "${SETUPS[@]}"; do
   printf '%-20s %-30s %-30s %-30s\n' "$s" "$(cell pre)" "$(cell dec)" "$(cell trn)"
 done
 echo
-echo "resident memory (MiB; round 1; 'peak since start' includes building the whole model before the plan cuts it):"
+# With --load-weights the example builds the model without parameter memory
+# (nn::DeferredInit): each rank allocates its shards when the plan cuts them,
+# an unsharded run its parameters as the load fills them.
+echo "resident memory (MiB; round 1; 'peak since start': everything before the load, 'during': the load's own peak):"
 for s in "${SETUPS[@]}"; do
   grep -h '^rank.*: memory ' "$WORK/gen-${s// /_}-0.log" | sed "s/^/  $s, /"
 done
-# The examples keep freed memory in the heap (models/heap.h), so the whole
-# model built before the plan cuts it stays resident; given back, RSS shows
-# what the process holds. The caches are sized for the whole context at
-# once, so a shorter generation peaks alike.
+# The examples keep freed memory in the heap (models/heap.h), so what a
+# step freed stays resident; given back, RSS shows what the process holds.
+# The caches are sized for the whole context at once, so a shorter
+# generation peaks alike.
 echo "the same with MALLOC_TRIM_THRESHOLD_=0 (freed memory given back), --generate 16:"
 for s in "${SETUPS[@]}"; do
   log="$WORK/trimmed-${s// /_}.log"
