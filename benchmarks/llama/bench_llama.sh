@@ -23,7 +23,7 @@
 #   benchmarks/llama/bench_llama.sh [BUILD_DIR] [WORK_DIR]
 #
 # Environment: LLAMA_CONFIG (the model's --config), ROUNDS (default 3),
-# LOAD_REPS (default 7). 5-7 minutes on 2 shared cores at the defaults.
+# LOAD_REPS (default 7). 4-7 minutes on 2 shared cores at the defaults.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build}
