@@ -144,7 +144,12 @@ struct Registry {
     std::lock_guard<std::mutex> lock(mutex);
     auto it = unfilled.find(t.unsafeGetTensorImpl());
     // An address can be reused by a new tensor once the old one died.
-    return it != unfilled.end() && it->second.lock().get() == t.unsafeGetTensorImpl();
+    if (it != unfilled.end() && it->second.lock().get() == t.unsafeGetTensorImpl()) return true;
+    // Entries of models dropped unfilled would keep every later forward on
+    // this path: clear them, so that `live` falls back to zero.
+    sweep();
+    live = unfilled.size();
+    return false;
   }
   void remove(const at::Tensor& t) {
     std::lock_guard<std::mutex> lock(mutex);
