@@ -14,6 +14,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
   iproute2                # multi-node tests bind ranks to other loopback addresses
+  procps util-linux       # pgrep and prlimit: restart and larger-than-one-rank tests
   gnuplot-nox             # shardplan bench comm --plot
   clang libclang-rt-14-dev # libFuzzer targets (scripts/fuzz.sh): clang++ and libclang_rt.fuzzer
   llvm                    # llvm-symbolizer: file:line in libFuzzer's crash reports
