@@ -5,9 +5,8 @@
 
 #include <ostream>
 
-#include "shardplan/nn/deferred_init.h"
-
 #include "shardplan/error.h"
+#include "shardplan/nn/deferred_init.h"
 
 namespace shardplan {
 namespace nn {

@@ -18,8 +18,8 @@
 #include <set>
 
 #include "base/shape_text.h"
-#include "nn/deferred_internal.h"
 #include "checkpoint/checkpoint_internal.h"
+#include "nn/deferred_internal.h"
 #include "shardplan/error.h"
 #include "shardplan/nn/deferred_init.h"
 #include "shardplan/shard.h"
