@@ -7,6 +7,7 @@
 
 #include <fstream>
 #include <memory>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -68,7 +69,13 @@ inline parity::Setup setup(int world, torch::Dtype dtype, int kv_heads) {
                            {R"(.*q_proj\.weight|.*(gate|up)_proj\.weight)", {0, 1}},
                            {R"(.*(o|down)_proj\.weight)", {1, 1}}};
   if (kv_split) shards[R"(.*[kv]_proj\.weight)"] = {0, 1};
-  s.local = parity::local_by(shards);
+  const auto by_rule = parity::local_by(shards);
+  // More ranks than kv heads: rank r holds kv head r*kv/world only.
+  s.local = [by_rule, kv_split, kv_heads](const std::string& name, const torch::Tensor& full, int rank, int world) {
+    static const std::regex kv_proj(R"(.*[kv]_proj\.weight)");
+    if (kv_split || !std::regex_match(name, kv_proj)) return by_rule(name, full, rank, world);
+    return shardplan::shard_of(full, 0, kv_heads, rank * kv_heads / world);
+  };
   return s;
 }
 

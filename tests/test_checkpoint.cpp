@@ -602,6 +602,34 @@ tensors:
   EXPECT_EQ(broken("name: w", "name: \"w\xc3\xa9\""), "parsed");
 }
 
+// Two kv heads over 4 ranks: each piece held by 2 ranks, written once.
+TEST(CheckpointMeta, SharedPiecesNeedPartsTimesSharedToBeTheAxis) {
+  const std::string good = R"(format_version: 1
+world_size: 4
+mesh: {model: 4}
+tensors:
+  - name: k
+    dtype: float32
+    shape: [2, 2]
+    pieces:
+      - {rank: 0, file: a.bin, offset: 0, nbytes: 8, shape: [1, 2], split: [{dim: 0, axis: model, parts: 2, index: 0, blocks: 1, shared: 2}], crc32c: 1}
+      - {rank: 2, file: c.bin, offset: 0, nbytes: 8, shape: [1, 2], split: [{dim: 0, axis: model, parts: 2, index: 1, blocks: 1, shared: 2}], crc32c: 2}
+)";
+  const auto meta = shardplan::ckpt::parse_meta(good, "m.yaml");
+  EXPECT_EQ(meta.tensors.at(0).pieces.at(1).split.at(0).shared, 2);
+  EXPECT_EQ(shardplan::ckpt::parse_meta(shardplan::ckpt::to_yaml(meta), "again").tensors[0].pieces[1].split[0].shared, 2);
+  std::string three = good;
+  for (size_t at = three.find("shared: 2"); at != std::string::npos; at = three.find("shared: 2", at))
+    three.replace(at, 9, "shared: 3");
+  EXPECT_THROW(
+      try { shardplan::ckpt::parse_meta(three, "m.yaml"); } catch (const shardplan::Error& e) {
+        EXPECT_THAT(e.what(), ::testing::HasSubstr("m.yaml:9:"));
+        EXPECT_THAT(e.what(), ::testing::HasSubstr("in 2 parts each on 3 ranks, which the mesh does not have"));
+        throw;
+      },
+      shardplan::Error);
+}
+
 // Found by the fuzzer: a plan holding a NUL byte was written as a literal
 // block, which ends the document there, and the metadata read back lost
 // everything after the plan. Text a literal block or a plain key cannot hold

@@ -9,8 +9,12 @@
 // caches holding this rank's kv heads only; and the plan's errors.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,6 +23,8 @@
 #include "models/llama.h"
 #include "models/model.h"
 #include "parity.h"
+#include "shardplan/checkpoint.h"
+#include "shardplan/checkpoint_meta.h"
 #include "shardplan/error.h"
 #include "shardplan/parallelize.h"
 #include "shardplan/plan.h"
@@ -64,33 +70,81 @@ TEST(Llama, AsyncTensorParallelEqualsUnsharded) {
   expect_parity("llama_async", 2, 4, torch::kFloat);
 }
 
-// A kv head replicated on two ranks: whole weights, reported whole, and
-// after training still equal on the ranks (the gradient all-reduce).
-TEST(Llama, ReplicatedKvHeadsAreReportedWholeAndStayEqual) {
+// A kv head replicated on two ranks: each rank holds only the head its
+// query heads read (reported as the rule's split, each piece on two ranks),
+// the holders stay equal after a step (the gradient summed over them), and
+// a checkpoint writes each head once, from its first holder, and reads back
+// whole; loading it at 2 ranks, where each rank holds one kv head of its
+// own, gives the same heads.
+TEST(Llama, ReplicatedKvHeadsHoldOneHeadAndStayEqual) {
+  namespace fs = std::filesystem;
   auto ref = build(config(2));
+  const auto k_of = [](ex::LlamaImpl& m) -> torch::Tensor& {
+    return m.model->layers[0]->as<ex::LlamaDecoderLayerImpl>()->self_attn->k_proj->weight;
+  };
+  const torch::Tensor k_ref = k_of(*ref).detach().clone();
+  const fs::path dir = fs::temp_directory_path() / ("shardplan_llama_kv_" + std::to_string(::getpid()));
   std::vector<std::shared_ptr<ex::LlamaImpl>> models;
   for (int r = 0; r < 4; ++r) models.push_back(std::dynamic_pointer_cast<ex::LlamaImpl>(ref->clone()));
   std::mutex mu;
   std::vector<torch::Tensor> k(4);
+  torch::Tensor k_collected;
   shardplan::run_ranks_in_threads(4, [&](shardplan::World& w) {
     auto& m = *models[w.rank()];
     auto report = shardplan::parallelize(m, plan("llama"), w);
     for (const auto& row : report.rows)
       if (row.path == "model.layers.0.self_attn.k_proj.weight") {
-        EXPECT_EQ(row.layout, "[null, null]");
-        EXPECT_EQ(row.local_shape, (std::vector<int64_t>{16, 32}));
+        EXPECT_EQ(row.layout, "[model, null]");
+        EXPECT_EQ(row.local_shape, (std::vector<int64_t>{8, 32}));
+        ASSERT_EQ(row.splits.size(), 1u);
+        EXPECT_EQ(row.splits[0].shared, 2);
+        EXPECT_EQ(row.splits[0].parts, 2);
+        EXPECT_EQ(row.splits[0].index, w.rank() / 2);
         EXPECT_NE(row.note.find("heads replicated: 2 heads over 4 ranks"), std::string::npos) << row.note;
       }
+    EXPECT_TRUE(torch::equal(k_of(m), k_ref.narrow(0, 8 * (w.rank() / 2), 8))) << "rank " << w.rank();
     torch::optim::SGD opt(m.parameters(), 0.5);
     torch::manual_seed(5);
     const auto t = torch::randint(32, {2, 9}, torch::kLong);
     m.loss({t.narrow(1, 0, 8), t.narrow(1, 1, 8)}).backward();
     opt.step();
+    shardplan::save_checkpoint(dir.string(), m, report, w);
+    const auto whole = shardplan::collect_state_dict(m, report, w);
     std::lock_guard<std::mutex> lock(mu);
-    k[w.rank()] = m.model->layers[0]->as<ex::LlamaDecoderLayerImpl>()->self_attn->k_proj->weight.detach().clone();
+    k[w.rank()] = k_of(m).detach().clone();
+    for (const auto& kv : whole)
+      if (kv.first == "model.layers.0.self_attn.k_proj.weight" && w.rank() == 0) k_collected = kv.second;
   });
-  EXPECT_FALSE(torch::equal(k[0], ref->model->layers[0]->as<ex::LlamaDecoderLayerImpl>()->self_attn->k_proj->weight));
-  for (int r = 1; r < 4; ++r) EXPECT_TRUE(torch::equal(k[r], k[0])) << "rank " << r;
+  EXPECT_FALSE(torch::equal(k[0], k_ref.narrow(0, 0, 8)));
+  EXPECT_TRUE(torch::equal(k[1], k[0]));
+  EXPECT_TRUE(torch::equal(k[3], k[2]));
+  const torch::Tensor k_whole = torch::cat({k[0], k[2]});
+  EXPECT_TRUE(torch::equal(k_collected, k_whole));
+
+  std::ifstream in(dir / "metadata.yaml");
+  std::stringstream meta;
+  meta << in.rdbuf();
+  const auto parsed = shardplan::ckpt::parse_meta(meta.str(), "metadata.yaml");
+  const auto* entry = parsed.find("model.layers.0.self_attn.k_proj.weight");
+  ASSERT_NE(entry, nullptr);
+  ASSERT_EQ(entry->pieces.size(), 2u);
+  EXPECT_EQ(entry->pieces[0].rank, 0);
+  EXPECT_EQ(entry->pieces[1].rank, 2);
+  EXPECT_EQ(entry->pieces[1].split.at(0).shared, 2);
+  for (const auto& kv : shardplan::read_checkpoint(dir.string()))
+    if (kv.first == "model.layers.0.self_attn.k_proj.weight") EXPECT_TRUE(torch::equal(kv.second, k_whole));
+
+  std::vector<torch::Tensor> k2(2);
+  shardplan::run_ranks_in_threads(2, [&](shardplan::World& w) {
+    auto m = std::dynamic_pointer_cast<ex::LlamaImpl>(ref->clone());
+    auto report = shardplan::parallelize(*m, plan("llama"), w);
+    shardplan::load_checkpoint(dir.string(), *m, report, w);
+    std::lock_guard<std::mutex> lock(mu);
+    k2[w.rank()] = k_of(*m).detach().clone();
+  });
+  EXPECT_TRUE(torch::equal(k2[0], k[0]));
+  EXPECT_TRUE(torch::equal(k2[1], k[2]));
+  fs::remove_all(dir);
 }
 
 TEST(Llama, RotaryIsHuggingFacesRotateHalf) {

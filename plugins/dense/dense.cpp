@@ -24,12 +24,11 @@
 // `head_dim: D` reads the split dim as attention heads of D rows (columns,
 // row-parallel) and refuses a cut through a head. With `replicate_heads:
 // true` a column-parallel layer with fewer heads H than ranks N (grouped-
-// query attention's key/value projections: N divisible by H) keeps its
-// weight whole and each rank computes the one head its query heads read,
-// r*H/N, as Megatron and vLLM replicate kv heads; the weight's and input's
-// gradients are all-reduced over the axis, which sums each head's gradient
-// over the ranks that computed it (the others contribute zeros), so the
-// replicas stay equal.
+// query attention's key/value projections: N divisible by H) holds on rank
+// r only the head its query heads read, r*H/N, as Megatron and vLLM
+// replicate kv heads: each head on the N/H ranks that read it
+// (ShardSplit::shared), its gradient summed over them (copy_to_sharers),
+// so the copies stay equal.
 //
 // `overlap: ring | ring_bidirectional | ring_split` (async tensor parallelism, needs
 // sequence parallelism): the column-parallel entry's gather and the
@@ -133,20 +132,19 @@ class RowParallel : public nn::LinearStrategy {
   Overlap overlap_;
 };
 
-// Fewer heads than ranks: the whole weight on every rank, this rank's head
-// computed from it. copy_to_group on the weight sums its gradient over the
-// axis: the rows of head h get the gradients of the N/H ranks computing h,
-// and every other rank adds zeros there.
+// Fewer heads than ranks: this rank holds the one head its query heads
+// read. The input's gradient is all-reduced over the axis as for any
+// column-parallel layer; the weight's is summed over the ranks holding the
+// same head (copy_to_sharers), so the copies stay equal.
 class ReplicatedHeads : public nn::LinearStrategy {
  public:
-  ReplicatedHeads(std::shared_ptr<Communicator> group, int64_t heads, int64_t head_dim, SequenceShard seq,
-                  Overlap overlap)
-      : group_(std::move(group)), heads_(heads), head_dim_(head_dim), seq_(std::move(seq)), overlap_(overlap) {
+  ReplicatedHeads(std::shared_ptr<Communicator> group, int64_t heads, SequenceShard seq, Overlap overlap)
+      : group_(std::move(group)), heads_(heads), seq_(std::move(seq)), overlap_(overlap) {
     head_ = group_->rank() * heads_ / group_->size();
   }
   at::Tensor forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) override {
-    const at::Tensor wl = copy_to_group(w, *group_).narrow(0, head_ * head_dim_, head_dim_);
-    const at::Tensor bl = b.defined() ? copy_to_group(b, *group_).narrow(0, head_ * head_dim_, head_dim_) : b;
+    const at::Tensor wl = copy_to_sharers(w, *group_, heads_);
+    const at::Tensor bl = b.defined() ? copy_to_sharers(b, *group_, heads_) : b;
     if (overlap_.on) return ring_gather_linear(x, wl, bl, *group_, seq_.dim, overlap_.direction);
     const at::Tensor in = seq_.on ? gather_sequence(x, *group_, seq_.dim) : copy_to_group(x, *group_);
     return torch::nn::functional::linear(in, wl, bl);
@@ -158,7 +156,7 @@ class ReplicatedHeads : public nn::LinearStrategy {
 
  private:
   std::shared_ptr<Communicator> group_;
-  int64_t heads_, head_dim_, head_ = 0;
+  int64_t heads_, head_ = 0;
   SequenceShard seq_;
   Overlap overlap_;
 };
@@ -225,22 +223,10 @@ void decide_heads(const ParamShard& w, const Rule* rule, int64_t features, Decis
   d.mode = Mode::ReplicatedHeads;
 }
 
-// check() clears the layout of a weight whose heads it replicates, so that
-// the report and checkpoints see it whole (note_replicated_heads); apply()
-// decides again on the same shard and reads the rule's column split back.
-Layout planned_layout(const ParamShard& w) {
-  const Rule* rule = rule_of(&w);
-  const Layout& l = w.assignment.layout;
-  if (!rule || l.size() != 2 || l[0] || l[1] || rule->option_or("replicate_heads", "false") != "true") return l;
-  for (const auto& axis : rule->layout)
-    if (axis) return Layout{axis, std::nullopt};
-  return l;
-}
-
 Decision decide(const ModuleShard& shard) {
   const ParamShard* w = required_param(shard, "weight");
   const ParamShard* b = shard.param("bias");
-  const Layout wl = planned_layout(*w);
+  const Layout& wl = w->assignment.layout;
   Decision d;
   const Rule* rule = rule_of(w);
   if (wl.size() != 2) fail_param(*w, "a Linear weight has 2 dims, the layout has " + std::to_string(wl.size()));
@@ -288,8 +274,7 @@ Decision decide(const ModuleShard& shard) {
                          " is not divisible by mesh axis '" + d.axis + "' of size " + std::to_string(d.parts));
     if (b && rule_of(b)) {
       const Layout& bl = b->assignment.layout;
-      const bool cleared = d.mode == Mode::ReplicatedHeads && bl.size() == 1 && !bl[0];
-      if (!cleared && (bl.size() != 1 || !bl[0] || *bl[0] != d.axis))
+      if (bl.size() != 1 || !bl[0] || *bl[0] != d.axis)
         fail_param(*b, "the bias of a column-parallel Linear must follow its weight: layout [" + d.axis + "], got " +
                            layout_str(bl));
     }
@@ -346,16 +331,19 @@ class DensePlugin : public LayerPlugin {
 
   bool supports_sequence_parallel() const override { return true; }
 
-  // The rule splits the weight but the plugin keeps it whole: the layout
-  // says so (the report and checkpoints take it from here), the note why.
+  // One head per rank, each head on parts/heads ranks: the split says so
+  // (checkpoints write each head once and collect it from its first holder).
   static void note_replicated_heads(ParamShard& w, ParamShard* b, const Decision& d, const std::string& seq) {
+    const int64_t shared = d.parts / d.heads;
     const std::string note = "heads replicated: " + std::to_string(d.heads) + " heads over " +
-                             std::to_string(d.parts) + " ranks of '" + d.axis + "', each rank computes head r*" +
-                             std::to_string(d.heads) + "/" + std::to_string(d.parts) +
-                             ", weight whole, gradient all-reduced" + seq + overlap_note(d.overlap);
+                             std::to_string(d.parts) + " ranks of '" + d.axis + "', rank r holds head r*" +
+                             std::to_string(d.heads) + "/" + std::to_string(d.parts) + " (each on " +
+                             std::to_string(shared) + " ranks, gradient summed over them)" + seq +
+                             overlap_note(d.overlap);
     for (ParamShard* p : {&w, b}) {
       if (!p) continue;
-      for (auto& dim : p->assignment.layout) dim.reset();
+      p->local_shape[0] = d.head_dim;
+      declare_split(*p, 0, d.axis, 1, shared);
       p->note = note;
     }
   }
@@ -391,7 +379,10 @@ class DensePlugin : public LayerPlugin {
     auto group = shard.group(d.axis);
     const int64_t index = group->rank();
     if (d.mode == Mode::ReplicatedHeads) {
-      linear.set_strategy(std::make_shared<ReplicatedHeads>(group, d.heads, d.head_dim, shard.sequence, d.overlap));
+      const int64_t head = index * d.heads / d.parts;
+      replace_parameter(linear, "weight", shard_of(linear.weight, 0, d.heads, head));
+      if (linear.bias.defined()) replace_parameter(linear, "bias", shard_of(linear.bias, 0, d.heads, head));
+      linear.set_strategy(std::make_shared<ReplicatedHeads>(group, d.heads, shard.sequence, d.overlap));
     } else if (d.mode == Mode::Column) {
       replace_parameter(linear, "weight", shard_of(linear.weight, 0, d.parts, index, d.blocks));
       if (linear.bias.defined())

@@ -18,15 +18,19 @@ constexpr const char* kMetaFile = "metadata.yaml";
 
 // How one dim of a piece was cut from the global tensor: shard `index` of
 // `parts` with shard_range's ceil chunks, each of `blocks` stacked blocks cut
-// alike (shard.h's shard_of).
+// alike (shard.h's shard_of), every piece held by `shared` ranks of the axis
+// (parts * shared = the axis size; split.h's ShardSplit). `shared` is
+// written only when above 1, so older checkpoints read unchanged.
 struct DimSplit {
   int64_t dim = 0;
   std::string axis;                // the mesh axis it was split over
   int64_t parts = 1;
   int64_t index = 0;
   int64_t blocks = 1;
+  int64_t shared = 1;
   bool operator==(const DimSplit& o) const {
-    return dim == o.dim && axis == o.axis && parts == o.parts && index == o.index && blocks == o.blocks;
+    return dim == o.dim && axis == o.axis && parts == o.parts && index == o.index && blocks == o.blocks &&
+           shared == o.shared;
   }
 };
 

@@ -14,7 +14,7 @@
 #include "shardplan/plan.h"
 #include "shardplan/split.h"
 
-#define SHARDPLAN_LAYER_ABI_VERSION 4u
+#define SHARDPLAN_LAYER_ABI_VERSION 5u
 
 namespace torch {
 namespace nn {
@@ -32,8 +32,8 @@ struct ParamShard {
   Assignment assignment;               // path, global shape, rule (or none), layout
   std::vector<int64_t> local_shape;    // filled by the plugin
   std::string note;                    // e.g. "column-parallel, bias follows weight"
-  // How the plugin cuts it: {dim, axis, blocks} per split dim (parts and
-  // index are filled in by parallelize). Left empty, the layout's axes are
+  // How the plugin cuts it: {dim, axis, blocks, shared} per split dim (parts
+  // and index are filled in by parallelize). Left empty, the layout's axes are
   // taken with blocks 1; a plugin that splits a parameter no rule placed
   // (a bias following its weight) or splits blocks must fill it. parallelize
   // checks it against local_shape, and checkpoints rely on it.

@@ -12,6 +12,13 @@ class Communicator;
 // Forward identity, backward all-reduce: entering a region where each rank
 // computes a partial result from a replicated input (column-parallel input).
 at::Tensor copy_to_group(const at::Tensor& x, Communicator& group);
+// copy_to_group for a parameter cut into `pieces` along `dim`, each piece
+// held by group.size() / pieces consecutive ranks (ShardSplit::shared; a
+// kv head on the ranks whose query heads read it): forward identity,
+// backward sums the gradient over the ranks holding the same piece. One
+// all-reduce over the group of every piece's size (the others add zeros),
+// so no communicator per set of holders is needed.
+at::Tensor copy_to_sharers(const at::Tensor& p, Communicator& group, int64_t pieces, int64_t dim = 0);
 // Forward all-reduce, backward identity: leaving a region of partial sums
 // (row-parallel output).
 at::Tensor reduce_from_group(const at::Tensor& x, Communicator& group);

@@ -63,12 +63,15 @@ inline std::string sequence_note(const SequenceShard& seq) {
 }
 
 // Declares that `p` is cut along `dim` over `axis`, reading the dim as
-// `blocks` stacked blocks (ParamShard::splits).
-inline void declare_split(ParamShard& p, int64_t dim, const std::string& axis, int64_t blocks = 1) {
+// `blocks` stacked blocks, each piece held by `shared` ranks
+// (ParamShard::splits, ShardSplit::shared).
+inline void declare_split(ParamShard& p, int64_t dim, const std::string& axis, int64_t blocks = 1,
+                          int64_t shared = 1) {
   ShardSplit s;
   s.dim = dim;
   s.axis = axis;
   s.blocks = blocks;
+  s.shared = shared;
   p.splits.push_back(s);
 }
 

@@ -148,13 +148,14 @@ at::Tensor take_splits(const at::Tensor& full, const std::vector<ShardSplit>& sp
 
 // A rank writes a piece only when it is the first holder of that piece: the
 // ranks that differ from it only on axes the tensor is not split over hold
-// copies.
+// copies, and so do the next ranks of an axis whose pieces are shared.
 bool writes_piece(const Mesh& mesh, int rank, const std::vector<ShardSplit>& splits) {
   if (mesh.ndim() == 0) return rank == 0;
   for (const auto& axis : mesh.axes()) {
-    bool split = false;
-    for (const auto& s : splits) split |= s.axis == axis.first;
-    if (!split && mesh.coord(rank, axis.first) != 0) return false;
+    int64_t shared = 0;  // 0: not split over this axis
+    for (const auto& s : splits)
+      if (s.axis == axis.first) shared = s.shared;
+    if (mesh.coord(rank, axis.first) % (shared ? shared : axis.second) != 0) return false;
   }
   return true;
 }
@@ -228,7 +229,7 @@ void save_checkpoint(const std::string& dir, torch::nn::Module& model, const Par
       p.offset = blob.size();
       p.nbytes = t.numel() * t.element_size();
       p.shape = t.sizes().vec();
-      for (const auto& s : item.splits) p.split.push_back(ckpt::DimSplit{s.dim, s.axis, s.parts, s.index, s.blocks});
+      for (const auto& s : item.splits) p.split.push_back(ckpt::DimSplit{s.dim, s.axis, s.parts, s.index, s.blocks, s.shared});
       p.crc32c = ckpt::crc32c(t.data_ptr(), p.nbytes);
       blob.append(static_cast<const char*>(t.data_ptr()), p.nbytes);
       e.pieces.push_back(p);

@@ -203,7 +203,9 @@ std::string to_yaml(const Meta& meta) {
       for (const auto& s : p.split) {
         out << YAML::Flow << YAML::BeginMap << YAML::Key << "dim" << YAML::Value << s.dim << YAML::Key << "axis"
             << YAML::Value << s.axis << YAML::Key << "parts" << YAML::Value << s.parts << YAML::Key << "index"
-            << YAML::Value << s.index << YAML::Key << "blocks" << YAML::Value << s.blocks << YAML::EndMap;
+            << YAML::Value << s.index << YAML::Key << "blocks" << YAML::Value << s.blocks;
+        if (s.shared > 1) out << YAML::Key << "shared" << YAML::Value << s.shared;
+        out << YAML::EndMap;
       }
       out << YAML::EndSeq;
       out << YAML::Key << "crc32c" << YAML::Value << YAML::Hex << p.crc32c << YAML::Dec;
@@ -400,18 +402,23 @@ Meta parse_meta(const std::string& text, const std::string& source, bool complet
       std::vector<int64_t> key;
       std::vector<std::pair<int64_t, int64_t>> dims;
       for (const auto& sn : r.need(pn, "split", YAML::NodeType::Sequence)) {
-        if (!sn.IsMap()) r.fail(sn, what + ": a split is {dim, axis, parts, index, blocks}");
+        if (!sn.IsMap()) r.fail(sn, what + ": a split is {dim, axis, parts, index, blocks[, shared]}");
         DimSplit s;
         s.dim = r.dim_value(r.need(sn, "dim", YAML::NodeType::Scalar), 0);
         s.axis = r.scalar<std::string>(sn, "axis");
         s.parts = r.dim_value(r.need(sn, "parts", YAML::NodeType::Scalar), 1);
         s.index = r.dim_value(r.need(sn, "index", YAML::NodeType::Scalar), 0);
         s.blocks = r.dim_value(r.need(sn, "blocks", YAML::NodeType::Scalar), 1);
+        if (YAML::Node shared = sn["shared"]) s.shared = r.dim_value(shared, 1);
+        if (s.parts > meta.world_size || s.shared > meta.world_size)
+          r.fail(sn, what + ": split into more parts, or shared by more ranks, than the world has");
         {
           bool known = false;
-          for (const auto& a : meta.mesh) known |= a.first == s.axis && a.second == s.parts;
-          if (!known) r.fail(sn, what + ": split over '" + s.axis + "' in " + std::to_string(s.parts) +
-                                     " parts, which the mesh does not have");
+          for (const auto& a : meta.mesh) known |= a.first == s.axis && a.second == s.parts * s.shared;
+          if (!known)
+            r.fail(sn, what + ": split over '" + s.axis + "' in " + std::to_string(s.parts) + " parts" +
+                           (s.shared > 1 ? " each on " + std::to_string(s.shared) + " ranks" : std::string()) +
+                           ", which the mesh does not have");
         }
         if (s.dim >= static_cast<int64_t>(t.shape.size())) r.fail(sn, what + ": split dim out of range");
         if (s.index >= s.parts) r.fail(sn, what + ": split index not below parts");

@@ -44,11 +44,13 @@ at::Tensor gather_split(const at::Tensor& local, const ShardSplit& s, int64_t gl
     pad_shape[s.dim + 1] = chunk - len;
     piece = at::cat({piece, at::zeros(pad_shape, piece.options())}, s.dim + 1);
   }
-  at::Tensor all = group.all_gather(piece.unsqueeze(0).contiguous(), 0);  // [parts, .., blocks, chunk, ..]
+  // [parts * shared, .., blocks, chunk, ..]: the first holder of each piece
+  // gives it (ranks sharing a piece hold equal copies).
+  at::Tensor all = group.all_gather(piece.unsqueeze(0).contiguous(), 0);
   std::vector<at::Tensor> parts;
   for (int64_t r = 0; r < s.parts; ++r) {
     const auto range = shard_range(block, s.parts, r);
-    parts.push_back(all[r].narrow(s.dim + 1, 0, range.second - range.first));
+    parts.push_back(all[r * s.shared].narrow(s.dim + 1, 0, range.second - range.first));
   }
   at::Tensor joined = at::cat(parts, s.dim + 1);  // [.., blocks, block, ..]
   std::vector<int64_t> out = sizes;

@@ -90,6 +90,29 @@ struct AllGatherFromGroup : torch::autograd::Function<AllGatherFromGroup> {
   }
 };
 
+// The gradient of this rank's piece placed among zeros for every other
+// piece, all-reduced: the holders of a piece add their parts at its place
+// and the other ranks zeros, so each holder gets the sum over its fellows.
+struct CopyToSharers : torch::autograd::Function<CopyToSharers> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& p, int64_t group, int64_t pieces, int64_t dim) {
+    ctx->saved_data["group"] = group;
+    ctx->saved_data["pieces"] = pieces;
+    ctx->saved_data["dim"] = dim;
+    return p;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Communicator& g = saved_group(ctx);
+    const int64_t pieces = ctx->saved_data["pieces"].toInt(), dim = ctx->saved_data["dim"].toInt();
+    const int64_t len = grads[0].size(dim), index = g.rank() / (g.size() / pieces);
+    std::vector<int64_t> sizes = grads[0].sizes().vec();
+    sizes[dim] = pieces * len;
+    at::Tensor all = at::zeros(sizes, grads[0].options());
+    all.narrow(dim, index * len, len).copy_(grads[0]);
+    g.all_reduce(all);
+    return {all.narrow(dim, index * len, len), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 int64_t wrap(const at::Tensor& x, int64_t dim) { return at::maybe_wrap_dim(dim, x.dim()); }
 
 }  // namespace
@@ -97,6 +120,15 @@ int64_t wrap(const at::Tensor& x, int64_t dim) { return at::maybe_wrap_dim(dim, 
 at::Tensor copy_to_group(const at::Tensor& x, Communicator& g) {
   if (g.size() == 1) return x;
   return CopyToGroup::apply(x, group_handle(g));
+}
+
+at::Tensor copy_to_sharers(const at::Tensor& p, Communicator& g, int64_t pieces, int64_t dim) {
+  if (pieces < 1 || g.size() % pieces != 0)
+    throw Error("copy_to_sharers: " + std::to_string(pieces) + " pieces cannot be shared evenly by group '" +
+                g.name() + "' of " + std::to_string(g.size()) + " ranks");
+  if (g.size() == 1) return p;
+  if (pieces == 1) return copy_to_group(p, g);
+  return CopyToSharers::apply(p, group_handle(g), pieces, wrap(p, dim));
 }
 
 at::Tensor reduce_from_group(const at::Tensor& x, Communicator& g) {

@@ -43,16 +43,17 @@ std::vector<ShardSplit> resolve_splits(ParamShard& p, const Mesh& mesh, int rank
   std::vector<int64_t> expect = p.assignment.shape;
   for (auto& s : splits) {
     if (s.dim < 0 || s.dim >= static_cast<int64_t>(expect.size()) || !mesh.has_axis(s.axis) || s.blocks < 1 ||
-        expect[s.dim] % s.blocks != 0)
+        expect[s.dim] % s.blocks != 0 || s.shared < 1 || mesh.axis_size(s.axis) % s.shared != 0)
       throw Error("layer plugin '" + plugin + "' declared an impossible split of parameter '" +
                   p.assignment.path + "' (dim " + std::to_string(s.dim) + ", axis '" + s.axis + "', " +
-                  std::to_string(s.blocks) + " blocks)");
-    s.parts = mesh.axis_size(s.axis);
-    s.index = mesh.coord(rank, s.axis);
+                  std::to_string(s.blocks) + " blocks, each piece on " + std::to_string(s.shared) + " ranks)");
+    s.parts = mesh.axis_size(s.axis) / s.shared;
+    s.index = mesh.coord(rank, s.axis) / s.shared;
     const auto range = shard_range(expect[s.dim] / s.blocks, s.parts, s.index);
     expect[s.dim] = (range.second - range.first) * s.blocks;
   }
-  // Splits over an axis of size 1 cut nothing.
+  // Splits over an axis of size 1 (or into one piece every rank shares) cut
+  // nothing.
   splits.erase(std::remove_if(splits.begin(), splits.end(), [](const ShardSplit& s) { return s.parts == 1; }),
                splits.end());
   if (expect != p.local_shape)
@@ -87,8 +88,8 @@ void record_module(Planning& st, size_t c, LayerPlugin* plugin, const std::strin
     if (!p.note.empty()) row.note = p.note;
     row.splits = resolve_splits(p, st.out.mesh, st.rank, plugin_name);
     if (!p.assignment.rule && !p.splits.empty()) row.layout = declared_layout(p);
-    // A plugin may keep whole what its rule splits, and clear the layout to
-    // say so (the dense plugin's replicate_heads): the row shows what is held.
+    // A plugin may change the layout its rule gave (clear it to keep the
+    // parameter whole): the row shows what is held.
     if (p.assignment.rule && !st.keras) row.layout = layout_str(p.assignment.layout);
   }
   st.out.plugins.push_back(plugin);
