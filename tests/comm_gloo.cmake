@@ -64,12 +64,14 @@ add_test(NAME comm_gloo_bad_shm_env
   COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_GLOO_SHM=of $<TARGET_FILE:comm_conformance> --backend gloo --threads 2)
 add_test(NAME comm_gloo_bad_job_id_env
   COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_JOB_ID=a/b $<TARGET_FILE:comm_conformance> --backend gloo --threads 2)
+add_test(NAME comm_gloo_bad_verbose_env
+  COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_GLOO_VERBOSE=yes $<TARGET_FILE:comm_conformance> --backend gloo --threads 2)
 add_test(NAME comm_gloo_bad_shm_pause_env
   COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_TEST_GLOO_SHM_PAUSE_MS=x $<TARGET_FILE:comm_conformance> --backend gloo --threads 2)
 add_test(NAME comm_gloo_bad_stall_env
   COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_TEST_GLOO_STALL_MS=1s $<TARGET_FILE:comm_conformance> --backend gloo --threads 2)
 set_tests_properties(comm_gloo_bad_link_env comm_gloo_bad_shm_env comm_gloo_bad_job_id_env comm_gloo_bad_shm_pause_env
-  comm_gloo_bad_stall_env PROPERTIES
+  comm_gloo_bad_stall_env comm_gloo_bad_verbose_env PROPERTIES
   TIMEOUT 60 LABELS "comm;gloo")
 set_tests_properties(comm_gloo_bad_link_env PROPERTIES PASS_REGULAR_EXPRESSION
   "SHARDPLAN_GLOO_LINK_GBPS='-1' is not a link rate \\(a number of Gbit/s > 0, or 0 for no emulated link\\)")
@@ -77,6 +79,8 @@ set_tests_properties(comm_gloo_bad_shm_env PROPERTIES PASS_REGULAR_EXPRESSION
   "SHARDPLAN_GLOO_SHM='of' is not one of: auto, on, off, 1, 0, true, false \\(as option shm=\\)")
 set_tests_properties(comm_gloo_bad_job_id_env PROPERTIES PASS_REGULAR_EXPRESSION
   "SHARDPLAN_JOB_ID='a/b' is not a job id \\(1 to 24 letters, digits")
+set_tests_properties(comm_gloo_bad_verbose_env PROPERTIES PASS_REGULAR_EXPRESSION
+  "SHARDPLAN_GLOO_VERBOSE='yes' is not 0 or 1")
 set_tests_properties(comm_gloo_bad_shm_pause_env PROPERTIES PASS_REGULAR_EXPRESSION
   "SHARDPLAN_TEST_GLOO_SHM_PAUSE_MS='x' is not a number of milliseconds \\(a whole number from 0 to 3600000\\)")
 set_tests_properties(comm_gloo_bad_stall_env PROPERTIES PASS_REGULAR_EXPRESSION

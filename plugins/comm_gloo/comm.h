@@ -72,6 +72,7 @@ class Comm {
   std::shared_ptr<ShmGroup> shm;      // set when its ranks share a host (shm.h)
   // Test hook SHARDPLAN_TEST_GLOO_STALL_MS (env.h), this communicator's and its splits'.
   long test_stall_ms = 0;
+  bool verbose = false;  // SHARDPLAN_GLOO_VERBOSE, this communicator's and its splits'
   // Each root rank's address (gathered once by the root communicator) and the
   // root rank of each of this communicator's ranks: a timeout cannot tell
   // which peer failed (gloo does not say which pair an operation waits on),

@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -73,6 +74,7 @@ struct Options {
   ShmMode shm = ShmMode::kAuto;  // shm=auto|on|off
   double link_gbps = 0;          // link_gbps=X
   long test_stall_ms = 0;        // SHARDPLAN_TEST_GLOO_STALL_MS
+  bool verbose = false;          // SHARDPLAN_GLOO_VERBOSE
   std::string bad;               // the first bad option or variable, as create() reports it
 };
 
@@ -82,6 +84,7 @@ Options parse_options(const char* const* options) {
   o.shm = env.shm;
   o.link_gbps = env.link_gbps;
   o.test_stall_ms = env.test_stall_ms;
+  o.verbose = env.verbose;
   o.bad = env.bad;
   auto refuse = [&](const std::string& what) {
     if (o.bad.empty()) o.bad = "bad option " + what;
@@ -118,6 +121,25 @@ void gather_hosts(Comm& c, const std::string& mine) {
   auto hosts = std::make_shared<std::vector<std::string>>();
   for (int r = 0; r < c.size; ++r) hosts->emplace_back(all.data() + kLen * static_cast<size_t>(r));
   c.hosts = std::move(hosts);
+}
+
+// SHARDPLAN_GLOO_VERBOSE=1: which transport a communicator's collectives
+// take, so a test (or a user on a cluster) can see that ranks of one host
+// share memory and the others cross the network, which timings alone cannot
+// tell apart on a fast link. One line on stderr per communicator and rank.
+void log_transport(const Comm& c) {
+  if (!c.verbose) return;
+  std::string ranks, hosts;
+  for (size_t m = 0; m < c.root_ranks.size(); ++m) {
+    const int r = c.root_ranks[m];
+    ranks += (m ? "," : "") + std::to_string(r);
+    const std::string& h = c.hosts && static_cast<size_t>(r) < c.hosts->size() ? c.hosts->at(static_cast<size_t>(r)) : "?";
+    if (hosts.find(h) == std::string::npos) hosts += (hosts.empty() ? "" : ", ") + h;
+  }
+  // One write, so that lines of ranks sharing a terminal do not interleave.
+  const std::string line = "gloo: rank " + std::to_string(c.rank) + " of " + std::to_string(c.size) + " (world ranks " +
+                           ranks + "): " + (c.shm ? "shared memory" : "tcp, hosts " + hosts) + "\n";
+  std::fputs(line.c_str(), stderr);
 }
 
 int api_create(const sp_comm_config* config, sp_comm** out) {
@@ -162,9 +184,11 @@ int api_create(const sp_comm_config* config, sp_comm** out) {
     comm->shm_mode = opt.shm;
     comm->link_bytes_per_second = opt.link_gbps * 1e9 / 8;
     comm->test_stall_ms = opt.test_stall_ms;
+    comm->verbose = opt.verbose;
     comm->connect();
     gather_hosts(*comm, opt.iface.empty() ? attr.hostname : "interface " + opt.iface);
     attach_shm(*comm, comm->shm_mode);
+    log_transport(*comm);
     *out = new sp_comm{comm};
     return SP_OK;
   });
@@ -204,10 +228,12 @@ int api_split(sp_comm* parent, int32_t color, int32_t key, sp_comm** out) {
         c->shm_mode = p->shm_mode;
         c->link_bytes_per_second = p->link_bytes_per_second;
         c->test_stall_ms = p->test_stall_ms;
+        c->verbose = p->verbose;
         c->hosts = p->hosts;
         for (const auto& m : members) c->root_ranks.push_back(p->root_ranks.at(static_cast<size_t>(m.second)));
         c->connect(&p->aborted);
         attach_shm(*c, c->shm_mode);
+        log_transport(*c);
         child = std::move(c);
       },
       nullptr);

@@ -15,6 +15,7 @@ struct EnvDefaults {
   ShmMode shm = ShmMode::kAuto;
   double link_gbps = 0;
   long test_stall_ms = 0;  // SHARDPLAN_TEST_GLOO_STALL_MS (Comm::test_stall)
+  bool verbose = false;    // SHARDPLAN_GLOO_VERBOSE: each communicator's transport on stderr
   std::string bad;  // "NAME='VALUE' is not ...", or empty
 };
 
@@ -37,6 +38,11 @@ inline EnvDefaults env_defaults() {
     refuse("SHARDPLAN_GLOO_SHM", v, "one of: auto, on, off, 1, 0, true, false (as option shm=)");
   if (const char* v = std::getenv("SHARDPLAN_GLOO_LINK_GBPS"); v && *v && !parse_link_gbps(v, d.link_gbps))
     refuse("SHARDPLAN_GLOO_LINK_GBPS", v, "a link rate (a number of Gbit/s > 0, or 0 for no emulated link)");
+  if (const char* v = std::getenv("SHARDPLAN_GLOO_VERBOSE"); v && *v) {
+    const std::string s = v;
+    if (s == "1" || s == "0") d.verbose = s == "1";
+    else refuse("SHARDPLAN_GLOO_VERBOSE", v, "0 or 1");
+  }
   if (const char* v = std::getenv("SHARDPLAN_JOB_ID"); v && *v && !valid_job_id(v))
     refuse("SHARDPLAN_JOB_ID", v, "a job id (1 to 24 letters, digits, '_' or '.'; shardplan launch sets it)");
   if (const char* v = std::getenv("SHARDPLAN_TEST_GLOO_SHM_PAUSE_MS"); v && *v && !is_pause_ms(v))
