@@ -66,7 +66,7 @@ endforeach()
 
 # The launcher's mpi mode with launcher_probe as the ranks.
 find_program(SHARDPLAN_BASH bash REQUIRED)
-foreach(case env prefix_many_lines partial_line fail_fast forward_sigterm multi_node_refused)
+foreach(case env prefix_many_lines partial_line fail_fast forward_sigterm multi_node_refused restarts)
   add_test(NAME launcher.mpi_${case}
     COMMAND ${SHARDPLAN_BASH} ${CMAKE_CURRENT_LIST_DIR}/comm_mpi/launch_mpi_test.sh
       $<TARGET_FILE:shardplan_cli> $<TARGET_FILE:launcher_probe> ${case})

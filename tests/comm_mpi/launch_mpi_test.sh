@@ -96,6 +96,26 @@ multi_node_refused)
   grep -q "use mpirun with a hostfile" "$WORK/err" || fail "no hint to use mpirun with a hostfile"
   ;;
 
+restarts)
+  # --max-restarts with mpirun: a failed rank ends mpirun, the launcher starts
+  # a new one with the restart count exported to every rank (-x). Rank 1
+  # fails on the first start only; on the second both finish.
+  run launch -n 2 --backend mpi --max-restarts 2 -- bash -c \
+    'echo "start=$SHARDPLAN_RESTART_COUNT/$TORCHELASTIC_RESTART_COUNT"; [[ $SHARDPLAN_RESTART_COUNT != 0 || $OMPI_COMM_WORLD_RANK != 1 ]] || exit 3; sleep 0.5'
+  expect_rc 0
+  for r in 0 1; do
+    for n in 0 1; do grep -qx "\[rank $r\] start=$n/$n" "$WORK/out" || fail "rank $r did not print start=$n/$n"; done
+  done
+  grep -q "start=2" "$WORK/out" && fail "a third start after the second succeeded"
+  [[ $(grep -c '^shardplan launch: restart 1 of 2 after: mpirun (pid [0-9]*) exited with status ' "$WORK/err") -eq 1 ]] ||
+    fail "no single line for the restart after mpirun's failure"
+  # A failure on every start: the limit ends it with the last cause.
+  run launch -n 2 --backend mpi --max-restarts 1 -- bash -c '[[ $OMPI_COMM_WORLD_RANK != 1 ]] || exit 3; sleep 0.5'
+  expect_rc 1
+  grep -Eq '^shardplan launch: giving up after 1 restart\(s\); the last failure: mpirun \(pid [0-9]+\) exited with status ' \
+    "$WORK/err" || fail "no final verdict after the restart limit"
+  ;;
+
 *)
   fail "unknown case"
   ;;

@@ -50,7 +50,12 @@ std::vector<std::string> Launcher::environment_for_mpirun() const {
   static const char* const kDropped[] = {"RANK",        "WORLD_SIZE",       "LOCAL_RANK",  "LOCAL_WORLD_SIZE",
                                          "GROUP_RANK",  "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                                          "SHARDPLAN_STORE"};
-  std::vector<std::pair<std::string, std::string>> ours = {{"SHARDPLAN_BACKEND", opt_.backend}};
+  // mpirun ends the job when a rank fails and the launcher starts a new
+  // mpirun, so restarts work as with the other backends: the count goes along.
+  std::vector<std::pair<std::string, std::string>> ours = {
+      {"SHARDPLAN_BACKEND", opt_.backend},
+      {"SHARDPLAN_RESTART_COUNT", std::to_string(opt_.restart)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(opt_.restart)}};
   if (opt_.has_timeout) ours.emplace_back("SHARDPLAN_TIMEOUT_MS", std::to_string(opt_.timeout_ms));
   for (auto& kv : thread_environment(opt_.nproc)) ours.push_back(std::move(kv));
   // Open MPI refuses root unless told twice; as root the user has already
@@ -81,7 +86,8 @@ std::vector<std::string> Launcher::mpirun_command(const std::vector<std::string>
   // to a remote node once mpirun is given one.
   for (const std::string& e : env) {
     const std::string name = e.substr(0, e.find('='));
-    if (name.compare(0, 10, "SHARDPLAN_") == 0 || name == "OMP_NUM_THREADS" || name == "OPENBLAS_NUM_THREADS") {
+    if (name.compare(0, 10, "SHARDPLAN_") == 0 || name == "OMP_NUM_THREADS" || name == "OPENBLAS_NUM_THREADS" ||
+        name == "TORCHELASTIC_RESTART_COUNT") {
       argv.push_back("-x");
       argv.push_back(name);
     }
