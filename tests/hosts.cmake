@@ -15,8 +15,9 @@ foreach(plan gpt gpt_2d)
     $<TARGET_FILE:shardplan_cli> $<TARGET_FILE:train_model> ${PROJECT_SOURCE_DIR}/plans/${plan}.yaml)
 endforeach()
 # A cable cut mid-training, a flap, the master's host gone at the rendezvous,
-# and a rank killed under --max-restarts (tests/hosts/link_faults.sh).
-foreach(case link_down link_flap master_gone restart_across)
+# a rank killed under --max-restarts, and restarts coordinated between the
+# launchers (tests/hosts/link_faults.sh).
+foreach(case link_down link_flap master_gone restart_across restart_together)
   add_test(NAME hosts.${case} COMMAND ${SHARDPLAN_BASH} ${_hosts}/link_faults.sh ${case}
     $<TARGET_FILE:shardplan_cli> $<TARGET_FILE:train_model> ${PROJECT_SOURCE_DIR})
 endforeach()

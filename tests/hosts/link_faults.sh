@@ -21,6 +21,12 @@
 #              restart too, the new rank 0 serves a new store, every rank
 #              resumes from the last checkpoint, and the losses are one
 #              process's (float64, to the printed precision).
+# restart_together: --max-restarts with ranks that do not talk (a shell that
+#              sleeps): rank 3 fails on host 1, so only the launchers' store
+#              can tell node 0, which must stop its sleeping ranks and restart
+#              with node 1 in a new rendezvous round (the ranks' store path
+#              carries it); then the restart limit reached on both nodes
+#              together; then a launcher stopped by SIGTERM ends the other.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/netns.sh"
@@ -182,8 +188,10 @@ case_restart_across() {
   expect_no_leftovers
   grep -qx "shardplan launch: node 1 of 2 ($(host_addr 1)): restart 1 of 1 after: rank 3 (pid $victim) was killed by signal 9 (SIGKILL)" \
     "$WORK/node1.log" || fail "node 1 did not restart after rank 3's SIGKILL"
-  grep -qE "^shardplan launch: node 0 of 2 \($(host_addr 0)\): restart 1 of 1 after: rank [01] " "$WORK/node0.log" ||
-    fail "node 0 did not restart"
+  # Node 0 restarts on node 1's word (the launchers' store) or, if its ranks
+  # noticed the lost peer first, on their failure.
+  grep -qE "^shardplan launch: node 0 of 2 \($(host_addr 0)\): restart 1 of 1 after: (rank [01] |node 1 of 2 )" \
+    "$WORK/node0.log" || fail "node 0 did not restart"
   grep -qE '^\[rank 0\] resumed from .* at step [0-9]+' "$WORK/node0.log" || fail "rank 0 did not resume"
   # Each step's loss, whichever start printed it, is one process's.
   join <(losses "$WORK/reference.log") <(losses "$WORK/node0.log") | awk '
@@ -193,7 +201,79 @@ case_restart_across() {
   echo "rank 3 killed, both nodes restarted; 16 losses equal to one process's"
 }
 
+# start_sleepers FAIL_WHEN SLEEP_WHEN: both nodes with 2 shell ranks that
+# print their start and store; on a start where the shell condition FAIL_WHEN
+# holds rank 3 exits 3 after 1 s, where SLEEP_WHEN holds the others sleep
+# 60 s, and then they print "finished".
+start_sleepers() {
+  local k prog='echo "start $SHARDPLAN_RESTART_COUNT store $SHARDPLAN_STORE"
+    if '"$1"'; then [[ $RANK == 3 ]] && { sleep 1; exit 3; }; fi
+    if '"$2"'; then exec sleep 60; fi; echo finished'
+  rm -f "$WORK"/node*.log  # a wait_for_line must not read the last phase's
+  for k in 0 1; do
+    timeout -k 5 60 ip netns exec "$(hosts_ns "$k")" "$SP" launch -n 2 --nnodes 2 --node-rank "$k" \
+      --master-addr "$(host_addr 0)" --master-port 29500 --local-addr "$(host_addr "$k")" --timeout-ms "$TIMEOUT_MS" \
+      --max-restarts 1 -- bash -c "$prog" >"$WORK/node$k.log" 2>&1 &
+    PID[k]=$!
+  done
+}
+# node_re K: how node K names itself in a launcher line, as an extended regex.
+node_re() { echo "node $1 of 2 \\($(host_addr "$1" | sed 's/\./\\./g')\\): "; }
+SAYS='shardplan launch: '
+
+case_restart_together() {
+  TIMEOUT_MS=10000
+  local k r t0 rc master=tcp://$(host_addr 0):29500 rank3='rank 3 \(pid [0-9]+\) exited with status 3'
+  t0=$(now_ms)
+  start_sleepers '[[ $SHARDPLAN_RESTART_COUNT == 0 ]]' '[[ $SHARDPLAN_RESTART_COUNT == 0 ]]'
+  for k in 0 1; do wait "${PID[k]}" || fail "node $k's launcher exited with $? (the restart did not reach it?)"; done
+  (($(now_ms) - t0 < 30000)) || fail "the restart took $(($(now_ms) - t0)) ms: node 0 waited for its ranks"
+  expect_no_leftovers
+  grep -Eqx "$SAYS$(node_re 1)restart 1 of 1 after: $rank3" "$WORK/node1.log" || fail "node 1 did not restart"
+  grep -Eqx "$SAYS$(node_re 0)$(node_re 1)$rank3; stopping 2 rank\(s\)" \
+    "$WORK/node0.log" || fail "node 0 did not stop its ranks on node 1's failure"
+  grep -Eqx "$SAYS$(node_re 0)restart 1 of 1 after: $(node_re 1)$rank3" \
+    "$WORK/node0.log" || fail "node 0 did not restart after node 1's failure"
+  for r in 0 1 2 3; do
+    k=$((r / 2))
+    for t in 0 1; do
+      grep -qx "\[rank $r\] start $t store $master/worker/attempt_$t" "$WORK/node$k.log" ||
+        fail "rank $r did not start round $t on $master/worker/attempt_$t"
+    done
+    grep -qx "\[rank $r\] finished" "$WORK/node$k.log" || fail "rank $r did not finish round 1"
+  done
+  echo "rank 3 failed on host 1; both nodes restarted together in $(($(now_ms) - t0)) ms, round 1 on its own keys"
+
+  start_sleepers true true
+  for k in 0 1; do
+    wait "${PID[k]}"; rc=$?
+    ((rc == 1)) || fail "node $k's launcher exited with $rc after the restart limit, expected 1"
+  done
+  grep -Eqx "$SAYS$(node_re 1)giving up after 1 restart\(s\); the last failure: $rank3" "$WORK/node1.log" ||
+    fail "node 1 did not give up naming rank 3"
+  grep -Eqx "$SAYS$(node_re 0)giving up after 1 restart\(s\); the last failure: $(node_re 1)$rank3" \
+    "$WORK/node0.log" || fail "node 0 did not give up naming node 1's rank 3"
+  expect_no_leftovers
+  echo "restart limit reached on both nodes together"
+
+  start_sleepers false true
+  wait_for_line "$WORK/node0.log" '^\[rank 1\] start 0 '
+  wait_for_line "$WORK/node1.log" '^\[rank 3\] start 0 '
+  t0=$(now_ms)
+  kill -TERM "${PID[1]}"
+  wait "${PID[1]}"; rc=$?
+  ((rc == 143)) || fail "node 1's launcher exited with $rc after SIGTERM, expected 143"
+  wait "${PID[0]}"; rc=$?
+  ((rc == 1)) || fail "node 0's launcher exited with $rc when node 1 ended the job, expected 1"
+  (($(now_ms) - t0 < 15000)) || fail "node 0 took $(($(now_ms) - t0)) ms to stop"
+  grep -Eq "^$SAYS$(node_re 0)$(node_re 1)ended the job: received SIGTERM; stopping 2 rank\(s\)" \
+    "$WORK/node0.log" || fail "node 0 did not name node 1's SIGTERM"
+  grep -q "restart" "$WORK/node0.log" && fail "node 0 restarted after node 1 ended the job"
+  expect_no_leftovers
+  echo "node 1 stopped by SIGTERM; node 0 stopped its ranks and exited 1"
+}
+
 case $CASE in
-  link_down | link_flap | master_gone | restart_across) "case_$CASE" ;;
-  *) echo "usage: link_faults.sh link_down|link_flap|master_gone|restart_across SHARDPLAN TRAIN_MODEL SOURCE_DIR" >&2; exit 2 ;;
+  link_down | link_flap | master_gone | restart_across | restart_together) "case_$CASE" ;;
+  *) echo "usage: link_faults.sh link_down|link_flap|master_gone|restart_across|restart_together SHARDPLAN TRAIN_MODEL SOURCE_DIR" >&2; exit 2 ;;
 esac

@@ -13,6 +13,7 @@
 // not touch CUDA or libtorch, since it is the parent of every rank.
 #include "commands.h"
 #include "launch_internal.h"
+#include "launch_rounds.h"
 #include <sys/uio.h>
 
 namespace shardplan_cli {
@@ -161,6 +162,17 @@ void Launcher::on_rank_exit(Rank& r) {
   if (others > 0) msg += "; terminating " + std::to_string(others) + " other rank(s)";
   say(msg);
   stop_ranks(SIGTERM);
+  if (rounds_) rounds_->report_failure(opt_.restart, failure_);
+}
+
+// Another node's ranks failed this round (the whole job restarts), or the
+// job was ended elsewhere: this node's ranks stop as after a failure here.
+void Launcher::on_peer_news() {
+  if (!rounds_ || stopping_ || running_count() == 0) return;
+  failed_ = true;
+  failure_ = rounds_->news(&fatal_);
+  say(failure_ + "; stopping " + children());
+  stop_ranks(SIGTERM);
 }
 
 void Launcher::on_signal(int signo) {
@@ -235,6 +247,8 @@ int Launcher::run() {
   const bool mpi = opt_.backend == "mpi";
   if (mpi) {
     // MPI needs no store: mpirun tells each rank who it is.
+  } else if (rounds_) {
+    store_url_ = rounds_->rank_store(opt_.restart);
   } else if (opt_.nnodes == 1) {
     if (!store_dir_.create()) {
       say(std::string("cannot create a temporary directory: ") + strerror(errno));
@@ -273,6 +287,8 @@ int Launcher::run() {
     }
   }
 
+  if (rounds_ && !stopping_) rounds_->watch(opt_.restart, [] { forward_to_loop(kPeerNews); });
+
   while (running_count() > 0) {
     int timeout = -1;
     if (stopping_ && !killed_) timeout = ms_until(kill_at_);
@@ -291,6 +307,7 @@ int Launcher::run() {
     }
   }
 
+  if (rounds_) rounds_->stop_watching();
   // No orphans: whatever the ranks started in their process groups goes too.
   if (leftovers_alive()) {
     signal_leftovers(SIGTERM);
@@ -315,18 +332,49 @@ int Launcher::run() {
 }
 
 // torchrun's --max-restarts: a failed start is followed by a new one, with a
-// new store (one node) or a new store served by the new rank 0 (several),
-// until one succeeds or the restarts are spent. A signal ends it at once.
-int run_with_restarts(Options options) {
+// new store (one node), until one succeeds or the restarts are spent. A
+// signal ends it at once. With several nodes the launchers restart together,
+// each start a rendezvous round (launch_rounds.h).
+int run_with_restarts(Options options, const std::string& node) {
+  std::unique_ptr<Rounds> rounds;
+  try {
+    if (options.nnodes > 1 && options.max_restarts > 0) rounds = std::make_unique<Rounds>(options, node);
+  } catch (const RoundsError& e) {
+    say(e.message);
+    return kExitFailure;
+  }
+  auto end = [&](int rc, const std::string& why) {
+    if (rounds) rounds->leave(why);
+    return rc;
+  };
   for (int start = 0;; ++start) {
     options.restart = start;
-    Launcher launcher(options);
-    const int rc = launcher.run();
-    if (rc != kExitFailure || options.max_restarts == 0) return rc;
-    const std::string cause = launcher.failure().empty() ? "a rank could not be started" : launcher.failure();
+    try {
+      if (rounds) rounds->join(start);
+    } catch (const RoundsError& e) {
+      say(e.message);
+      return e.signo ? end(128 + e.signo, "received " + signal_name(e.signo)) : end(kExitFailure, e.message);
+    }
+    Launcher launcher(options, rounds.get());
+    int rc = launcher.run();
+    std::string cause = launcher.failure().empty() ? "a rank could not be started" : launcher.failure();
+    if (rc == 0 && rounds) {
+      try {
+        if (rounds->finish(start)) return end(0, "");
+      } catch (const RoundsError& e) {
+        say(e.message);
+        return e.signo ? end(128 + e.signo, "received " + signal_name(e.signo)) : end(kExitFailure, e.message);
+      }
+      rc = kExitFailure;
+      cause = rounds->news(nullptr);
+      say("this node's ranks finished, but " + cause);
+    }
+    if (rc > 128) return end(rc, "received " + signal_name(rc - 128));
+    if (rc != kExitFailure || options.max_restarts == 0) return end(rc, "");
+    if (launcher.fatal()) return end(rc, "");
     if (start == options.max_restarts) {
       say("giving up after " + std::to_string(start) + " restart(s); the last failure: " + cause);
-      return rc;
+      return end(rc, "gave up after " + std::to_string(start) + " restart(s)");
     }
     say("restart " + std::to_string(start + 1) + " of " + std::to_string(options.max_restarts) + " after: " + cause);
   }
@@ -362,10 +410,10 @@ int launch_main(int argc, char** argv) {
       return kExitUsage;
     }
   }
-  if (options.nnodes > 1)
-    say_as_node("node " + std::to_string(options.node_rank) + " of " + std::to_string(options.nnodes) +
-                (options.has_local_addr ? " (" + options.local_addr + ")" : ""));
-  return run_with_restarts(options);
+  const std::string node = "node " + std::to_string(options.node_rank) + " of " + std::to_string(options.nnodes) +
+                           (options.has_local_addr ? " (" + options.local_addr + ")" : "");
+  if (options.nnodes > 1) say_as_node(node);
+  return run_with_restarts(options, node);
 }
 
 }  // namespace shardplan_cli

@@ -121,6 +121,11 @@ int remove_job_segments(const std::string& job);
 
 // ---------------------------------------------------------------- launcher
 
+class Rounds;  // launch_rounds.h
+// What the event loop's pipe carries besides signal numbers: another node's
+// failure of this round, or the job abandoned (Rounds::watch).
+constexpr unsigned char kPeerNews = 0;
+
 struct Stream {
   int fd = -1;
   int target = -1;  // our stdout or stderr
@@ -147,11 +152,15 @@ struct Rank {
 
 class Launcher {
  public:
-  explicit Launcher(Options o) : opt_(std::move(o)) {}
+  // `rounds`: the job's coordination between nodes, or null (one node, or
+  // no restarts): then a failure here is this node's business only.
+  explicit Launcher(Options o, Rounds* rounds = nullptr) : opt_(std::move(o)), rounds_(rounds) {}
   ~Launcher();
   int run();
   // Why the ranks failed (the launcher's verdict line), "" when none did.
   const std::string& failure() const { return failure_; }
+  // Another node ended the job, or the store was lost: no restart can help.
+  bool fatal() const { return fatal_; }
 
  private:
   std::vector<std::string> environment_for(int local_rank) const;
@@ -169,6 +178,7 @@ class Launcher {
   void reap();
   void on_rank_exit(Rank& r);
   void on_signal(int signo);
+  void on_peer_news();
   void stop_ranks(int signo);
   void kill_running(int signo);
   void signal_rank(const Rank& r, int signo);
@@ -179,6 +189,8 @@ class Launcher {
   bool any_stream_open() const;
 
   Options opt_;
+  Rounds* rounds_;
+  bool fatal_ = false;
   TempDir store_dir_;
   std::string store_url_;
   std::vector<Rank> ranks_;

@@ -186,7 +186,8 @@ void Launcher::pump(int timeout_ms) {
       ssize_t n;
       while ((n = read(signal_pipe_[0], signals, sizeof signals)) > 0)
         for (ssize_t i = 0; i < n; ++i)
-          if (signals[i] != SIGCHLD) on_signal(signals[i]);
+          if (signals[i] == kPeerNews) on_peer_news();
+          else if (signals[i] != SIGCHLD) on_signal(signals[i]);
     }
   }
   // Every round, not only on SIGCHLD: cheap, and immune to a lost wake-up.

@@ -134,6 +134,27 @@ class TcpStore final : public Store {
   std::unique_ptr<tcp_store::Client> client_;
 };
 
+// A part of a store that others serve: `tcp://host:port/PATH` names the keys
+// under PATH/ of a store already running there (shardplan launch's node 0
+// serves one for the whole job when it may restart it, and each start, a
+// rendezvous round, gets a path of its own: no key of an earlier round is
+// seen, and no rank serves).
+class PrefixStore final : public Store {
+ public:
+  PrefixStore(std::shared_ptr<Store> inner, std::string path)
+      : inner_(std::move(inner)), prefix_(std::move(path) + "/") {}
+  void set(const std::string& key, const std::vector<uint8_t>& value) override { inner_->set(prefix_ + key, value); }
+  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    return inner_->get(prefix_ + key, timeout);
+  }
+  bool check(const std::string& key) override { return inner_->check(prefix_ + key); }
+  std::string describe() const override { return inner_->describe() + "/" + prefix_.substr(0, prefix_.size() - 1); }
+
+ private:
+  std::shared_ptr<Store> inner_;
+  std::string prefix_;
+};
+
 // ----------------------------------------------------------------- file
 
 // c10d's FileStore. Its own wait() would do, but polling check() keeps one
@@ -269,6 +290,14 @@ std::shared_ptr<Store> make_store(const std::string& url, int rank, int world_si
   if (url.rfind(tcp, 0) == 0) {
     std::string rest = url.substr(tcp.size());
     while (!rest.empty() && rest.back() == '/') rest.pop_back();
+    std::string path;
+    const size_t slash = rest.find('/', rest.empty() || rest[0] != '[' ? 0 : rest.find(']'));
+    if (slash != std::string::npos) {
+      path = rest.substr(slash + 1);
+      rest = rest.substr(0, slash);
+      if (path.empty() || path.find("//") != std::string::npos)
+        throw Error("store url '" + url + "': bad key path '" + path + "'");
+    }
     std::string host;
     std::string port_text;
     if (!rest.empty() && rest[0] == '[') {  // [v6::addr]:port
@@ -289,6 +318,7 @@ std::shared_ptr<Store> make_store(const std::string& url, int rank, int world_si
       if (*end != '\0' || p < 0 || p > 65535) throw Error("store url '" + url + "': bad port '" + port_text + "'");
       port = static_cast<int>(p);
     }
+    if (!path.empty()) return std::make_shared<PrefixStore>(make_tcp_store(host, port, false, world_size, timeout), path);
     return make_tcp_store(host, port, rank == 0, world_size, timeout);
   }
   if (url.rfind(file, 0) == 0) {
