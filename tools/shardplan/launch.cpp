@@ -372,6 +372,9 @@ int run_with_restarts(Options options, const std::string& node) {
     if (rc > 128) return end(rc, "received " + signal_name(rc - 128));
     if (rc != kExitFailure || options.max_restarts == 0) return end(rc, "");
     if (launcher.fatal()) return end(rc, "");
+    // A rank's failure is published as it happens; this covers a rank that
+    // could not be started (first one wins).
+    if (rounds) rounds->report_failure(start, cause);
     if (start == options.max_restarts) {
       say("giving up after " + std::to_string(start) + " restart(s); the last failure: " + cause);
       return end(rc, "gave up after " + std::to_string(start) + " restart(s)");
