@@ -21,6 +21,14 @@ foreach(case link_down link_flap master_gone restart_across restart_together)
   add_test(NAME hosts.${case} COMMAND ${SHARDPLAN_BASH} ${_hosts}/link_faults.sh ${case}
     $<TARGET_FILE:shardplan_cli> $<TARGET_FILE:train_model> ${PROJECT_SOURCE_DIR})
 endforeach()
+# benchmarks/dp_step/real_link.sh as a smoke check, not a measurement: a tiny
+# GPT, one round, the data axis across a 2 Gbit/s tbf link; --check 1 fails
+# unless the bytes on the sockets are the ring's (about 15 s).
+if(SHARDPLAN_BUILD_BENCHMARKS AND SHARDPLAN_BUILD_EXAMPLES)
+  add_test(NAME hosts.dp_real_link_smoke COMMAND ${SHARDPLAN_BASH} ${PROJECT_SOURCE_DIR}/benchmarks/dp_step/real_link.sh
+    ${CMAKE_BINARY_DIR} -- --config embed=32,heads=2,layers=1,mlp=64,context=16 --rounds 1 --bucket-mb 0.01 --check 1)
+  set_tests_properties(hosts.dp_real_link_smoke PROPERTIES ENVIRONMENT "REAL_LINK_RUNS=2:4;REAL_LINK_KINDS=real")
+endif()
 get_property(_hosts_tests DIRECTORY PROPERTY TESTS)
 list(FILTER _hosts_tests INCLUDE REGEX "^hosts\\.")
 set_tests_properties(${_hosts_tests} PROPERTIES TIMEOUT 120 LABELS hosts SKIP_RETURN_CODE 77)
