@@ -26,7 +26,8 @@
 #              can tell node 0, which must stop its sleeping ranks and restart
 #              with node 1 in a new rendezvous round (the ranks' store path
 #              carries it); then the restart limit reached on both nodes
-#              together; then a launcher stopped by SIGTERM ends the other.
+#              together; then a launcher stopped by SIGTERM ends the other;
+#              then node 0 alone fails within the timeout naming node 1.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/netns.sh"
@@ -271,6 +272,20 @@ case_restart_together() {
   grep -q "restart" "$WORK/node0.log" && fail "node 0 restarted after node 1 ended the job"
   expect_no_leftovers
   echo "node 1 stopped by SIGTERM; node 0 stopped its ranks and exited 1"
+
+  # Node 1 never comes: node 0 starts no rank and fails within the timeout.
+  TIMEOUT_MS=3000
+  t0=$(now_ms)
+  timeout -k 5 60 ip netns exec "$(hosts_ns 0)" "$SP" launch -n 2 --nnodes 2 --node-rank 0 --master-addr "$(host_addr 0)" \
+    --master-port 29500 --local-addr "$(host_addr 0)" --timeout-ms "$TIMEOUT_MS" --max-restarts 1 -- bash -c 'echo started' \
+    >"$WORK/node0.log" 2>&1
+  rc=$?
+  ((rc == 1)) || fail "node 0's launcher exited with $rc without node 1, expected 1"
+  (($(now_ms) - t0 < TIMEOUT_MS + 5000)) || fail "node 0 took $(($(now_ms) - t0)) ms to give up on node 1"
+  grep -Eqx "$SAYS$(node_re 0)node 1 did not join rendezvous round 0 within $TIMEOUT_MS ms" "$WORK/node0.log" ||
+    fail "node 0 did not name node 1 and the timeout"
+  grep -q started "$WORK/node0.log" && fail "node 0 started its ranks without node 1"
+  echo "node 1 absent: node 0 gave up after $(($(now_ms) - t0)) ms, naming it"
 }
 
 case $CASE in

@@ -124,23 +124,30 @@ std::string list(const std::vector<int>& nodes) {
 }
 }  // namespace
 
+// Sets this node's key `what`K of round r, then waits for every node's:
+// true once all are there, false when another node's news came first
+// (news() says it). Throws RoundsError after the timeout, naming the nodes
+// that are `late`, and on a signal.
+bool Rounds::barrier(int round, const std::string& what, const std::string& late) {
+  BarrierSignals signals;
+  client_->set(key_round(round, what + std::to_string(opt_.node_rank)), bytes("1"));
+  std::vector<bool> seen(static_cast<size_t>(opt_.nnodes), false);
+  const auto deadline = Clock::now() + timeout_;
+  for (;;) {
+    signals.check();
+    const std::vector<int> absent = missing(*client_, opt_.nnodes, key_round(round, what), seen);
+    if (absent.empty()) return true;
+    if (peer_news(round)) return false;
+    if (Clock::now() >= deadline)
+      throw RoundsError{list(absent) + " " + late + " within " + std::to_string(timeout_.count()) + " ms"};
+    std::this_thread::sleep_for(kBarrierPoll);
+  }
+}
+
 void Rounds::join(int round) {
   const std::string r = std::to_string(round);
   try {
-    BarrierSignals signals;
-    client_->set(key_round(round, "join/" + std::to_string(opt_.node_rank)), bytes("1"));
-    std::vector<bool> seen(static_cast<size_t>(opt_.nnodes), false);
-    const auto deadline = Clock::now() + timeout_;
-    for (;;) {
-      signals.check();
-      const std::vector<int> absent = missing(*client_, opt_.nnodes, key_round(round, "join/"), seen);
-      if (absent.empty()) return;
-      if (peer_news(round)) throw RoundsError{news(nullptr)};
-      if (Clock::now() >= deadline)
-        throw RoundsError{list(absent) + " did not join rendezvous round " + r + " within " +
-                          std::to_string(timeout_.count()) + " ms"};
-      std::this_thread::sleep_for(kBarrierPoll);
-    }
+    if (!barrier(round, "join/", "did not join rendezvous round " + r)) throw RoundsError{news(nullptr)};
   } catch (const shardplan::Error& e) {
     throw RoundsError{std::string("lost the launchers' store while joining round ") + r + ": " + e.what()};
   }
@@ -210,28 +217,14 @@ std::string Rounds::news(bool* fatal) const {
 bool Rounds::finish(int round) {
   const std::string r = std::to_string(round);
   try {
-    BarrierSignals signals;
-    client_->set(key_round(round, "done/" + std::to_string(opt_.node_rank)), bytes("1"));
-    std::vector<bool> seen(static_cast<size_t>(opt_.nnodes), false);
-    const auto deadline = Clock::now() + timeout_;
-    for (;;) {
-      signals.check();
-      const std::vector<int> absent = missing(*client_, opt_.nnodes, key_round(round, "done/"), seen);
-      if (absent.empty()) return true;
-      if (peer_news(round)) {
-        bool fatal = false;
-        const std::string why = news(&fatal);
-        if (fatal) throw RoundsError{why};
-        return false;
-      }
-      if (Clock::now() >= deadline)
-        throw RoundsError{"this node's ranks finished round " + r + ", but " + list(absent) + " did not within " +
-                          std::to_string(timeout_.count()) + " ms"};
-      std::this_thread::sleep_for(kBarrierPoll);
-    }
+    if (barrier(round, "done/", "did not finish round " + r)) return true;
   } catch (const shardplan::Error& e) {
     throw RoundsError{std::string("lost the launchers' store after round ") + r + ": " + e.what()};
   }
+  bool fatal = false;
+  const std::string why = news(&fatal);
+  if (fatal) throw RoundsError{why};
+  return false;
 }
 
 void Rounds::leave(const std::string& why) {

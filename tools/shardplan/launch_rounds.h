@@ -75,6 +75,7 @@ class Rounds {
 
  private:
   bool peer_news(int round);  // sets news_ when there is some
+  bool barrier(int round, const std::string& what, const std::string& late);
   std::string key_round(int round, const std::string& what) const;
 
   const Options& opt_;
