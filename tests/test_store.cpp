@@ -497,6 +497,22 @@ TEST(Store, MakeStoreUrls) {
   EXPECT_TRUE(contains(message_of([] { shardplan::make_store("file://relative", 0, 1, 1s); }), "absolute path"));
 }
 
+// tcp://HOST:PORT/PATH: keys under PATH/ of a store another process serves
+// (shardplan launch's node 0 with --max-restarts): no rank serves, not even
+// rank 0, and rounds under other paths do not see each other's keys.
+TEST(Store, MakeStoreUrlPath) {
+  int port = free_port();
+  const std::string url = "tcp://127.0.0.1:" + std::to_string(port);
+  auto served = shardplan::make_store(url, 0, 2, 10s);
+  auto r0 = shardplan::make_store(url + "/worker/attempt_1", 0, 2, 10s);
+  auto r1 = shardplan::make_store(url + "/worker/attempt_1", 1, 2, 10s);
+  EXPECT_EQ(r0->describe(), url + "/worker/attempt_1");
+  exercise_pair(*r0, *r1);
+  EXPECT_TRUE(served->check("worker/attempt_1/alpha"));
+  EXPECT_FALSE(shardplan::make_store(url + "/worker/attempt_2", 1, 2, 10s)->check("alpha"));
+  EXPECT_TRUE(contains(message_of([] { shardplan::make_store("tcp://h:1//x", 0, 1, 1s); }), "bad key path '/x'"));
+}
+
 // What a plugin sees: C callbacks, malloc'd values, statuses, last_error.
 TEST(Store, CView) {
   auto s = shardplan::make_memory_store();

@@ -295,7 +295,7 @@ std::shared_ptr<Store> make_store(const std::string& url, int rank, int world_si
     if (slash != std::string::npos) {
       path = rest.substr(slash + 1);
       rest = rest.substr(0, slash);
-      if (path.empty() || path.find("//") != std::string::npos)
+      if (path.empty() || path[0] == '/' || path.find("//") != std::string::npos)
         throw Error("store url '" + url + "': bad key path '" + path + "'");
     }
     std::string host;
