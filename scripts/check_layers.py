@@ -29,7 +29,7 @@ LAYERS = [
     (5, "random", ["random.h"]),
     (6, "nn", ["nn/"]),
     (7, "parallel", ["parallelize.h", "shard.h", "agreement.h", "helpers.h", "tied.h", "tensor_parallel.h"]),
-    (8, "script", ["script.h"]),
+    (8, "script", ["script.h", "script_rewrite.h"]),
     (8, "auto_plan", ["auto_plan.h"]),
     (8, "data_parallel", ["data_parallel.h", "zero_optimizer.h"]),
     (9, "checkpoint", ["checkpoint.h", "checkpoint_meta.h"]),

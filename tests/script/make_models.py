@@ -52,15 +52,18 @@ class Attention(nn.Module):
         self.proj = nn.Linear(E, E)
         self.register_buffer("mask", torch.tril(torch.ones(T, T)))
 
+    def heads(self, t, B: int, T_: int):
+        return t.view(B, T_, self.n_head, self.head_dim).transpose(1, 2)
+
+    def merge(self, y, B: int, T_: int):
+        return y.transpose(1, 2).contiguous().view(B, T_, self.n_head * self.head_dim)
+
     def attend(self, q, k, v):
         B, T_, _ = q.size()
-        q = q.view(B, T_, self.n_head, self.head_dim).transpose(1, 2)
-        k = k.view(B, T_, self.n_head, self.head_dim).transpose(1, 2)
-        v = v.view(B, T_, self.n_head, self.head_dim).transpose(1, 2)
+        q, k, v = self.heads(q, B, T_), self.heads(k, B, T_), self.heads(v, B, T_)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
         att = att.masked_fill(self.mask[:T_, :T_] == 0, float("-inf")).softmax(-1)
-        y = (att @ v).transpose(1, 2).contiguous().view(B, T_, self.n_head * self.head_dim)
-        return self.proj(y)
+        return self.proj(self.merge(att @ v, B, T_))
 
 
 class AttnSep(Attention):
@@ -84,11 +87,35 @@ class AttnFused(Attention):
         return self.attend(q, k, v)
 
 
+class HeadsByDim:
+    """Traced, the head count follows from the width (-1) and head_dim is a
+    constant that sharding keeps: the sharded module stays right."""
+
+    def heads(self, t, B: int, T_: int):
+        return t.view(B, T_, -1, self.head_dim).transpose(1, 2)
+
+    def merge(self, y, B: int, T_: int):
+        return y.transpose(1, 2).contiguous().view(B, T_, -1)
+
+
+class HeadsByCount(HeadsByDim):
+    """Traced, the head count is baked in (4) and head_dim follows (-1): a
+    rank's 2 heads of 6 become 4 of 3, which runs and is wrong."""
+
+    def heads(self, t, B: int, T_: int):
+        return t.view(B, T_, self.n_head, -1).transpose(1, 2)
+
+
+def attention(fused, heads):
+    base = AttnFused if fused else AttnSep
+    return base() if heads is None else type(heads.__name__ + base.__name__, (heads, base), {})()
+
+
 class Block(nn.Module):
-    def __init__(self, fused):
+    def __init__(self, fused, heads=None):
         super().__init__()
         self.ln1 = nn.LayerNorm(E)
-        self.attn = AttnFused() if fused else AttnSep()
+        self.attn = attention(fused, heads)
         self.ln2 = nn.LayerNorm(E)
         self.fc1 = nn.Linear(E, 4 * E)
         self.fc2 = nn.Linear(4 * E, E)
@@ -99,11 +126,11 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self):
+    def __init__(self, heads=None):
         super().__init__()
         self.tok_emb = nn.Embedding(V, E)
         self.pos_emb = nn.Parameter(torch.randn(T, E) * 0.1)
-        self.blocks = nn.ModuleList([Block(False), Block(True)])
+        self.blocks = nn.ModuleList([Block(False, heads), Block(True, heads)])
         self.ln_f = nn.LayerNorm(E)
         self.head = nn.Linear(E, V, bias=False)
 
@@ -126,6 +153,39 @@ class Tied(nn.Module):
         return self.head(self.ln(self.emb(idx)))
 
 
+class MatmulMLP(nn.Module):
+    """The MLP's linears written out: column x @ W.t() + b (output sharded),
+    row addmm (input sharded), column addmm (gathered), row x @ W.t() + b
+    (input replicated)."""
+
+    def __init__(self):
+        super().__init__()
+        for i, (n, m) in enumerate(((12, 32), (32, 12), (12, 16), (16, 8)), 1):
+            lin = nn.Linear(n, m)
+            setattr(self, "w%d" % i, lin.weight)
+            setattr(self, "b%d" % i, lin.bias)
+
+    def forward(self, x):
+        h = F.gelu(x @ self.w1.t() + self.b1)
+        h = torch.addmm(self.b2, h, self.w2.t())
+        h = torch.tanh(torch.addmm(self.b3, h, self.w3.t()))
+        return torch.matmul(h, self.w4.t()) + self.b4
+
+
+class ScaledMLP(nn.Module):
+    """A per-feature scale between a column and a row linear: its read,
+    aten::mul, has no built-in rewrite (a test registers one)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(12, 32)
+        self.scale = nn.Parameter(torch.rand(32) + 0.5)
+        self.fc2 = nn.Linear(32, 12)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x)) * self.scale)
+
+
 def perturb_norms(model):
     # LayerNorms start at ones/zeros; perturbed, their gradients check more.
     with torch.no_grad():
@@ -144,7 +204,13 @@ def main(out):
     torch.jit.freeze(torch.jit.script(mlp).eval()).save(os.path.join(out, "mlp_frozen.pt"))
     gpt = perturb_norms(GPT().double())
     save(gpt, "gpt.pt")
+    # Traced twins: no attributes are kept and shapes are constants.
+    ids = torch.randint(V, (2, T))
+    for heads, name in ((HeadsByDim, "gpt_traced.pt"), (HeadsByCount, "gpt_traced_baked.pt")):
+        torch.jit.trace(perturb_norms(GPT(heads).double()), ids).save(os.path.join(out, name))
     save(perturb_norms(Tied().double()), "tied.pt")
+    save(MatmulMLP().double(), "matmul_mlp.pt")
+    save(ScaledMLP().double(), "scaled_mlp.pt")
     for cls in (AttnSep, AttnFused):   # head count inlined into the graph
         cls.__constants__ = ["n_head", "head_dim"]
     save(gpt, "gpt_const.pt")

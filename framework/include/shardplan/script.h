@@ -27,11 +27,40 @@ namespace shardplan {
 
 class World;
 
+// One output of a verify run (a tensor of forward's result; tuples, lists and
+// string-keyed dicts are walked).
+struct ScriptOutputDiff {
+  std::string name;             // "output", "output[1]", "output['logits']"
+  std::vector<int64_t> shape;   // the unsharded module's
+  double max_abs = 0;           // the unsharded output's largest magnitude
+  double max_diff = 0;          // the sharded one's largest difference to it, over every rank
+  std::string problem;          // a rank whose output is missing or of another shape or type
+};
+
+// What verify_script found: the sharded module at `world_size` thread ranks
+// against the unsharded one on the same probe.
+struct ScriptVerification {
+  std::string plan_yaml;        // the plan verified, canonical (Plan::to_yaml)
+  int world_size = 0;
+  std::string dtype;            // "float64", or the module's own where it cannot run in float64
+  double tolerance = 0;         // a difference passes up to tolerance * max(1, max_abs)
+  std::vector<ScriptOutputDiff> outputs;
+  std::string error;            // the sharded module failed: the first rank's message
+  std::vector<ParallelReport> reports;  // each rank's, when sharding succeeded
+  bool passed() const;
+  std::string str() const;      // one line per output, then the verdict
+};
+
 struct ScriptOptions {
   // The methods of the root module whose graphs are rewritten. A method not
   // named here still runs, unsharded, on the shards: name every method that
   // reads a planned parameter.
   std::vector<std::string> methods = {"forward"};
+  // A traced module bakes head counts and shapes into constants the rewrite
+  // can neither divide nor check, so a `divide` (or a column-parallel output
+  // left sharded) on one needs a passed verification of this plan at this
+  // world size; on other modules it is not needed and not consulted.
+  std::shared_ptr<const ScriptVerification> verified;
 };
 
 // The sharded module and how it was cut. `module` is a clone of the module
@@ -51,9 +80,22 @@ struct ScriptParallel {
 // source range are named), a divide attribute missing, a constant, not an
 // integer, not divisible or never read by the rewritten methods, a frozen
 // module, tied parameters planned two ways, a call the inliner cannot
-// resolve (an interface method).
+// resolve (an interface method), a traced module with a `divide` or a
+// sharded column-parallel output and no passed ScriptOptions::verified.
 ScriptParallel parallelize_script(const torch::jit::Module& module, const Plan& plan, World& world,
                                   const ScriptOptions& options = {});
+
+// Shards `module` by `plan` on `world_size` ranks that are threads of this
+// process (the local backend), runs `probe` through each rank's forward and
+// through the unsharded module, and compares every output. Float64 where
+// the module runs in it (parameters, buffers and floating probe tensors
+// converted), its own dtype otherwise; tolerance 0 means 1e-9 in float64 and
+// 1e-4 otherwise. A plan the rewrite refuses, or a sharded forward that
+// throws, is reported in `error`, not thrown; an unsharded module that fails
+// on the probe throws (the probe is wrong, not the plan).
+ScriptVerification verify_script(const torch::jit::Module& module, const Plan& plan, int world_size,
+                                 const std::vector<at::Tensor>& probe, const ScriptOptions& options = {},
+                                 double tolerance = 0);
 
 // This rank's parameters then buffers by path (named_parameters() /
 // named_buffers() order; a tied tensor under each of its paths), detached:

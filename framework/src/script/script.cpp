@@ -6,7 +6,9 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <regex>
 
@@ -21,20 +23,17 @@ namespace shardplan {
 using script_detail::Action;
 using script_detail::Decisions;
 using script_detail::Param;
-using script_detail::Role;
 using torch::jit::Graph;
 using torch::jit::Module;
 using torch::jit::Node;
 using torch::jit::Value;
 
-namespace {
-
-// Cloning registers types and functions in the module's compilation unit,
-// which ranks that are threads share and which is not thread-safe.
-std::mutex& jit_mutex() {
+std::mutex& script_detail::jit_mutex() {
   static std::mutex m;
   return m;
 }
+
+namespace {
 
 std::map<std::string, Module> modules_by_path(const Module& m) {
   std::map<std::string, Module> out;
@@ -108,8 +107,11 @@ int64_t reads_of(const std::vector<std::shared_ptr<Graph>>& graphs, const std::s
 }
 
 // Checks every divide first, then divides: a failing plan changes nothing.
+// A traced module keeps no attributes, or keeps them unread: what the rule
+// names is baked into constants, left to the verification that admitted it.
 void divide_attributes(const Plan& plan, const Mesh& mesh, Module& clone,
-                       const std::vector<std::shared_ptr<Graph>>& graphs) {
+                       const std::vector<std::shared_ptr<Graph>>& graphs, bool traced,
+                       std::vector<std::string>& warnings) {
   if (plan.divide.empty()) return;
   const int64_t parts = mesh.axis_size(divide_axis(plan, mesh));
   std::vector<std::tuple<Module, std::string, int64_t>> todo;
@@ -125,6 +127,10 @@ void divide_attributes(const Plan& plan, const Mesh& mesh, Module& clone,
         if (m.type()->hasConstant(attr))
           throw PlanError(loc, what + " is a constant (__constants__ or Final), inlined into the graph where it "
                                       "cannot be divided: make it a plain attribute before scripting");
+        if (traced && (!m.hasattr(attr) || reads_of(graphs, path, attr) == 0)) {
+          warnings.push_back(what + " is baked into the traced graph's constants; not divided");
+          continue;
+        }
         if (!m.hasattr(attr)) throw PlanError(loc, what + " does not exist (a traced module keeps none)");
         const c10::IValue v = m.attr(attr);
         if (!v.isInt()) throw PlanError(loc, what + " is not an integer");
@@ -160,15 +166,50 @@ void replace_parameters(Module& clone, const Decisions& d) {
   }
 }
 
-}  // namespace
+// What about this plan a traced module cannot show statically, or "".
+std::string needs_verifying(const Plan& plan, const Decisions& d) {
+  if (!plan.divide.empty()) return "its divide (" + plan.divide_loc.str() + ")";
+  for (const Action& a : d.actions)
+    if (a.read.rule && a.read.rule->option_or("output", "") == "sharded")
+      return "the sharded output of '" + a.read.path + "' (output: sharded)";
+  return "";
+}
 
-ScriptParallel parallelize_script(const Module& module, const Plan& plan, World& world, const ScriptOptions& options) {
+// A traced graph's shapes are constants: whether shard-sized activations
+// still fit them only a run can tell.
+void require_verified(const Plan& plan, int world_size, const Decisions& d, const std::string& traced,
+                      const ScriptOptions& options, std::vector<std::string>& warnings) {
+  const std::string what = needs_verifying(plan, d);
+  if (what.empty()) return;
+  const std::string head = "the module is traced (torch.jit.trace: " + traced +
+                           " is recorded without a column), so its head counts and shapes are constants that " +
+                           what + " cannot divide or check";
+  const ScriptVerification* v = options.verified.get();
+  if (!v) {
+    const std::string msg = head + ": run verify first (shardplan::verify_script, passed as "
+                                   "ScriptOptions::verified, or `shardplan plan check PLAN.yaml --script FILE "
+                                   "--probe SHAPE --world N`)";
+    if (!plan.divide.empty()) throw PlanError(plan.divide_loc, msg);
+    throw Error(msg);
+  }
+  if (v->plan_yaml != plan.to_yaml() || v->world_size != world_size)
+    throw Error(head + "; ScriptOptions::verified is of another plan or world size (" + std::to_string(v->world_size) +
+                " ranks): verify this plan at " + std::to_string(world_size));
+  if (!v->passed()) throw Error(head + "; the verification failed:\n" + v->str());
+  double worst = 0;
+  for (const auto& o : v->outputs) worst = std::max(worst, o.max_diff);
+  warnings.push_back("traced module: verified at " + std::to_string(world_size) + " ranks in " + v->dtype +
+                     " (largest output difference " + c10::str(worst) + ")");
+}
+
+ScriptParallel parallelize(const Module& module, const Plan& plan, World& world, const ScriptOptions& options,
+                           bool verifying) {
   const Mesh mesh = plan.resolve_mesh(world.size());
   // Groups first and outside the lock: making one is collective.
   std::map<std::string, int64_t> group_ids;
   for (const auto& axis : mesh.axes())
     group_ids[axis.first] = script_detail::register_group(world.group(mesh, axis.first));
-  std::lock_guard<std::mutex> lock(jit_mutex());
+  std::lock_guard<std::mutex> lock(script_detail::jit_mutex());
   Module clone = clone_unrun(module);
   std::vector<ParamInfo> infos;
   for (const auto& p : module.named_parameters()) infos.push_back({p.name, p.value.sizes().vec()});
@@ -177,19 +218,35 @@ ScriptParallel parallelize_script(const Module& module, const Plan& plan, World&
   for (const auto& name : options.methods) graphs.push_back(script_detail::inlined_graph(clone, name));
   Decisions d = inventory(module, match);
   script_detail::decide(d, graphs, mesh, world.rank());
-  divide_attributes(plan, mesh, clone, graphs);
+  std::optional<std::string> traced;
+  for (const auto& g : graphs)
+    if (!traced) traced = script_detail::traced_at(*g);
+  std::vector<std::string> warnings = match.warnings;
+  if (traced && !verifying) require_verified(plan, world.size(), d, *traced, options, warnings);
+  divide_attributes(plan, mesh, clone, graphs, traced.has_value(), warnings);
   replace_parameters(clone, d);
-  script_detail::rewrite(d, group_ids);
+  script_detail::rewrite(d, group_ids, mesh, world.rank());
   for (const auto& g : graphs) g->lint();
 
   ScriptParallel out{std::make_shared<Module>(clone), {}};
   out.report.mesh = mesh;
   out.report.rank = world.rank();
   out.report.world_size = world.size();
-  out.report.warnings = match.warnings;
+  out.report.warnings = warnings;
   out.report.plan_yaml = plan.to_yaml();
   script_detail::fill_report(out.report, clone, d);
   return out;
+}
+
+}  // namespace
+
+ScriptParallel parallelize_script(const Module& module, const Plan& plan, World& world, const ScriptOptions& options) {
+  return parallelize(module, plan, world, options, false);
+}
+
+ScriptParallel script_detail::parallelize_unverified(const Module& module, const Plan& plan, World& world,
+                                                     const ScriptOptions& options) {
+  return parallelize(module, plan, world, options, true);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> script_state_dict(const Module& module) {

@@ -1,7 +1,8 @@
 #pragma once
 // Internal to the script layer: what the plan makes of each parameter of a
-// TorchScript module and of each node that reads one (script_decide.cpp),
-// applied by script.cpp and script_rewrite.cpp.
+// TorchScript module and of each node that reads one (script_decide.cpp,
+// through the rewrites of shardplan/script_rewrite.h), applied by script.cpp
+// and script_rewrite.cpp.
 #include <torch/script.h>
 
 #include <map>
@@ -12,11 +13,10 @@
 #include "shardplan/mesh.h"
 #include "shardplan/parallelize.h"
 #include "shardplan/plan.h"
+#include "shardplan/script_rewrite.h"
 #include "shardplan/split.h"
 
 namespace shardplan::script_detail {
-
-enum class Role { Whole, Column, ColumnBias, Row, Vocab, EmbedDim };
 
 struct Use {
   torch::jit::Node* node;
@@ -30,22 +30,22 @@ struct Param {
   at::Tensor original;
   std::vector<const Assignment*> assignments;  // per path
   std::vector<Use> uses;
-  Role role = Role::Whole;
-  std::string axis;
+  bool split = false;              // a rewrite (or the one it follows) cuts it
+  int64_t dim = 0;
   int64_t blocks = 1;
+  bool uneven = true;              // every read allows an uneven cut
+  std::string axis;
+  std::string note;                // the report's
+  std::string follows;             // the path of the parameter whose cut it follows
   std::vector<ShardSplit> splits;
 };
 
-// What one node becomes.
+// One read a rewrite applies to.
 struct Action {
-  torch::jit::Graph* graph;
-  torch::jit::Node* node;
-  Role role;              // of the weight: Column, Row, Vocab or EmbedDim
-  const Param* weight;
-  const Param* bias;      // a linear's parameter bias, or nullptr
-  bool gather = false;    // Column: output gathered
-  bool input_sharded = false;  // Row
-  std::string axis;
+  const ScriptRewrite* rewrite;
+  ScriptRead read;
+  ScriptCut cut;
+  const Param* param;
 };
 
 struct Decisions {
@@ -54,15 +54,16 @@ struct Decisions {
   std::vector<Action> actions;
 };
 
-// Reads the graphs, decides every parameter's role and every node's action,
-// and checks what the rewrite cannot do; throws PlanError / Error naming the
+// Reads the graphs, decides every parameter's cut and every read's action,
+// and checks what the rewrites cannot do; throws PlanError / Error naming the
 // parameter, its rule, the op and its source.
 void decide(Decisions& d, const std::vector<std::shared_ptr<torch::jit::Graph>>& graphs, const Mesh& mesh,
             int rank);
 
 // script_rewrite.cpp: the actions applied to the graphs (`group_ids`: mesh
-// axis -> register_group id), and one report row per parameter path.
-void rewrite(const Decisions& d, const std::map<std::string, int64_t>& group_ids);
+// axis -> register_group id; `mesh` and `rank` give each its coordinate),
+// and one report row per parameter path.
+void rewrite(const Decisions& d, const std::map<std::string, int64_t>& group_ids, const Mesh& mesh, int rank);
 void fill_report(ParallelReport& report, const torch::jit::Module& clone, const Decisions& d);
 
 }  // namespace shardplan::script_detail

@@ -34,6 +34,20 @@ std::string where(const Node* n) {
   return std::get<0>(*flc) + ":" + std::to_string(std::get<1>(*flc)) + ":" + std::to_string(std::get<2>(*flc));
 }
 
+std::optional<std::string> traced_at(torch::jit::Graph& g) {
+  // The tracer keeps each op's Python line but not its column (file:line:0);
+  // the compiler keeps the column of every expression, which inside a
+  // method's indented body is never 0.
+  for (Node* n : all_nodes(g.block())) {
+    torch::jit::SourceRange range = n->sourceRange();
+    if (auto original = range.findSourceRangeThatGenerated()) range = *original;
+    auto flc = range.file_line_col();
+    if (flc && !std::get<0>(*flc).empty() && std::get<2>(*flc) == 0)
+      return std::get<0>(*flc) + ":" + std::to_string(std::get<1>(*flc));
+  }
+  return std::nullopt;
+}
+
 std::shared_ptr<torch::jit::Graph> inlined_graph(torch::jit::Module& m, const std::string& name) {
   auto method = m.find_method(name);
   if (!method) throw Error("TorchScript module has no method '" + name + "' to shard");

@@ -6,11 +6,15 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardplan/communicator.h"
+#include "shardplan/script.h"
+#include "shardplan/script_rewrite.h"
 
 namespace shardplan::script_detail {
 
@@ -36,6 +40,31 @@ std::vector<torch::jit::Node*> all_nodes(torch::jit::Block* b);
 std::optional<std::string> attr_path(torch::jit::Value* v, torch::jit::Value* self);
 // "file:line:col" of the Python source a node came from, or "<unknown source>".
 std::string where(const torch::jit::Node* n);
+// "file:line" of a node the tracer recorded, or nullopt when `g` has none.
+std::optional<std::string> traced_at(torch::jit::Graph& g);
+
+// Cloning registers types and functions in the module's compilation unit,
+// which ranks that are threads share and which is not thread-safe.
+std::mutex& jit_mutex();
+
+// parallelize_script less the verification a traced module needs: what
+// verify_script runs to produce it.
+ScriptParallel parallelize_unverified(const torch::jit::Module& module, const Plan& plan, World& world,
+                                      const ScriptOptions& options);
+
+// The rewrites the registry starts with (script_builtin.cpp: aten::linear,
+// aten::embedding; script_matmul.cpp: aten::t feeding aten::matmul or
+// aten::addmm), keyed by op kind and input.
+using RewriteList = std::vector<std::pair<std::pair<std::string, size_t>, ScriptRewrite>>;
+RewriteList builtin_rewrites();
+RewriteList matmul_rewrites();
+
+// [axis, null] (true) or [null, axis] (false) for a 2-D weight of `op`;
+// throws naming the layout otherwise.
+bool rows_split(const Layout& layout, const std::string& op);
+// The bias of a row-parallel product, added after its reduction.
+void add_after(torch::jit::Graph& g, torch::jit::Value* reduced, torch::jit::Value* bias);
+
 // Inserts `value` = op(args...) right after `x` is defined (at the start of
 // its block for an input), so it dominates every use of `x`.
 torch::jit::Value* insert_after_def(torch::jit::Graph& g, torch::jit::Value* x, torch::jit::Symbol op,

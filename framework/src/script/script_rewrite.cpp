@@ -1,5 +1,6 @@
-// The decided actions applied to the inlined graphs (the communication ops
-// around each node, the global sizes of split parameters), and the report.
+// The decided actions applied to the inlined graphs (each through its
+// rewrite, with the communication edits of ScriptGraphEdit; the global sizes
+// of split parameters), and the report.
 #include <ATen/ATen.h>
 
 #include <map>
@@ -20,60 +21,40 @@ namespace {
 
 // One copy_to (or scatter_to) per value and group: q, k and v reading the
 // same activation share one backward all-reduce.
-struct Entries {
-  std::map<std::tuple<Value*, torch::jit::Symbol, int64_t>, Value*> made;
+using Made = std::map<std::tuple<Value*, torch::jit::Symbol, int64_t>, Value*>;
 
-  Value* get(Graph& g, Value* x, torch::jit::Symbol op, int64_t group, bool with_dim) {
-    auto key = std::make_tuple(x, op, group);
-    auto it = made.find(key);
-    if (it != made.end()) return it->second;
-    std::vector<torch::jit::NamedValue> args{x, group};
-    if (with_dim) args.emplace_back(int64_t{-1});
-    return made[key] = insert_after_def(g, x, op, args);
+// `v` replaced, for every use after the new node, by op(v, ...).
+Value* after(Graph& g, Value* v, torch::jit::Symbol op, std::vector<torch::jit::NamedValue> args) {
+  torch::jit::WithInsertPoint at(v->node()->next());
+  Value* out = g.insert(op, args);
+  v->replaceAllUsesAfterNodeWith(out->node(), out);
+  return out;
+}
+
+class Edit : public ScriptGraphEdit {
+ public:
+  Edit(Graph& g, int64_t group, int64_t parts, int64_t index, Made& made)
+      : g_(g), group_(group), parts_(parts), index_(index), made_(made) {}
+  Graph& graph() override { return g_; }
+  Value* copy_to(Value* x) override { return once(x, kCopyTo, {x, group_}); }
+  Value* scatter_to(Value* x, int64_t dim) override { return once(x, kScatterTo, {x, group_, dim}); }
+  Value* reduce_after(Value* v) override { return after(g_, v, kReduceFrom, {v, group_}); }
+  Value* gather_after(Value* v, int64_t dim) override { return after(g_, v, kGatherFrom, {v, group_, dim}); }
+  int64_t group() const override { return group_; }
+  int64_t parts() const override { return parts_; }
+  int64_t index() const override { return index_; }
+
+ private:
+  Value* once(Value* x, torch::jit::Symbol op, std::vector<torch::jit::NamedValue> args) {
+    auto key = std::make_tuple(x, op, group_);
+    auto it = made_.find(key);
+    if (it != made_.end()) return it->second;
+    return made_[key] = insert_after_def(g_, x, op, std::move(args));
   }
+  Graph& g_;
+  int64_t group_, parts_, index_;
+  Made& made_;
 };
-
-// `out` replaced, for every later use, by op(out, ...).
-Value* after(Graph& g, Node* n, torch::jit::Symbol op, std::vector<torch::jit::NamedValue> args) {
-  torch::jit::WithInsertPoint at(n->next());
-  Value* v = g.insert(op, args);
-  n->output()->replaceAllUsesAfterNodeWith(v->node(), v);
-  return v;
-}
-
-void column(const Action& a, int64_t group, Entries& entries) {
-  Graph& g = *a.graph;
-  a.node->replaceInput(0, entries.get(g, a.node->input(0), kCopyTo, group, false));
-  if (a.gather) after(g, a.node, kGatherFrom, {a.node->output(), group, int64_t{-1}});
-}
-
-void row(const Action& a, int64_t group, Entries& entries) {
-  Graph& g = *a.graph;
-  Node* n = a.node;
-  if (!a.input_sharded) n->replaceInput(0, entries.get(g, n->input(0), kScatterTo, group, true));
-  Value* bias = n->input(2);
-  const bool has_bias = bias->type()->kind() != c10::TypeKind::NoneType;
-  if (has_bias) {
-    torch::jit::WithInsertPoint at(n);
-    n->replaceInput(2, g.insertNode(g.createNone())->output());
-  }
-  Value* reduced = after(g, n, kReduceFrom, {n->output(), group});
-  if (has_bias) {
-    torch::jit::WithInsertPoint at(reduced->node()->next());
-    Value* sum = g.insert(aten::add, {reduced, bias});
-    reduced->replaceAllUsesAfterNodeWith(sum->node(), sum);
-  }
-}
-
-void vocab(const Action& a, int64_t group) {
-  Graph& g = *a.graph;
-  Node* n = a.node;
-  const int64_t begin = shard_range(a.weight->original.size(0), a.weight->splits[0].parts, a.weight->splits[0].index).first;
-  torch::jit::WithInsertPoint at(n);
-  Value* y = g.insert(kVocabEmbedding, {n->input(0), n->input(1), n->input(2), begin, group});
-  n->output()->replaceAllUsesWith(y);
-  n->destroy();
-}
 
 // Code reading a parameter's size means the model's size (F.embedding checks
 // padding_idx against it): those reads become the global size.
@@ -100,17 +81,6 @@ void global_sizes(const Param& p) {
   }
 }
 
-const char* role_note(Role r) {
-  switch (r) {
-    case Role::Column: return "column-parallel (aten::linear)";
-    case Role::ColumnBias: return "column-parallel bias, follows its weight";
-    case Role::Row: return "row-parallel (aten::linear), partial products all-reduced";
-    case Role::Vocab: return "vocab-parallel (aten::embedding), partial rows all-reduced";
-    case Role::EmbedDim: return "embedding-dim-parallel (aten::embedding), output all-gathered";
-    default: return "replicated";
-  }
-}
-
 std::string type_of_owner(const torch::jit::Module& clone, const std::string& path) {
   static const std::regex mangle(R"(___torch_mangle_\d+\.)");
   const auto dot = path.rfind('.');
@@ -123,19 +93,18 @@ std::string type_of_owner(const torch::jit::Module& clone, const std::string& pa
 
 }  // namespace
 
-void rewrite(const Decisions& d, const std::map<std::string, int64_t>& group_ids) {
-  // Sizes first: vocab() destroys embedding nodes the uses still name.
+void rewrite(const Decisions& d, const std::map<std::string, int64_t>& group_ids, const Mesh& mesh, int rank) {
+  // Sizes first: a rewrite may destroy the nodes the uses still name.
   for (const Param& p : d.params)
-    if (p.role != Role::Whole) global_sizes(p);
-  Entries entries;
-  for (const Action& a : d.actions) {
-    const int64_t group = group_ids.at(a.axis);
-    if (a.role == Role::Column) column(a, group, entries);
-    if (a.role == Role::Row) row(a, group, entries);
-    if (a.role == Role::EmbedDim) after(*a.graph, a.node, kGatherFrom, {a.node->output(), group, int64_t{-1}});
-  }
-  for (const Action& a : d.actions)
-    if (a.role == Role::Vocab) vocab(a, group_ids.at(a.axis));
+    if (p.split) global_sizes(p);
+  Made made;
+  for (bool destroying : {false, true})
+    for (const Action& a : d.actions) {
+      if (a.rewrite->destroys_node != destroying) continue;
+      const std::string& axis = a.param->axis;
+      Edit edit(*a.read.node->owningGraph(), group_ids.at(axis), mesh.axis_size(axis), mesh.coord(rank, axis), made);
+      a.rewrite->apply(a.read, a.cut, edit);
+    }
 }
 
 void fill_report(ParallelReport& report, const torch::jit::Module& clone, const Decisions& d) {
@@ -149,10 +118,13 @@ void fill_report(ParallelReport& report, const torch::jit::Module& clone, const 
     row.module_type = type_of_owner(clone, np.name);
     row.rule = a.rule ? a.rule->loc.str() : "";
     Layout layout = a.layout;
-    if (!a.rule && p.role == Role::ColumnBias) layout = {p.axis};
+    if (!a.rule && p.split) {
+      layout.assign(p.original.dim(), std::nullopt);
+      layout[p.dim] = p.axis;
+    }
     row.layout = layout_str(layout);
-    row.plugin = p.role == Role::Whole ? "" : "script";
-    row.note = role_note(p.role);
+    row.plugin = p.split ? "script" : "";
+    row.note = p.split ? p.note : "replicated";
     row.global_shape = p.original.sizes().vec();
     row.local_shape = np.value.sizes().vec();
     row.element_size = static_cast<int64_t>(np.value.element_size());
