@@ -1,5 +1,6 @@
 // shardplan-plan: `shardplan plan check PLAN.yaml (--model NAME | --state-dict
-// FILE) --world N`, the plan checker (docs/PLAN_CHECK.md), and `shardplan
+// FILE | --script FILE [--probe SPEC]) --world N`, the plan checker
+// (docs/PLAN_CHECK.md), and `shardplan
 // plan auto (--model NAME | --torchscript FILE | --state-dict FILE) --world N
 // [--mesh M]`, which prints the plan auto_plan writes for an example model,
 // a TorchScript module or a checkpoint's names and shapes (docs/AUTO_PLAN.md)
@@ -29,6 +30,7 @@
 #include "shardplan/error.h"
 #include "shardplan/plan.h"
 #include "shardplan/plan_check.h"
+#include "script_check.h"
 #include "state_dict.h"
 #include "torchscript_plan.h"
 
@@ -37,7 +39,7 @@ namespace {
 namespace ex = shardplan::examples;
 
 const char* kUsage =
-    "usage: shardplan plan check PLAN.yaml (--model NAME | --state-dict PATH) --world N\n"
+    "usage: shardplan plan check PLAN.yaml (--model NAME | --state-dict PATH | --script FILE.pt) --world N\n"
     "                            [--format table|json] [--batch B[xT]] [--config KEY=VALUE,...]\n"
     "                            [--dtype float32|float64] [--no-comm]\n"
     "\n"
@@ -51,6 +53,12 @@ const char* kUsage =
     "  --state-dict PATH  names and shapes from a sharded checkpoint directory or a torch::save\n"
     "                     file; no layer plugin is consulted and nothing is run\n"
     "  --no-comm          skip the dry run\n"
+    "  --script FILE.pt   a TorchScript module (torch.jit.script or trace, then save), sharded on N\n"
+    "                     thread ranks by shardplan::parallelize_script; with --probe, verified: run\n"
+    "                     sharded and unsharded (float64 where it can) and every output compared\n"
+    "  --probe SPEC       one forward argument (repeat for more): 2x6 (float64 normal), 2x6:48\n"
+    "                     (integers below 48, e.g. token ids) or a file written by torch.save\n"
+    "  --plan PLAN.yaml   the plan, instead of the first argument\n"
     "\n"
     "usage: shardplan plan auto (--model NAME | --torchscript FILE.pt | --state-dict PATH) --world N\n"
     "                           [--mesh '{data: 2, model: auto}'] [--save PLAN.yaml] [the options above]\n"
@@ -69,7 +77,8 @@ const char* kUsage =
 
 struct Args {
   std::string sub, save;
-  std::string plan, model, state_dict, torchscript, mesh, format = "table", config, dtype = "float32";
+  std::string plan, model, state_dict, torchscript, script, mesh, format = "table", config, dtype = "float32";
+  std::vector<std::string> probes;
   int world = 0;
   int64_t batch = 8, tokens = 0;
   bool comm = true;
@@ -134,6 +143,13 @@ Args parse(int argc, char** argv) {
     } else if (k == "--dtype") {
       a.dtype = value();
       if (a.dtype != "float32" && a.dtype != "float64") usage("--dtype must be float32 or float64");
+    } else if (k == "--script" && a.sub == "check") {
+      a.script = value();
+    } else if (k == "--probe" && a.sub == "check") {
+      a.probes.push_back(value());
+    } else if (k == "--plan" && a.sub == "check") {
+      if (!a.plan.empty()) usage("the plan is given twice");
+      a.plan = value();
     } else if (k == "--no-comm") {
       a.comm = false;
     } else if (k == "--save" && a.sub == "auto") {
@@ -151,9 +167,10 @@ Args parse(int argc, char** argv) {
     }
   }
   if (a.plan.empty() && a.sub == "check") usage("missing PLAN.yaml");
-  const int sources = !a.model.empty() + !a.state_dict.empty() + !a.torchscript.empty();
+  const int sources = !a.model.empty() + !a.state_dict.empty() + !a.torchscript.empty() + !a.script.empty();
   if (a.sub == "auto" && sources != 1) usage("give exactly one of --model, --torchscript and --state-dict");
-  if (sources != 1) usage("give exactly one of --model and --state-dict");
+  if (sources != 1) usage("give exactly one of --model, --state-dict and --script");
+  if (!a.probes.empty() && a.script.empty()) usage("--probe applies to --script only");
   if (a.world == 0) usage("missing --world N");
   if (a.model.empty() && !a.config.empty()) usage("--config applies to --model only");
   if (!a.model.empty()) {
@@ -333,6 +350,8 @@ int check(const Args& a) {
       } else if (result.ok()) {
         result.notes.push_back("communication not measured (--no-comm)");
       }
+    } else if (!a.script.empty()) {
+      result = shardplan_plan::check_script(a.script, plan, a.world, a.probes);
     } else {
       result = check_file(a, plan, options);
     }
@@ -342,6 +361,7 @@ int check(const Args& a) {
     result.world_size = a.world;
     result.subject = !a.model.empty()         ? "model " + a.model
                      : !a.torchscript.empty() ? "TorchScript file " + a.torchscript
+                     : !a.script.empty()      ? "TorchScript module " + a.script
                                               : "state dict " + a.state_dict;
     result.errors.push_back(e.what());
   }
