@@ -1,0 +1,39 @@
+#!/bin/sh
+# `shardplan plan check --script`: the traced GPT twins of make_models.py
+# under the head-parallel plan. Without a probe the traced twin is refused
+# (run verify); with one it passes, and the twin whose head count the tracer
+# baked in fails, reporting its difference.
+#   plan_check_script.sh CLI PYTHON3 SOURCE_DIR WORK_DIR      (exit 77: no torch)
+set -u
+cli=$1 py=$2 src=$3 work=$4
+mkdir -p "$work"
+"$py" "$src/tests/script/make_models.py" "$work/models" || exit $?
+plan=$work/gpt_script.yaml
+cat > "$plan" <<'YAML'
+mesh: {model: auto}
+divide: {'blocks\.\d+\.attn': [n_head]}
+rules:
+  - {match: 'tok_emb\.weight', layout: [model, null]}
+  - {match: 'blocks\.\d+\.attn\.(q|k|v)\.weight', layout: [model, null], output: sharded}
+  - {match: 'blocks\.\d+\.attn\.qkv\.weight', layout: [model, null], output: sharded, blocks: 3}
+  - {match: 'blocks\.\d+\.attn\.proj\.weight', layout: [null, model], input: sharded}
+  - {match: 'blocks\.\d+\.fc1\.weight', layout: [model, null], output: sharded}
+  - {match: 'blocks\.\d+\.fc2\.weight', layout: [null, model], input: sharded}
+  - {match: 'head\.weight', layout: [model, null]}
+YAML
+fail() { echo "FAIL: $*"; exit 1; }
+# $1: expected exit status, $2: a line the output must contain, then the CLI's arguments.
+expect() {
+  want=$1 line=$2
+  shift 2
+  out=$("$cli" plan check "$plan" --world 2 "$@" 2>&1)
+  rc=$?
+  echo "$out" | tail -n 4
+  [ "$rc" = "$want" ] || fail "exit status $rc, expected $want: $*"
+  echo "$out" | grep -qF -- "$line" || fail "no '$line' in the output of: $*"
+}
+expect 1 "run verify first" --script "$work/models/gpt_traced.pt"
+expect 0 "note: verify: output [3, 6, 48]: largest difference" --script "$work/models/gpt_traced.pt" --probe 3x6:48
+expect 1 "error: verify: output [3, 6, 48]: largest difference" --script "$work/models/gpt_traced_baked.pt" --probe 3x6:48
+expect 1 "--probe 3x6:x: after the shape" --script "$work/models/gpt.pt" --probe 3x6:x
+echo "ok"
