@@ -56,16 +56,6 @@ TEST_P(ScriptParity, TiedEmbeddingAndHead) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ScriptParity, ::testing::Values(2, 4));
 
-namespace {
-
-std::string gpt_plan_with(const std::string& divide, const std::string& extra_rule = "") {
-  std::string plan = kGptPlan;
-  plan.replace(plan.find("divide:"), plan.find('\n', plan.find("divide:")) - plan.find("divide:"), divide);
-  return plan + extra_rule;
-}
-
-}  // namespace
-
 TEST(Script, ReportSplitsAndOriginalUntouched) {
   REQUIRE_MODELS();
   const torch::jit::Module original = load(dir, "gpt.pt");

@@ -42,8 +42,7 @@ TEST(ScriptVerify, TracedDivideRefusedWithoutVerify) {
 
 TEST(ScriptVerify, TracedShardedOutputRefusedWithoutVerify) {
   REQUIRE_MODELS();
-  std::string plan = kGptPlan;
-  plan.erase(plan.find("divide:"), plan.find('\n', plan.find("divide:")) - plan.find("divide:") + 1);
+  const std::string plan = gpt_plan_with("");
   const std::string e = error_of("gpt_traced.pt", plan);
   expect_contains(e, {"traced", "output: sharded", "run verify first"});
 }
@@ -111,8 +110,7 @@ TEST(ScriptVerify, ScriptedModulePassesAndForgottenDivideIsReportedNotThrown) {
   EXPECT_TRUE(verified("gpt.pt", kGptPlan, 2)->passed());
   // Without the divide a rank views its 12 q features as 4 heads of 6: the
   // sharded forward throws, which verify reports.
-  std::string plan = kGptPlan;
-  plan.erase(plan.find("divide:"), plan.find('\n', plan.find("divide:")) - plan.find("divide:") + 1);
+  const std::string plan = gpt_plan_with("");
   const auto v = verified("gpt.pt", plan, 2);
   EXPECT_FALSE(v->passed());
   expect_contains(v->error, {"forward:"});

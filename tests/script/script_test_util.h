@@ -225,4 +225,11 @@ rules:
   - {match: 'head\.weight', layout: [model, null]}
 )";
 
+// kGptPlan with its divide line replaced by `divide` ("" drops it), plus a rule.
+inline std::string gpt_plan_with(const std::string& divide, const std::string& extra_rule = "") {
+  std::string plan = kGptPlan;
+  plan.replace(plan.find("divide:"), plan.find('\n', plan.find("divide:")) - plan.find("divide:"), divide);
+  return plan + extra_rule;
+}
+
 }  // namespace script_test

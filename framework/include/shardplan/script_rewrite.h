@@ -95,7 +95,10 @@ struct ScriptRewrite {
 
 // Registers `rewrite` for a parameter read as input `input` of op `kind`
 // ("aten::conv1d", 1), replacing any earlier one (a built-in included).
-// Reads no rewrite is registered for are refused, naming the op.
+// Reads no rewrite is registered for are refused, naming the op. The
+// registry is process-wide: register before parallelizing, not while ranks
+// that are threads are in parallelize_script; `apply` may run on several
+// such ranks at once.
 void register_script_rewrite(const std::string& kind, size_t input, ScriptRewrite rewrite);
 
 // The rewrite for that read, or nullptr.

@@ -182,8 +182,8 @@ void require_verified(const Plan& plan, int world_size, const Decisions& d, cons
   const std::string what = needs_verifying(plan, d);
   if (what.empty()) return;
   const std::string head = "the module is traced (torch.jit.trace: " + traced +
-                           " is recorded without a column), so its head counts and shapes are constants that " +
-                           what + " cannot divide or check";
+                           " is recorded without a column): its head counts and shapes are constants, so only a run "
+                           "can show whether " + what + " still fits them";
   const ScriptVerification* v = options.verified.get();
   if (!v) {
     const std::string msg = head + ": run verify first (shardplan::verify_script, passed as "
