@@ -8,19 +8,7 @@ set -u
 cli=$1 py=$2 src=$3 work=$4
 mkdir -p "$work"
 "$py" "$src/tests/script/make_models.py" "$work/models" || exit $?
-plan=$work/gpt_script.yaml
-cat > "$plan" <<'YAML'
-mesh: {model: auto}
-divide: {'blocks\.\d+\.attn': [n_head]}
-rules:
-  - {match: 'tok_emb\.weight', layout: [model, null]}
-  - {match: 'blocks\.\d+\.attn\.(q|k|v)\.weight', layout: [model, null], output: sharded}
-  - {match: 'blocks\.\d+\.attn\.qkv\.weight', layout: [model, null], output: sharded, blocks: 3}
-  - {match: 'blocks\.\d+\.attn\.proj\.weight', layout: [null, model], input: sharded}
-  - {match: 'blocks\.\d+\.fc1\.weight', layout: [model, null], output: sharded}
-  - {match: 'blocks\.\d+\.fc2\.weight', layout: [null, model], input: sharded}
-  - {match: 'head\.weight', layout: [model, null]}
-YAML
+plan=$src/tests/script/gpt_head_parallel.yaml
 fail() { echo "FAIL: $*"; exit 1; }
 # $1: expected exit status, $2: a line the output must contain, then the CLI's arguments.
 expect() {

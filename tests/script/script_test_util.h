@@ -211,19 +211,9 @@ inline void expect_contains(const std::string& e, const std::vector<std::string>
   for (const auto& part : parts) EXPECT_NE(e.find(part), std::string::npos) << "no '" << part << "' in: " << e;
 }
 
-// The scripted GPT head-parallel: the plan every GPT twin is sharded by.
-inline constexpr const char* kGptPlan = R"(
-mesh: {model: auto}
-divide: {'blocks\.\d+\.attn': [n_head]}
-rules:
-  - {match: 'tok_emb\.weight', layout: [model, null]}
-  - {match: 'blocks\.\d+\.attn\.(q|k|v)\.weight', layout: [model, null], output: sharded}
-  - {match: 'blocks\.\d+\.attn\.qkv\.weight', layout: [model, null], output: sharded, blocks: 3}
-  - {match: 'blocks\.\d+\.attn\.proj\.weight', layout: [null, model], input: sharded}
-  - {match: 'blocks\.\d+\.fc1\.weight', layout: [model, null], output: sharded}
-  - {match: 'blocks\.\d+\.fc2\.weight', layout: [null, model], input: sharded}
-  - {match: 'head\.weight', layout: [model, null]}
-)";
+// The GPT twins head-parallel: the plan every one is sharded by.
+inline const std::string kGptPlan =
+    read_text(fs::path(SHARDPLAN_SOURCE_DIR) / "tests/script/gpt_head_parallel.yaml");
 
 // kGptPlan with its divide line replaced by `divide` ("" drops it), plus a rule.
 inline std::string gpt_plan_with(const std::string& divide, const std::string& extra_rule = "") {
