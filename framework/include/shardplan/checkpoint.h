@@ -21,6 +21,9 @@ namespace torch {
 namespace nn {
 class Module;
 }
+namespace jit {
+struct Module;
+}
 namespace optim {
 class Optimizer;
 }
@@ -91,6 +94,15 @@ void save_checkpoint(const std::string& dir, torch::nn::Module& model, const Par
 // optimizer, so a failed load leaves them as they were. Returns the
 // checkpoint's attributes.
 std::map<std::string, std::string> load_checkpoint(const std::string& dir, torch::nn::Module& model,
+                                                   const ParallelReport& report, World& world,
+                                                   const CheckpointOptions& options = {});
+
+// The same for a TorchScript module sharded by parallelize_script (its
+// ScriptParallel's module and report), in the same format: one saved at
+// any world size and plan loads into the module unsharded or sharded.
+void save_checkpoint(const std::string& dir, torch::jit::Module& model, const ParallelReport& report, World& world,
+                     const CheckpointOptions& options = {});
+std::map<std::string, std::string> load_checkpoint(const std::string& dir, torch::jit::Module& model,
                                                    const ParallelReport& report, World& world,
                                                    const CheckpointOptions& options = {});
 

@@ -79,12 +79,20 @@ std::map<std::string, const ReportRow*> rows_by_path(const ParallelReport& repor
   return rows;
 }
 
-std::vector<Item> inventory(torch::nn::Module& model, const ParallelReport& report) {
+ModelTensors model_tensors(torch::nn::Module& model) {
+  ModelTensors m;
+  for (const auto& p : model.named_parameters()) m.parameters.emplace_back(p.key(), p.value());
+  for (const auto& b : model.named_buffers()) m.buffers.emplace_back(b.key(), b.value());
+  for (const auto& s : model.named_modules("", /*include_self=*/false)) m.modules.push_back(s.key());
+  return m;
+}
+
+std::vector<Item> inventory(const ModelTensors& model, const ParallelReport& report) {
   const auto rows = rows_by_path(report);
   std::vector<Item> items;
-  for (const auto& p : model.named_parameters()) {
-    Item it{p.key(), p.value().detach(), p.value(), p.value().sizes().vec(), {}, ""};
-    auto r = rows.find(p.key());
+  for (const auto& [name, value] : model.parameters) {
+    Item it{name, value.detach(), value, value.sizes().vec(), {}, ""};
+    auto r = rows.find(name);
     if (r != rows.end()) {
       it.global_shape = r->second->global_shape;
       it.splits = r->second->splits;
@@ -92,9 +100,13 @@ std::vector<Item> inventory(torch::nn::Module& model, const ParallelReport& repo
     }
     items.push_back(it);
   }
-  for (const auto& b : model.named_buffers())
-    items.push_back(Item{b.key(), b.value().detach(), at::Tensor(), b.value().sizes().vec(), {}, "", true});
+  for (const auto& [name, value] : model.buffers)
+    items.push_back(Item{name, value.detach(), at::Tensor(), value.sizes().vec(), {}, "", true});
   return items;
+}
+
+std::vector<Item> inventory(torch::nn::Module& model, const ParallelReport& report) {
+  return inventory(model_tensors(model), report);
 }
 
 }  // namespace ckpt_detail
@@ -172,6 +184,18 @@ std::string rank_file(int rank) {
 
 void save_checkpoint(const std::string& dir, torch::nn::Module& model, const ParallelReport& report, World& world,
                      const CheckpointOptions& options) {
+  ckpt_detail::save_model_checkpoint(dir, ckpt_detail::model_tensors(model), report, world, options);
+}
+
+std::map<std::string, std::string> load_checkpoint(const std::string& dir, torch::nn::Module& model,
+                                                   const ParallelReport& report, World& world,
+                                                   const CheckpointOptions& options) {
+  return ckpt_detail::load_model_checkpoint(dir, ckpt_detail::model_tensors(model), report, world, options);
+}
+
+void ckpt_detail::save_model_checkpoint(const std::string& dir, const ModelTensors& model,
+                                        const ParallelReport& report, World& world,
+                                        const CheckpointOptions& options) {
   at::NoGradGuard no_grad;
   Communicator& comm = world.comm();
   const fs::path target = fs::absolute(dir).lexically_normal();
@@ -254,7 +278,7 @@ void save_checkpoint(const std::string& dir, torch::nn::Module& model, const Par
       meta.mesh = report.mesh.axes();
       meta.attributes = attributes;
       meta.plan = report.plan_yaml;
-      for (const auto& m : model.named_modules("", /*include_self=*/false)) meta.modules.push_back(m.key());
+      meta.modules = model.modules;
       std::map<std::string, size_t> index;
       for (const auto& item : items) {
         index[item.name] = meta.tensors.size();
@@ -285,9 +309,10 @@ void save_checkpoint(const std::string& dir, torch::nn::Module& model, const Par
   agree_or_clean_up();
 }
 
-std::map<std::string, std::string> load_checkpoint(const std::string& dir, torch::nn::Module& model,
-                                                   const ParallelReport& report, World& world,
-                                                   const CheckpointOptions& options) {
+std::map<std::string, std::string> ckpt_detail::load_model_checkpoint(const std::string& dir,
+                                                                     const ModelTensors& model,
+                                                                     const ParallelReport& report, World& world,
+                                                                     const CheckpointOptions& options) {
   at::NoGradGuard no_grad;
   const fs::path target = fs::absolute(dir).lexically_normal();
   const std::string what = "loading checkpoint '" + target.string() + "'";

@@ -23,6 +23,10 @@ namespace torch::nn {
 class Module;
 }
 
+namespace torch::jit {
+struct Module;
+}
+
 namespace torch::optim {
 class Optimizer;
 }
@@ -47,8 +51,25 @@ struct Item {
 
 // The report's rows by path: how each tensor of the model was cut.
 std::map<std::string, const ReportRow*> rows_by_path(const ParallelReport& report);
+// What a checkpoint reads of a model, whichever kind: a torch::nn::Module
+// or a TorchScript module sharded by parallelize_script.
+struct ModelTensors {
+  std::vector<std::pair<std::string, at::Tensor>> parameters, buffers;  // this rank's, not detached
+  std::vector<std::string> modules;                                     // every submodule's path
+};
+ModelTensors model_tensors(torch::nn::Module& model);
+ModelTensors model_tensors(const torch::jit::Module& model);
+
 // The model's parameters, then its buffers, with how the report cut them.
+std::vector<Item> inventory(const ModelTensors& model, const ParallelReport& report);
 std::vector<Item> inventory(torch::nn::Module& model, const ParallelReport& report);
+
+// save_checkpoint and load_checkpoint for either kind of model.
+void save_model_checkpoint(const std::string& dir, const ModelTensors& model, const ParallelReport& report,
+                           World& world, const CheckpointOptions& options);
+std::map<std::string, std::string> load_model_checkpoint(const std::string& dir, const ModelTensors& model,
+                                                         const ParallelReport& report, World& world,
+                                                         const CheckpointOptions& options);
 
 // The whole tensor from every rank's `local` piece of `item` (its value or
 // its gradient), gathered over the axes of its splits. Collective over them.
