@@ -25,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardplan/communicator.h"
@@ -34,6 +35,9 @@
 namespace torch {
 namespace nn {
 class Module;
+}
+namespace jit {
+struct Module;
 }
 namespace optim {
 class Optimizer;
@@ -63,6 +67,9 @@ class DataParallel {
   // the batch axis is not in report.mesh. An `ignore` regex that matches no
   // parameter is a warning (warnings()).
   DataParallel(torch::nn::Module& model, const ParallelReport& report, const Plan& plan, World& world);
+  // The same for a TorchScript module sharded by parallelize_script (its
+  // ScriptParallel's module and report).
+  DataParallel(torch::jit::Module& model, const ParallelReport& report, const Plan& plan, World& world);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
@@ -145,6 +152,10 @@ class DataParallel {
   struct Impl;
 
  private:
+  // Both kinds of model come here with their parameters by path (a tied
+  // tensor under each of its paths).
+  DataParallel(const std::vector<std::pair<std::string, at::Tensor>>& parameters, const ParallelReport& report,
+               const Plan& plan, World& world);
   std::shared_ptr<Impl> impl_;
   friend class ZeroOptimizer;
   friend class Optimizer;

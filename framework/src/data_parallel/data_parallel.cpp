@@ -167,7 +167,21 @@ std::vector<bool> DataParallel::Impl::used_anywhere() {
 
 // ------------------------------------------------------------ construction
 
+namespace {
+
+std::vector<std::pair<std::string, at::Tensor>> named_parameters_of(torch::nn::Module& model) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : model.named_parameters()) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+}  // namespace
+
 DataParallel::DataParallel(torch::nn::Module& model, const ParallelReport& report, const Plan& plan, World& world)
+    : DataParallel(named_parameters_of(model), report, plan, world) {}
+
+DataParallel::DataParallel(const std::vector<std::pair<std::string, at::Tensor>>& parameters,
+                           const ParallelReport& report, const Plan& plan, World& world)
     : impl_(std::make_shared<Impl>()) {
   Impl& d = *impl_;
   d.axis = plan.batch_axis();
@@ -205,21 +219,22 @@ DataParallel::DataParallel(torch::nn::Module& model, const ParallelReport& repor
   std::set<const void*> seen;
   std::vector<size_t> ignore_hits(spec.ignore.size(), 0);
   std::vector<std::pair<std::string, at::Tensor>> to_average;
-  for (const auto& item : model.named_parameters()) {
-    const at::Tensor& p = item.value();
+  std::map<std::string, at::Tensor> by_name;
+  for (const auto& [key, p] : parameters) {
+    by_name.emplace(key, p);
     if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // a tied tensor: reduced once
-    d.unique.emplace_back(item.key(), p);
-    const auto it = rows.find(item.key());
+    d.unique.emplace_back(key, p);
+    const auto it = rows.find(key);
     for (size_t a = 0; a < d.axis_names.size(); ++a)
-      if (it != rows.end() && has_axis(*it->second, d.axis_names[a])) d.axis_split[a].push_back(item.key());
+      if (it != rows.end() && has_axis(*it->second, d.axis_names[a])) d.axis_split[a].push_back(key);
     if (d.axis.empty()) continue;
     if (it != rows.end() && has_axis(*it->second, d.axis)) {
-      d.split.push_back(item.key());
+      d.split.push_back(key);
       continue;
     }
     // Every regex of a plan follows its `paths:` setting, as the rules do.
     const std::string& plan_name = it != rows.end() && !it->second->plan_path.empty() ? it->second->plan_path
-                                                                                        : item.key();
+                                                                                        : key;
     bool ignored = false;
     for (size_t i = 0; i < spec.ignore.size(); ++i)
       if (spec.ignore[i].matches(plan_name)) {
@@ -228,13 +243,13 @@ DataParallel::DataParallel(torch::nn::Module& model, const ParallelReport& repor
         break;
       }
     if (ignored) {
-      d.ignored.push_back(item.key());
+      d.ignored.push_back(key);
       d.ignored_as.push_back(plan_name);
       continue;
     }
     if (!p.requires_grad()) continue;
-    d.averaged.push_back(item.key());
-    to_average.emplace_back(item.key(), p);
+    d.averaged.push_back(key);
+    to_average.emplace_back(key, p);
   }
   // ZeRO-1's optimizer holds slices of the buckets only: a trainable
   // parameter outside them would silently never be updated.
@@ -242,7 +257,7 @@ DataParallel::DataParallel(torch::nn::Module& model, const ParallelReport& repor
     for (const auto& list : {std::make_pair(&d.ignored, "is in data_parallel.ignore"),
                              std::make_pair(&d.split, "is split over the batch axis")})
       for (const std::string& name : *list.first)
-        if (model.named_parameters()[name].requires_grad())
+        if (by_name.at(name).requires_grad())
           throw PlanError(spec.loc, "data_parallel.zero: parameter '" + name + "' " + list.second +
                                         ", so it is in no bucket and ZeRO-1's optimizer would never update it; "
                                         "ZeRO-1 needs every trainable parameter averaged over '" + d.axis +

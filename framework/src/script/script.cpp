@@ -202,8 +202,23 @@ void require_verified(const Plan& plan, int world_size, const Decisions& d, cons
                      " (largest output difference " + c10::str(worst) + ")");
 }
 
+// What a plan can ask of shardplan::nn layers (their plugins read it) that the
+// graph rewrite does not do: ignoring it would train without it silently.
+void refuse_layer_only_keys(const Plan& plan) {
+  if (plan.sequence_parallel.enabled)
+    throw PlanError(plan.sequence_parallel.loc,
+                    "sequence_parallel applies to shardplan::nn models; parallelize_script does not split "
+                    "TorchScript activations along the sequence (docs/TORCHSCRIPT.md, Limits)");
+  for (const Rule& rule : plan.rules)
+    for (const char* key : {"overlap", "head_dim", "replicate_heads", "sequence_dim", "sequence_parallel", "plugin"})
+      if (const RuleOption* o = rule.option(key))
+        throw PlanError(o->loc, std::string("'") + key + "' is read by the layer plugins of shardplan::nn models; "
+                                "the TorchScript rewrite does not support it (docs/TORCHSCRIPT.md, Limits)");
+}
+
 ScriptParallel parallelize(const Module& module, const Plan& plan, World& world, const ScriptOptions& options,
                            bool verifying) {
+  refuse_layer_only_keys(plan);
   const Mesh mesh = plan.resolve_mesh(world.size());
   // Groups first and outside the lock: making one is collective.
   std::map<std::string, int64_t> group_ids;
