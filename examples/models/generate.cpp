@@ -102,16 +102,19 @@ Generation generate(CausalLM& model, const at::Tensor& prompt, const GenerateOpt
   for (const auto& c : caches) g.cache_bytes += c.bytes();
   module.train(was_training);
 
-  if (agree && agree->size() > 1) {
-    // The same tokens everywhere iff their elementwise max and min agree.
-    at::Tensor both = at::cat({g.tokens, -g.tokens}).contiguous();
-    agree->all_reduce(both, ReduceOp::Max);
-    const int64_t rows = g.tokens.size(0);
-    if (!both.narrow(0, 0, rows).equal(-both.narrow(0, rows, rows)))
-      throw Error("generate: the ranks of '" + agree->name() +
-                  "' generated different tokens (their logits or sampling streams differ)");
-  }
+  if (agree) check_same_tokens(g.tokens, *agree);
   return g;
+}
+
+void check_same_tokens(const at::Tensor& tokens, Communicator& comm) {
+  if (comm.size() < 2) return;
+  // The same tokens everywhere iff their elementwise max and min agree.
+  at::Tensor both = at::cat({tokens, -tokens}).contiguous();
+  comm.all_reduce(both, ReduceOp::Max);
+  const int64_t rows = tokens.size(0);
+  if (!both.narrow(0, 0, rows).equal(-both.narrow(0, rows, rows)))
+    throw Error("generate: the ranks of '" + comm.name() +
+                "' generated different tokens (their logits or sampling streams differ)");
 }
 
 at::Tensor encode(const std::string& text) {

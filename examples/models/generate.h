@@ -74,6 +74,10 @@ void check_generation(const CausalLM& model, int64_t prompt_tokens, const Genera
 Generation generate(CausalLM& model, const at::Tensor& prompt, const GenerateOptions& options, at::Generator& gen,
                     Communicator* agree = nullptr);
 
+// Throws shardplan::Error unless every rank of `comm` holds the same
+// `tokens` ([B, N] long, the same shape on every rank): one all-reduce.
+void check_same_tokens(const at::Tensor& tokens, Communicator& comm);
+
 // The next token [B] from next-token logits [B, V]: argmax when greedy, else
 // a draw from softmax(logits / temperature) over the top-k.
 at::Tensor next_token(const at::Tensor& logits, const GenerateOptions& options, at::Generator& gen);

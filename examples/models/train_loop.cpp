@@ -19,6 +19,7 @@
 #include "models/hf_config.h"
 #include "models/memory.h"
 #include "models/model.h"
+#include "models/ranks.h"
 #include "models/train_args.h"
 #include "models/train_checks.h"
 #include "shardplan/auto_plan.h"
@@ -538,13 +539,7 @@ int train_main(int argc, char** argv, const std::string& program, const std::str
       if (probe.model->needs_corpus())
         corpus = std::make_unique<Corpus>(a.data.empty() ? default_corpus_path() : a.data);
     }
-    if (WorldOptions::env_has_job()) {
-      auto world = init_world(WorldOptions::from_env());
-      train(a, *world, corpus.get(), 1);
-    } else {
-      const int ranks = a.ranks > 0 ? a.ranks : 1;
-      run_ranks_in_threads(ranks, [&](World& w) { train(a, w, corpus.get(), ranks); });
-    }
+    run_ranks(a.ranks > 0 ? a.ranks : 1, [&](World& w, int in_process) { train(a, w, corpus.get(), in_process); });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: error: %s\n", program.c_str(), e.what());
     return 1;
