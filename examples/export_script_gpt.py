@@ -75,15 +75,17 @@ class GPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def main(argv):
+def export(make_model, argv, usage):
+    """The command line every export_script_*.py takes: OUT.pt [--double],
+    the model made from seed 0 (examples/export_script_llama.py uses it)."""
     if len(argv) < 2:
-        sys.exit(__doc__)
+        sys.exit(usage)
     torch.manual_seed(0)
-    model = GPT()
+    model = make_model()
     if "--double" in argv:
         model = model.double()
     torch.jit.script(model).save(argv[1])
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    export(GPT, sys.argv, __doc__)

@@ -1,33 +1,48 @@
 // train_script: a language model exported from Python as TorchScript
-// (examples/export_script_gpt.py) trained with a plan on N ranks that are
-// threads (docs/TORCHSCRIPT.md), the model never rewritten in C++:
+// (examples/export_script_gpt.py, examples/export_script_llama.py) trained
+// with a plan, the model never rewritten in C++ (docs/TORCHSCRIPT.md):
 //
-//   train_script --model gpt.pt --plan examples/script_gpt.yaml --ranks 2
+//   train_script --model gpt.pt --plan examples/script_gpt.yaml --ranks 2     ranks as threads
+//   shardplan launch -n 2 --backend gloo -- train_script --model gpt.pt --plan examples/script_gpt.yaml
 //                [--steps 20] [--batch 8] [--lr 2e-3] [--verify] [--compare]
+//                [--generate N [--prompt TEXT]]
 //
 // Next-byte prediction on examples/data (cross-entropy on the gathered
-// logits, Adam). --verify runs verify_script on the first batch first (a
-// traced module needs it for a head-parallel plan); --compare trains the
-// unsharded module on the same batches and exits 1 when a loss differs by
-// more than 1e-9 (float64 modules) or 1e-4.
+// logits, Adam), then --generate N greedy bytes after --prompt through the
+// sharded module (script_generate.h). --verify runs verify_script on the
+// first batch first (a traced module needs it for a head-parallel plan);
+// --compare trains the unsharded module on the same batches (rank 0's
+// process, under a launcher) and exits 1 when a loss differs by more than
+// 1e-9 (float64 modules) or 1e-4, or the generated text or the logits it
+// was picked from differ.
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "models/corpus.h"
+#include "models/generate.h"
+#include "models/ranks.h"
+#include "script_generate.h"
 #include "shardplan/script.h"
 #include "shardplan/world.h"
 
 namespace {
 
+using shardplan::examples::printable;
+
 struct Args {
   std::string model, plan;
-  int ranks = 2, steps = 20;
+  std::string prompt = "From fairest creatures";  // the sonnets' first line, begun
+  int ranks = 2, steps = 20, generate = 0;
   int64_t batch = 8;
   double lr = 2e-3;
   bool verify = false, compare = false;
@@ -36,35 +51,51 @@ struct Args {
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "train_script: %s\nusage: train_script --model FILE.pt --plan PLAN.yaml [--ranks N] [--steps S] "
-               "[--batch B] [--lr X] [--verify] [--compare]\n",
+               "[--batch B] [--lr X] [--verify] [--compare] [--generate N [--prompt TEXT]]\n"
+               "  --ranks N runs N ranks as threads (default 2); under `shardplan launch` each process is one\n"
+               "  rank and --ranks is refused\n",
                why.c_str());
   std::exit(2);
 }
 
+// One option `k` (and its value) into `a`; false when `k` is none.
+bool parse_option(Args& a, const std::string& k, const std::function<std::string()>& value) {
+  if (k == "--model") a.model = value();
+  else if (k == "--plan") a.plan = value();
+  else if (k == "--ranks") a.ranks = std::stoi(value());
+  else if (k == "--steps") a.steps = std::stoi(value());
+  else if (k == "--batch") a.batch = std::stoll(value());
+  else if (k == "--lr") a.lr = std::stod(value());
+  else if (k == "--generate") a.generate = std::stoi(value());
+  else if (k == "--prompt") a.prompt = value();
+  else if (k == "--verify") a.verify = true;
+  else if (k == "--compare") a.compare = true;
+  else return false;
+  return true;
+}
+
 Args parse(int argc, char** argv) {
   Args a;
+  bool ranks_given = false;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
+    ranks_given = ranks_given || k == "--ranks";
     auto value = [&]() -> std::string {
       if (i + 1 >= argc) usage("missing value for " + k);
       return argv[++i];
     };
     try {
-      if (k == "--model") a.model = value();
-      else if (k == "--plan") a.plan = value();
-      else if (k == "--ranks") a.ranks = std::stoi(value());
-      else if (k == "--steps") a.steps = std::stoi(value());
-      else if (k == "--batch") a.batch = std::stoll(value());
-      else if (k == "--lr") a.lr = std::stod(value());
-      else if (k == "--verify") a.verify = true;
-      else if (k == "--compare") a.compare = true;
-      else usage("unknown argument '" + k + "'");
+      if (!parse_option(a, k, value)) usage("unknown argument '" + k + "'");
     } catch (const std::logic_error&) {
       usage("bad value for " + k);
     }
   }
   if (a.model.empty() || a.plan.empty()) usage("--model and --plan are required");
   if (a.ranks < 1 || a.steps < 1 || a.batch < 1) usage("--ranks, --steps and --batch must be positive");
+  if (a.generate < 0) usage("--generate must be 0 (none) or more bytes");
+  if (a.generate > 0 && a.prompt.empty()) usage("--prompt is empty; generation needs at least one byte");
+  if (ranks_given && shardplan::WorldOptions::env_has_job())
+    usage("--ranks runs ranks as threads; do not combine it with a launcher");
   return a;
 }
 
@@ -83,21 +114,110 @@ std::vector<Batch> batches(const Args& a, int64_t context) {
   return out;
 }
 
-// Each step's loss; `m` is trained in place.
-std::vector<double> train(torch::jit::Module& m, const std::vector<Batch>& data, double lr) {
+// What a run of the module gives: each step's loss, then the generation.
+struct Run {
+  std::vector<double> losses;
+  shardplan::examples::ScriptGeneration generation;
+};
+
+// Trains `m` in place on `data`, then generates; `agree`: the ranks that
+// must generate the same text.
+Run train_and_generate(torch::jit::Module& m, const std::vector<Batch>& data, const Args& a, int64_t context,
+                       shardplan::Communicator* agree) {
   std::vector<torch::Tensor> params;
   for (const auto& p : m.parameters()) params.push_back(p);
-  torch::optim::Adam opt(params, torch::optim::AdamOptions(lr));
-  std::vector<double> losses;
+  torch::optim::Adam opt(params, torch::optim::AdamOptions(a.lr));
+  Run run;
   for (const Batch& b : data) {
     opt.zero_grad();
     torch::Tensor logits = m.forward({b.input}).toTensor();
     torch::Tensor loss = torch::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), b.target.reshape({-1}));
     loss.backward();
     opt.step();
-    losses.push_back(loss.item<double>());
+    run.losses.push_back(loss.item<double>());
   }
-  return losses;
+  if (a.generate > 0) run.generation = shardplan::examples::generate_script(m, a.prompt, a.generate, context, agree);
+  return run;
+}
+
+// A copy of `model` to train unsharded, its parameters leaves that require
+// grad as the original's do.
+torch::jit::Module unsharded_copy(const torch::jit::Module& model) {
+  torch::jit::Module copy;
+  {
+    torch::NoGradGuard no_grad;  // else the clone's parameters are not leaves
+    copy = model.clone();
+  }
+  // A tensor cloned under the guard does not require grad.
+  auto originals = model.named_parameters().begin();
+  for (const auto& p : copy.named_parameters()) p.value.requires_grad_((*originals++).value.requires_grad());
+  return copy;
+}
+
+// Whether the unsharded run `want` generated what `got` did: the same text,
+// and each byte's logits within `tolerance` relative to max(1, their
+// magnitude), as verify_script measures.
+bool same_generation(const Args& a, const shardplan::examples::ScriptGeneration& want,
+                     const shardplan::examples::ScriptGeneration& got, double tolerance) {
+  if (want.text != got.text) {
+    std::printf("unsharded generated a different text: \"%s|%s\"\n", printable(a.prompt).c_str(),
+                printable(want.text).c_str());
+    return false;
+  }
+  const double worst = (want.logits - got.logits).abs().max().item<double>();
+  const double magnitude = want.logits.abs().max().item<double>();
+  std::printf("unsharded generated the same text; largest logit difference %.3g (largest magnitude %.3g)\n", worst,
+              magnitude);
+  return worst <= tolerance * std::max(1.0, magnitude);
+}
+
+// Trains the unsharded module on the same batches: 0 when every loss is
+// within the tolerance of `sharded`'s and it generates the same.
+int compare(const torch::jit::Module& model, const std::vector<Batch>& data, const Args& a, int64_t context,
+            const Run& sharded) {
+  torch::jit::Module unsharded = unsharded_copy(model);
+  const Run want = train_and_generate(unsharded, data, a, context, nullptr);
+  double worst = 0;
+  for (size_t s = 0; s < want.losses.size(); ++s) worst = std::max(worst, std::abs(want.losses[s] - sharded.losses[s]));
+  const bool float64 = model.parameters().begin().operator*().scalar_type() == torch::kDouble;
+  const double tolerance = float64 ? 1e-9 : 1e-4;
+  std::printf("largest loss difference to the unsharded module over %d steps: %.3g (tolerance %.0g)\n", a.steps,
+              worst, tolerance);
+  const bool generated = a.generate == 0 || same_generation(a, want.generation, sharded.generation, tolerance);
+  return worst <= tolerance && generated ? 0 : 1;
+}
+
+// The verification --verify asks for, passed to parallelize_script; exits 1
+// when it fails. Each process verifies (on threads of its own): its ranks
+// need the result.
+shardplan::ScriptOptions verified(const Args& a, const torch::jit::Module& model, const shardplan::Plan& plan,
+                                  const torch::Tensor& probe) {
+  shardplan::ScriptOptions options;
+  if (!a.verify) return options;
+  const auto where = shardplan::examples::placement_of(a.ranks);
+  auto v = std::make_shared<shardplan::ScriptVerification>(
+      shardplan::verify_script(model, plan, where.world_size, {probe}));
+  if (where.holds_rank0 || !v->passed()) std::printf("verify:\n%s\n", v->str().c_str());
+  if (!v->passed()) std::exit(1);
+  options.verified = v;
+  return options;
+}
+
+// Shards `model` on every rank of this process and trains it; rank 0's run,
+// or nothing in a process without rank 0.
+std::optional<Run> run_sharded(const Args& a, const torch::jit::Module& model, const shardplan::Plan& plan,
+                               const std::vector<Batch>& data, int64_t context) {
+  const shardplan::ScriptOptions options = verified(a, model, plan, data.front().input);
+  std::optional<Run> lead;
+  std::mutex mu;
+  shardplan::examples::run_ranks(a.ranks, [&](shardplan::World& world, int) {
+    shardplan::ScriptParallel sp = shardplan::parallelize_script(model, plan, world, options);
+    if (world.rank() == 0) std::printf("%s", sp.report.table().c_str());
+    Run mine = train_and_generate(*sp.module, data, a, context, &world.comm());
+    std::lock_guard<std::mutex> lock(mu);
+    if (world.rank() == 0) lead = std::move(mine);
+  });
+  return lead;
 }
 
 }  // namespace
@@ -109,41 +229,13 @@ int main(int argc, char** argv) {
     const shardplan::Plan plan = shardplan::load_plan(a.plan);
     const int64_t context = model.hasattr("context") ? model.attr("context").toInt() : 64;
     const auto data = batches(a, context);
-    const bool float64 = model.parameters().begin().operator*().scalar_type() == torch::kDouble;
-    shardplan::ScriptOptions options;
-    if (a.verify) {
-      auto v = std::make_shared<shardplan::ScriptVerification>(
-          shardplan::verify_script(model, plan, a.ranks, {data.front().input}));
-      std::printf("verify:\n%s\n", v->str().c_str());
-      if (!v->passed()) return 1;
-      options.verified = v;
-    }
-    std::vector<double> losses;
-    std::mutex mu;
-    shardplan::run_ranks_in_threads(a.ranks, [&](shardplan::World& world) {
-      shardplan::ScriptParallel sp = shardplan::parallelize_script(model, plan, world, options);
-      if (world.rank() == 0) std::printf("%s", sp.report.table().c_str());
-      auto mine = train(*sp.module, data, a.lr);
-      std::lock_guard<std::mutex> lock(mu);
-      if (world.rank() == 0) losses = mine;
-    });
-    for (size_t s = 0; s < losses.size(); ++s) std::printf("step %3zu  loss %.10f\n", s + 1, losses[s]);
-    if (!a.compare) return 0;
-    torch::jit::Module unsharded;
-    {
-      torch::NoGradGuard no_grad;  // else the clone's parameters are not leaves
-      unsharded = model.clone();
-    }
-    // A tensor cloned under the guard does not require grad: as the original.
-    auto originals = model.named_parameters().begin();
-    for (const auto& p : unsharded.named_parameters()) p.value.requires_grad_((*originals++).value.requires_grad());
-    const auto want = train(unsharded, data, a.lr);
-    double worst = 0;
-    for (size_t s = 0; s < want.size(); ++s) worst = std::max(worst, std::abs(want[s] - losses[s]));
-    const double tolerance = float64 ? 1e-9 : 1e-4;
-    std::printf("largest loss difference to the unsharded module over %d steps: %.3g (tolerance %.0g)\n", a.steps,
-                worst, tolerance);
-    return worst <= tolerance ? 0 : 1;
+    const std::optional<Run> run = run_sharded(a, model, plan, data, context);
+    if (!run) return 0;
+    for (size_t s = 0; s < run->losses.size(); ++s) std::printf("step %3zu  loss %.10f\n", s + 1, run->losses[s]);
+    if (a.generate > 0)
+      std::printf("generated %d bytes: \"%s|%s\"\n", a.generate, printable(a.prompt).c_str(),
+                  printable(run->generation.text).c_str());
+    return a.compare ? compare(model, data, a, context, *run) : 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_script: %s\n", e.what());
     return 1;

@@ -1,16 +1,41 @@
-# examples/train_script on the GPT examples/export_script_gpt.py scripts with
-# Debian's python3-torch (skipped, 77, without it): 5 Adam steps head-parallel
-# at 2 and 4 thread ranks in float64, every loss within 1e-9 of the
-# unsharded module's on the same batches.
+# examples/train_script on the models examples/export_script_gpt.py and
+# export_script_llama.py script with Debian's python3-torch (skipped, 77,
+# without it), exported in float64: 5 Adam steps sharded by the example's
+# plan with --compare, every loss within 1e-9 of the unsharded module's on
+# the same batches and, with --generate, the same greedy text. Ranks are
+# threads (--ranks) or gloo processes under the launcher.
 find_program(SHARDPLAN_SCRIPT_PYTHON3 python3 PATHS /usr/bin NO_DEFAULT_PATH)
+
+# The test `name`: exports with `exporter` into the build tree, then runs
+# ARGN (train_script, or the launcher and train_script) with --model, --plan
+# `plan` and the common options appended.
+function(shardplan_script_example name exporter plan)
+  add_test(NAME ${name} COMMAND sh -c
+    "\"$1\" \"$2\" \"$3\" --double || exit $?; model=$3; shift 3; exec \"$@\" --model \"$model\""
+    sh ${SHARDPLAN_SCRIPT_PYTHON3} ${PROJECT_SOURCE_DIR}/examples/${exporter} ${CMAKE_CURRENT_BINARY_DIR}/${name}.pt
+    ${ARGN} --plan ${PROJECT_SOURCE_DIR}/examples/${plan} --steps 5 --compare)
+  set_tests_properties(${name} PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
+endfunction()
+
 if(TARGET train_script AND SHARDPLAN_SCRIPT_PYTHON3)
+  set(_train_script $<TARGET_FILE:train_script>)
+  set(_gloo $<TARGET_FILE:shardplan_cli> launch --backend gloo -n)
+  shardplan_script_example(e2e_train_script_2 export_script_gpt.py script_gpt.yaml
+    ${_train_script} --ranks 2 --verify --generate 20)
+  shardplan_script_example(e2e_train_script_4 export_script_gpt.py script_gpt.yaml
+    ${_train_script} --ranks 4 --verify)
   foreach(ranks 2 4)
-    add_test(NAME e2e_train_script_${ranks} COMMAND sh -c
-      "\"$1\" \"$2\" \"$3/script_gpt_${ranks}.pt\" --double || exit $?; \"$4\" --model \"$3/script_gpt_${ranks}.pt\" --plan \"$5\" --ranks ${ranks} --steps 5 --verify --compare"
-      sh ${SHARDPLAN_SCRIPT_PYTHON3} ${PROJECT_SOURCE_DIR}/examples/export_script_gpt.py ${CMAKE_CURRENT_BINARY_DIR}
-      $<TARGET_FILE:train_script> ${PROJECT_SOURCE_DIR}/examples/script_gpt.yaml)
-    set_tests_properties(e2e_train_script_${ranks} PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77)
+    shardplan_script_example(e2e_train_script_llama_${ranks} export_script_llama.py script_llama.yaml
+      ${_train_script} --ranks ${ranks} --generate 50)
   endforeach()
+  if(TARGET shardplan_cli)
+    shardplan_script_example(e2e_train_script_gloo_2 export_script_gpt.py script_gpt.yaml
+      ${_gloo} 2 -- ${_train_script} --generate 20)
+    shardplan_script_example(e2e_train_script_gloo_4 export_script_gpt.py script_gpt.yaml
+      ${_gloo} 4 -- ${_train_script})
+    shardplan_script_example(e2e_train_script_llama_gloo_2 export_script_llama.py script_llama.yaml
+      ${_gloo} 2 -- ${_train_script} --generate 50)
+  endif()
 endif()
 
 # `shardplan plan check --script ... --probe ...` on the traced GPT twins:
