@@ -6,9 +6,11 @@
 // is inlined and its aten::linear / aten::embedding nodes that read a planned
 // weight get the conjugate communication ops (shardplan::copy_to, ...,
 // TorchScript custom operators calling mappings.h); the plan's `divide` key
-// divides integer attributes such as a head count.
+// divides integer attributes such as a head count; an aten::cross_entropy_loss
+// that logits left sharded reach becomes the vocab-parallel one.
 #include <ATen/core/Tensor.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -25,6 +27,7 @@ struct Module;
 
 namespace shardplan {
 
+class Communicator;
 class World;
 
 // One output of a verify run (a tensor of forward's result; tuples, lists and
@@ -70,6 +73,14 @@ struct ScriptOptions {
 struct ScriptParallel {
   std::shared_ptr<torch::jit::Module> module;
   ParallelReport report;
+  // This rank's group of each mesh axis: what a caller needs to compute a
+  // loss from outputs left sharded (output: sharded), e.g. Megatron's
+  // vocab_parallel_cross_entropy (shardplan/nn/cross_entropy.h) on logits.
+  std::map<std::string, std::shared_ptr<Communicator>> groups;
+  // The group of the axis that splits parameter `path` (the LM head's
+  // weight: the group its vocabulary is split over). Throws naming the
+  // path when the module has no such parameter or the plan does not split it.
+  Communicator& group_of(const std::string& path) const;
 };
 
 // This rank's clone of `module` sharded by `plan`. Collective over `world`

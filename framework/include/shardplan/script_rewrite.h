@@ -74,6 +74,13 @@ class ScriptGraphEdit {
   // concatenated along `dim`; returns the new value.
   virtual torch::jit::Value* reduce_after(torch::jit::Value* v) = 0;
   virtual torch::jit::Value* gather_after(torch::jit::Value* v, int64_t dim) = 0;
+  // `v` leaves the rewrite split along its last dim over the group (a
+  // column-parallel output left sharded): its classes, where it is logits.
+  // Torch's cross-entropy on such a slice is silently wrong, so each
+  // aten::cross_entropy_loss `v` reaches (directly or through view, reshape,
+  // flatten, contiguous or to that keep the last dim) becomes the
+  // vocab-parallel one, and one reached through another op is refused.
+  virtual void output_sharded(torch::jit::Value* v) = 0;
   // The group's id, for shardplan:: operators that take one ("int group").
   virtual int64_t group() const = 0;
   virtual int64_t parts() const = 0;  // the axis' size

@@ -14,6 +14,7 @@
 
 #include "script_decide.h"
 #include "script_internal.h"
+#include "shardplan/communicator.h"
 #include "shardplan/error.h"
 #include "shardplan/shard.h"
 #include "shardplan/world.h"
@@ -221,9 +222,12 @@ ScriptParallel parallelize(const Module& module, const Plan& plan, World& world,
   refuse_layer_only_keys(plan);
   const Mesh mesh = plan.resolve_mesh(world.size());
   // Groups first and outside the lock: making one is collective.
+  ScriptParallel out;
   std::map<std::string, int64_t> group_ids;
-  for (const auto& axis : mesh.axes())
-    group_ids[axis.first] = script_detail::register_group(world.group(mesh, axis.first));
+  for (const auto& axis : mesh.axes()) {
+    out.groups[axis.first] = world.group(mesh, axis.first);
+    group_ids[axis.first] = script_detail::register_group(out.groups[axis.first]);
+  }
   std::lock_guard<std::mutex> lock(script_detail::jit_mutex());
   Module clone = clone_unrun(module);
   std::vector<ParamInfo> infos;
@@ -243,7 +247,7 @@ ScriptParallel parallelize(const Module& module, const Plan& plan, World& world,
   script_detail::rewrite(d, group_ids, mesh, world.rank());
   for (const auto& g : graphs) g->lint();
 
-  ScriptParallel out{std::make_shared<Module>(clone), {}};
+  out.module = std::make_shared<Module>(clone);
   out.report.mesh = mesh;
   out.report.rank = world.rank();
   out.report.world_size = world.size();
@@ -254,6 +258,17 @@ ScriptParallel parallelize(const Module& module, const Plan& plan, World& world,
 }
 
 }  // namespace
+
+Communicator& ScriptParallel::group_of(const std::string& path) const {
+  for (const ReportRow& row : report.rows)
+    if (row.path == path) {
+      if (row.splits.empty())
+        throw Error("ScriptParallel::group_of: parameter '" + path + "' is not split by the plan (" + row.layout +
+                    "), so no axis group holds its pieces");
+      return *groups.at(row.splits.front().axis);
+    }
+  throw Error("ScriptParallel::group_of: the module has no parameter '" + path + "'");
+}
 
 ScriptParallel parallelize_script(const Module& module, const Plan& plan, World& world, const ScriptOptions& options) {
   return parallelize(module, plan, world, options, false);

@@ -56,7 +56,10 @@ void linear_apply(const ScriptRead& r, const ScriptCut& cut, ScriptGraphEdit& e)
   Node* n = r.node;
   if (cut.dim == 0) {
     n->replaceInput(0, e.copy_to(n->input(0)));
-    if (output_option_gathered(r.rule)) e.gather_after(n->output(), -1);
+    if (output_option_gathered(r.rule))
+      e.gather_after(n->output(), -1);
+    else
+      e.output_sharded(n->output());
     return;
   }
   if (!input_option_sharded(r.rule)) n->replaceInput(0, e.scatter_to(n->input(0), -1));

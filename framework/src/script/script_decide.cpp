@@ -29,12 +29,6 @@ std::string rule_at(const Param& p) {
   return " (no rule: it follows the parameter it is cut with)";
 }
 
-[[noreturn]] void fail(const Param& p, const std::string& what) {
-  for (const Assignment* a : p.assignments)
-    if (a->rule) throw PlanError(a->rule->loc, "parameter '" + p.paths.front() + "': " + what);
-  throw Error("parameter '" + p.paths.front() + "': " + what);
-}
-
 const Assignment& assignment_of(const Param& p, const std::string& path) {
   for (size_t i = 0; i < p.paths.size(); ++i)
     if (p.paths[i] == path) return *p.assignments[i];
@@ -162,6 +156,12 @@ void check_split_sizes(Param& p, const Mesh& mesh, int rank) {
 }
 
 }  // namespace
+
+void fail(const Param& p, const std::string& what) {
+  for (const Assignment* a : p.assignments)
+    if (a->rule) throw PlanError(a->rule->loc, "parameter '" + p.paths.front() + "': " + what);
+  throw Error("parameter '" + p.paths.front() + "': " + what);
+}
 
 void decide(Decisions& d, const std::vector<std::shared_ptr<torch::jit::Graph>>& graphs, const Mesh& mesh, int rank) {
   collect_uses(d, graphs);

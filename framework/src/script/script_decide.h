@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardplan/mesh.h"
@@ -60,10 +61,28 @@ struct Decisions {
 void decide(Decisions& d, const std::vector<std::shared_ptr<torch::jit::Graph>>& graphs, const Mesh& mesh,
             int rank);
 
+// Throws "parameter '<path>': <what>", a PlanError at its rule when it has one.
+[[noreturn]] void fail(const Param& p, const std::string& what);
+
+// A value an action's rewrite left split along its last dim
+// (ScriptGraphEdit::output_sharded), on the group with register_group id `group`.
+struct ShardedOutput {
+  torch::jit::Value* value;
+  const Action* action;
+  int64_t group;
+};
+
+// script_loss.cpp: each aten::cross_entropy_loss a sharded output reaches
+// through ops that keep its last dim becomes shardplan::vocab_cross_entropy;
+// one it reaches through any other op is refused (fail). Returns what to add
+// to the notes of the parameters whose outputs did (by Param).
+std::vector<std::pair<const Param*, std::string>> vocab_parallel_losses(const std::vector<ShardedOutput>& outputs);
+
 // script_rewrite.cpp: the actions applied to the graphs (`group_ids`: mesh
 // axis -> register_group id; `mesh` and `rank` give each its coordinate),
+// then the losses they reach made vocab-parallel (their notes added to d),
 // and one report row per parameter path.
-void rewrite(const Decisions& d, const std::map<std::string, int64_t>& group_ids, const Mesh& mesh, int rank);
+void rewrite(Decisions& d, const std::map<std::string, int64_t>& group_ids, const Mesh& mesh, int rank);
 void fill_report(ParallelReport& report, const torch::jit::Module& clone, const Decisions& d);
 
 }  // namespace shardplan::script_detail

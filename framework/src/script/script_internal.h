@@ -24,6 +24,8 @@ inline const torch::jit::Symbol kReduceFrom = torch::jit::Symbol::fromQualString
 inline const torch::jit::Symbol kGatherFrom = torch::jit::Symbol::fromQualString("shardplan::gather_from");
 inline const torch::jit::Symbol kScatterTo = torch::jit::Symbol::fromQualString("shardplan::scatter_to");
 inline const torch::jit::Symbol kVocabEmbedding = torch::jit::Symbol::fromQualString("shardplan::vocab_embedding");
+inline const torch::jit::Symbol kVocabCrossEntropy =
+    torch::jit::Symbol::fromQualString("shardplan::vocab_cross_entropy");
 
 // Graphs carry integers, not communicators: the id under which `group` is
 // found while it lives (the World owns it; an op run after that throws).

@@ -39,6 +39,13 @@ std::optional<std::pair<Node*, size_t>> bias_add(Node* product) {
   return std::make_pair(uses.front().user, size_t{1} - uses.front().offset);
 }
 
+// The product's value left sharded: the `+ b` right after a matmul, whose
+// bias is cut with W, when there is one.
+Value* sharded_sum(Node* product) {
+  auto add = bias_add(product);
+  return product->kind() == aten::matmul && add ? add->first->output() : product->output();
+}
+
 bool is_one(Value* v) {
   auto iv = torch::jit::toIValue(v);
   return iv && ((iv->isInt() && iv->toInt() == 1) || (iv->isDouble() && iv->toDouble() == 1.0));
@@ -80,7 +87,10 @@ void t_apply(const ScriptRead& r, const ScriptCut& cut, ScriptGraphEdit& e) {
   auto& g = e.graph();
   if (cut.dim == 0) {
     product->replaceInput(x, e.copy_to(product->input(x)));
-    if (output_option_gathered(r.rule)) e.gather_after(product->output(), -1);
+    if (output_option_gathered(r.rule))
+      e.gather_after(product->output(), -1);
+    else
+      e.output_sharded(sharded_sum(product));
     return;
   }
   if (!input_option_sharded(r.rule)) product->replaceInput(x, e.scatter_to(product->input(x), -1));

@@ -1,5 +1,6 @@
 // The communication of sharded TorchScript graphs as custom operators: one
-// schema per conjugate pair of mappings.h, registered once, here, for every
+// schema per conjugate pair of mappings.h and the vocab-parallel
+// cross-entropy of nn/cross_entropy.h, registered once, here, for every
 // graph of the process (a plugin registering them too would abort at load).
 // The kernels are catch-all, so autograd sees what mappings.h records.
 #include <ATen/ATen.h>
@@ -11,6 +12,7 @@
 #include "script_internal.h"
 #include "shardplan/error.h"
 #include "shardplan/mappings.h"
+#include "shardplan/nn/cross_entropy.h"
 
 namespace shardplan::script_detail {
 
@@ -60,6 +62,28 @@ at::Tensor vocab_embedding(const at::Tensor& weight, const at::Tensor& ids, int6
   return reduce_from_group(y, *group_of(group));
 }
 
+// aten::cross_entropy_loss of logits whose classes are split over the group
+// (a column-parallel output left sharded): Megatron's vocab-parallel loss,
+// whose backward gives each rank the gradient of its slice. The sharded dim
+// is the logits' last, so it must be the class dim: [N, C/n] or [C/n].
+at::Tensor vocab_cross_entropy(const at::Tensor& logits, const at::Tensor& target,
+                               const c10::optional<at::Tensor>& weight, int64_t reduction, int64_t ignore_index,
+                               double label_smoothing, int64_t group) {
+  if (logits.dim() > 2)
+    throw Error("shardplan::vocab_cross_entropy: the logits' classes are split along their last dim, but "
+                "cross_entropy reads classes from dim 1 of these " + std::to_string(logits.dim()) +
+                "-D logits; view them as (-1, logits.size(-1)) before the loss");
+  torch::nn::CrossEntropyLossOptions o;
+  // The full [C] weights: vocab_parallel_cross_entropy reads this rank's range.
+  if (weight && weight->defined()) o.weight(*weight);
+  if (reduction == at::Reduction::None)
+    o.reduction(torch::kNone);
+  else if (reduction == at::Reduction::Sum)
+    o.reduction(torch::kSum);
+  o.ignore_index(ignore_index).label_smoothing(label_smoothing);
+  return vocab_parallel_cross_entropy(logits, target, *group_of(group), o);
+}
+
 }  // namespace
 
 int64_t register_group(const std::shared_ptr<Communicator>& group) {
@@ -86,4 +110,7 @@ TORCH_LIBRARY(shardplan, m) {
   m.def("scatter_to(Tensor x, int group, int dim) -> Tensor", scatter_to);
   m.def("vocab_embedding(Tensor weight, Tensor ids, int padding_idx, int begin, int group) -> Tensor",
         vocab_embedding);
+  m.def("vocab_cross_entropy(Tensor logits, Tensor target, Tensor? weight, int reduction, int ignore_index, "
+        "float label_smoothing, int group) -> Tensor",
+        vocab_cross_entropy);
 }

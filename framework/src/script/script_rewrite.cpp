@@ -33,13 +33,15 @@ Value* after(Graph& g, Value* v, torch::jit::Symbol op, std::vector<torch::jit::
 
 class Edit : public ScriptGraphEdit {
  public:
-  Edit(Graph& g, int64_t group, int64_t parts, int64_t index, Made& made)
-      : g_(g), group_(group), parts_(parts), index_(index), made_(made) {}
+  Edit(const Action& a, int64_t group, int64_t parts, int64_t index, Made& made, std::vector<ShardedOutput>& sharded)
+      : g_(*a.read.node->owningGraph()), a_(a), group_(group), parts_(parts), index_(index), made_(made),
+        sharded_(sharded) {}
   Graph& graph() override { return g_; }
   Value* copy_to(Value* x) override { return once(x, kCopyTo, {x, group_}); }
   Value* scatter_to(Value* x, int64_t dim) override { return once(x, kScatterTo, {x, group_, dim}); }
   Value* reduce_after(Value* v) override { return after(g_, v, kReduceFrom, {v, group_}); }
   Value* gather_after(Value* v, int64_t dim) override { return after(g_, v, kGatherFrom, {v, group_, dim}); }
+  void output_sharded(Value* v) override { sharded_.push_back({v, &a_, group_}); }
   int64_t group() const override { return group_; }
   int64_t parts() const override { return parts_; }
   int64_t index() const override { return index_; }
@@ -52,8 +54,10 @@ class Edit : public ScriptGraphEdit {
     return made_[key] = insert_after_def(g_, x, op, std::move(args));
   }
   Graph& g_;
+  const Action& a_;
   int64_t group_, parts_, index_;
   Made& made_;
+  std::vector<ShardedOutput>& sharded_;
 };
 
 // Code reading a parameter's size means the model's size (F.embedding checks
@@ -93,18 +97,22 @@ std::string type_of_owner(const torch::jit::Module& clone, const std::string& pa
 
 }  // namespace
 
-void rewrite(const Decisions& d, const std::map<std::string, int64_t>& group_ids, const Mesh& mesh, int rank) {
+void rewrite(Decisions& d, const std::map<std::string, int64_t>& group_ids, const Mesh& mesh, int rank) {
   // Sizes first: a rewrite may destroy the nodes the uses still name.
   for (const Param& p : d.params)
     if (p.split) global_sizes(p);
   Made made;
+  std::vector<ShardedOutput> sharded;
   for (bool destroying : {false, true})
     for (const Action& a : d.actions) {
       if (a.rewrite->destroys_node != destroying) continue;
       const std::string& axis = a.param->axis;
-      Edit edit(*a.read.node->owningGraph(), group_ids.at(axis), mesh.axis_size(axis), mesh.coord(rank, axis), made);
+      Edit edit(a, group_ids.at(axis), mesh.axis_size(axis), mesh.coord(rank, axis), made, sharded);
       a.rewrite->apply(a.read, a.cut, edit);
     }
+  // After every edit: the reductions and gathers inserted are where a
+  // sharded output stops being one.
+  for (const auto& [param, note] : vocab_parallel_losses(sharded)) d.params[param - d.params.data()].note += note;
 }
 
 void fill_report(ParallelReport& report, const torch::jit::Module& clone, const Decisions& d) {
