@@ -186,6 +186,50 @@ class ScaledMLP(nn.Module):
         return self.fc2(torch.tanh(self.fc1(x)) * self.scale)
 
 
+class LossLM(GPT):
+    """GPT whose forward takes the targets and returns the loss: the LM
+    head's logits (vocab-split when planned `output: sharded`) reach
+    F.cross_entropy as (-1, vocab) through view(-1, logits.size(-1))."""
+
+    def forward(self, idx, targets):
+        x = self.tok_emb(idx) + self.pos_emb[: idx.size(1)]
+        for blk in self.blocks:
+            x = blk(x)
+        return self.loss(self.head(self.ln_f(x)), targets)
+
+    def loss(self, logits, targets):
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+class LossLMSmooth(LossLM):
+    """Through view(B * T, C) of `B, T, C = logits.size()`, ignoring class 0,
+    label smoothing 0.1."""
+
+    def loss(self, logits, targets):
+        B, T_, C = logits.size()
+        return F.cross_entropy(logits.view(B * T_, C), targets.view(-1), ignore_index=0, label_smoothing=0.1)
+
+
+class LossLMWeighted(LossLM):
+    """Class weights (a buffer of the full vocabulary), through flatten(0, -2)
+    and contiguous."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("class_weight", torch.rand(V, dtype=torch.float64) + 0.5)
+
+    def loss(self, logits, targets):
+        return F.cross_entropy(logits.flatten(0, -2).contiguous(), targets.view(-1), weight=self.class_weight)
+
+
+class LossLMTransposed(LossLM):
+    """The logits reach the loss through a transpose (classes on dim 1, as
+    torch reads them): the rewrite cannot follow that, and refuses."""
+
+    def loss(self, logits, targets):
+        return F.cross_entropy(logits.transpose(1, 2), targets)
+
+
 def perturb_norms(model):
     # LayerNorms start at ones/zeros; perturbed, their gradients check more.
     with torch.no_grad():
@@ -211,6 +255,11 @@ def main(out):
     save(perturb_norms(Tied().double()), "tied.pt")
     save(MatmulMLP().double(), "matmul_mlp.pt")
     save(ScaledMLP().double(), "scaled_mlp.pt")
+    # The loss in the graph (test_script_loss.cpp); before the
+    # constants below, which would inline their head counts.
+    for cls, name in ((LossLM, "lm_loss.pt"), (LossLMSmooth, "lm_loss_smooth.pt"),
+                      (LossLMWeighted, "lm_loss_weighted.pt"), (LossLMTransposed, "lm_loss_transposed.pt")):
+        save(perturb_norms(cls().double()), name)
     for cls in (AttnSep, AttnFused):   # head count inlined into the graph
         cls.__constants__ = ["n_head", "head_dim"]
     save(gpt, "gpt_const.pt")

@@ -1,5 +1,5 @@
 #pragma once
-// What the TorchScript tests share (test_script.cpp, test_script_verify.cpp):
+// What the TorchScript tests share (test_script*.cpp):
 // the models of tests/script/make_models.py, generated once, and a module
 // trained sharded on thread ranks against itself unsharded.
 #include <gtest/gtest.h>
@@ -111,13 +111,24 @@ inline torch::Tensor loss_of(const torch::Tensor& y) {
   return (y * w).sum();
 }
 
-inline Trace train(torch::jit::Module& m, const std::vector<torch::Tensor>& inputs, bool adam) {
+// Each step's forward arguments (a module whose forward takes one tensor
+// gets one per step).
+using Steps = std::vector<std::vector<torch::Tensor>>;
+
+inline Steps one_per_step(const std::vector<torch::Tensor>& inputs) {
+  Steps out;
+  for (const auto& x : inputs) out.push_back({x});
+  return out;
+}
+
+// `loss_out`: the output is the loss (the module computes it), backwarded as is.
+inline Trace train(torch::jit::Module& m, const Steps& inputs, bool adam, bool loss_out = false) {
   Trace t;
   auto opt = optimizer(m, adam);
   for (size_t s = 0; s < inputs.size(); ++s) {
     opt->zero_grad();
-    torch::Tensor y = m.forward({inputs[s]}).toTensor();
-    loss_of(y).backward();
+    torch::Tensor y = m.forward(std::vector<c10::IValue>(inputs[s].begin(), inputs[s].end())).toTensor();
+    (loss_out ? y : loss_of(y)).backward();
     t.outputs.push_back(y.detach().clone());
     if (s == 0)
       for (const auto& p : m.named_parameters()) t.grads[p.name] = p.value.grad().detach().clone();
@@ -142,12 +153,13 @@ struct Parity {
   std::vector<ParallelReport> reports;
 };
 
-// The module sharded on `ranks` thread ranks against itself unsharded.
-inline Parity parity(const std::string& file, const std::string& plan_yaml, int ranks,
-                     const std::vector<torch::Tensor>& inputs, bool adam, const ScriptOptions& options = {}) {
+// The module sharded on `ranks` thread ranks against itself unsharded
+// (`loss_out`: its output is its loss).
+inline Parity parity(const std::string& file, const std::string& plan_yaml, int ranks, const Steps& inputs, bool adam,
+                     const ScriptOptions& options = {}, bool loss_out = false) {
   const std::string dir = models_dir();
   torch::jit::Module reference = load(dir, file);
-  const Trace want = train(reference, inputs, adam);
+  const Trace want = train(reference, inputs, adam, loss_out);
   const torch::jit::Module original = load(dir, file);
   const Plan plan = parse_plan(plan_yaml, file + ".yaml");
   Parity out;
@@ -155,7 +167,7 @@ inline Parity parity(const std::string& file, const std::string& plan_yaml, int 
   std::mutex mu;
   run_ranks_in_threads(ranks, [&](World& world) {
     ScriptParallel sp = parallelize_script(original, plan, world, options);
-    Trace got = train(*sp.module, inputs, adam);
+    Trace got = train(*sp.module, inputs, adam, loss_out);
     StateMap want_grads;  // this rank's pieces of the whole gradients
     for (const auto& kv : relocate_state_dict(StateDict(want.grads.begin(), want.grads.end()), sp.report))
       want_grads[kv.first] = kv.second;
@@ -172,6 +184,11 @@ inline Parity parity(const std::string& file, const std::string& plan_yaml, int 
     out.reports[world.rank()] = sp.report;
   });
   return out;
+}
+
+inline Parity parity(const std::string& file, const std::string& plan_yaml, int ranks,
+                     const std::vector<torch::Tensor>& inputs, bool adam, const ScriptOptions& options = {}) {
+  return parity(file, plan_yaml, ranks, one_per_step(inputs), adam, options);
 }
 
 inline std::vector<torch::Tensor> float_inputs(std::vector<int64_t> shape, int steps) {
