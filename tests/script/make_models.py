@@ -230,6 +230,110 @@ class LossLMTransposed(LossLM):
         return F.cross_entropy(logits.transpose(1, 2), targets)
 
 
+# A Llama-family decoder with Hugging Face's parameter names
+# (model.layers.N.self_attn.q_proj.weight, ...): RMSNorm, rotary positions
+# from cos/sin buffers, grouped-query attention (8 query heads share 4
+# key/value heads: both counts are attributes a plan divides, and each rank
+# must keep the query heads of its key/value heads) and a SwiGLU MLP. No
+# biases, as in Llama. head_dim 4: rotary positions rotate pairs.
+LV, LH, LKV, LD, LI, LT = 48, 8, 4, 4, 32, 16   # vocab, heads, kv heads, head_dim, MLP width, positions
+
+
+class LlamaRMSNorm(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(dim))   # not ones: its gradient checks more
+        self.variance_epsilon = 1e-6
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon) * self.weight
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.num_heads, self.num_key_value_heads, self.head_dim = LH, LKV, LD
+        self.q_proj = nn.Linear(LH * LD, LH * LD, bias=False)
+        self.k_proj = nn.Linear(LH * LD, LKV * LD, bias=False)
+        self.v_proj = nn.Linear(LH * LD, LKV * LD, bias=False)
+        self.o_proj = nn.Linear(LH * LD, LH * LD, bias=False)
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, LD, 2, dtype=torch.float64) / LD))
+        freqs = torch.outer(torch.arange(LT, dtype=torch.float64), inv_freq)
+        self.register_buffer("cos_cached", torch.cat((freqs, freqs), -1).cos())
+        self.register_buffer("sin_cached", torch.cat((freqs, freqs), -1).sin())
+        self.register_buffer("mask", torch.tril(torch.ones(LT, LT)))
+
+    def split(self, t, B: int, T: int, heads: int):
+        return t.view(B, T, heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, x):
+        B, T, _ = x.size()
+        q = self.split(self.q_proj(x), B, T, self.num_heads)
+        k = self.split(self.k_proj(x), B, T, self.num_key_value_heads)
+        v = self.split(self.v_proj(x), B, T, self.num_key_value_heads)
+        cos, sin = self.cos_cached[:T], self.sin_cached[:T]
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        # Query head h reads key/value head h // n_rep (Hugging Face's repeat_kv).
+        n_rep = self.num_heads // self.num_key_value_heads
+        k, v = k.repeat_interleave(n_rep, dim=1), v.repeat_interleave(n_rep, dim=1)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
+        att = att.masked_fill(self.mask[:T, :T] == 0, float("-inf")).softmax(-1)
+        return self.o_proj((att @ v).transpose(1, 2).contiguous().view(B, T, self.num_heads * self.head_dim))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gate_proj = nn.Linear(LH * LD, LI, bias=False)
+        self.up_proj = nn.Linear(LH * LD, LI, bias=False)
+        self.down_proj = nn.Linear(LI, LH * LD, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.input_layernorm = LlamaRMSNorm(LH * LD)
+        self.self_attn = LlamaAttention()
+        self.post_attention_layernorm = LlamaRMSNorm(LH * LD)
+        self.mlp = LlamaMLP()
+
+    def forward(self, x):
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(LV, LH * LD)
+        self.layers = nn.ModuleList([LlamaDecoderLayer() for _ in range(2)])
+        self.norm = LlamaRMSNorm(LH * LD)
+
+    def forward(self, idx):
+        x = self.embed_tokens(idx)
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = LlamaModel()
+        self.lm_head = nn.Linear(LH * LD, LV, bias=False)
+
+    def forward(self, idx):
+        return self.lm_head(self.model(idx))
+
+
 def perturb_norms(model):
     # LayerNorms start at ones/zeros; perturbed, their gradients check more.
     with torch.no_grad():
@@ -260,6 +364,13 @@ def main(out):
     for cls, name in ((LossLM, "lm_loss.pt"), (LossLMSmooth, "lm_loss_smooth.pt"),
                       (LossLMWeighted, "lm_loss_weighted.pt"), (LossLMTransposed, "lm_loss_transposed.pt")):
         save(perturb_norms(cls().double()), name)
+    # Llama (tests/test_script_llama.cpp), and Python's own output on a probe
+    # (a tuple: ids, logits) for the C++ runs to match.
+    llama = LlamaForCausalLM().double()
+    save(llama, "llama.pt")
+    probe = torch.randint(LV, (3, 6))
+    with torch.no_grad():
+        torch.save((probe, llama(probe)), os.path.join(out, "llama_io.pt"))
     for cls in (AttnSep, AttnFused):   # head count inlined into the graph
         cls.__constants__ = ["n_head", "head_dim"]
     save(gpt, "gpt_const.pt")

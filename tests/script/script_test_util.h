@@ -76,6 +76,17 @@ inline torch::jit::Module load(const std::string& dir, const std::string& name) 
   return torch::jit::load(dir + "/" + name);
 }
 
+// The tensors of a file torch.save wrote: one tensor, or a tuple or list of them.
+inline std::vector<torch::Tensor> load_saved_tensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const c10::IValue v = torch::pickle_load(bytes);
+  if (v.isTensor()) return {v.toTensor()};
+  std::vector<torch::Tensor> out;
+  for (const auto& e : v.isTuple() ? v.toTupleRef().elements().vec() : v.toListRef().vec()) out.push_back(e.toTensor());
+  return out;
+}
+
 inline std::vector<torch::Tensor> params_of(const torch::jit::Module& m) {
   std::vector<torch::Tensor> out;
   for (const auto& p : m.parameters()) {
