@@ -2,7 +2,10 @@
 """Exports a GPT-style byte-level language model as TorchScript, for
 examples/train_script.cpp (docs/TORCHSCRIPT.md).
 
-  export_script_gpt.py OUT.pt [--double]
+  export_script_gpt.py OUT.pt [--double] [--embed E] [--heads H] [--context T] [--layers L]
+
+The sizes default to the model below (embed 64, 4 heads, context 32, 2
+layers; the MLP is 4 x embed wide); benchmarks/script sets them.
 
 Pre-LN blocks with separate q/k/v projections; the head count is the
 attribute `n_head`, which the plan's `divide:` halves at 2 ranks
@@ -75,6 +78,20 @@ class GPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
+def set_sizes(argv):
+    """Overrides the module-level sizes from --embed/--heads/--context/--layers."""
+    global EMBED, HEADS, CONTEXT, LAYERS
+    sizes = {"--embed": EMBED, "--heads": HEADS, "--context": CONTEXT, "--layers": LAYERS}
+    for i, arg in enumerate(argv):
+        if arg in sizes:
+            if i + 1 >= len(argv) or not argv[i + 1].isdigit() or int(argv[i + 1]) < 1:
+                sys.exit("%s takes a positive integer" % arg)
+            sizes[arg] = int(argv[i + 1])
+    EMBED, HEADS, CONTEXT, LAYERS = sizes["--embed"], sizes["--heads"], sizes["--context"], sizes["--layers"]
+    if EMBED % HEADS:
+        sys.exit("--embed %d is not divisible by --heads %d" % (EMBED, HEADS))
+
+
 def export(make_model, argv, usage):
     """The command line every export_script_*.py takes: OUT.pt [--double],
     the model made from seed 0 (examples/export_script_llama.py uses it)."""
@@ -88,4 +105,5 @@ def export(make_model, argv, usage):
 
 
 if __name__ == "__main__":
+    set_sizes(sys.argv)
     export(GPT, sys.argv, __doc__)
