@@ -68,7 +68,7 @@ TEST_P(ScriptVerifyRanks, TracedTwinPassesThenTrainsLikeUnsharded) {
   EXPECT_GT(v->outputs[0].max_abs, 0.1);
   // Adam: SGD at 0.1 on this sum loss grows the parameters to ~900 in three
   // steps, where 1e-10 is below float64 rounding.
-  const Parity p = parity("gpt_traced.pt", kGptPlan, GetParam(), id_inputs(48, 3), true, with(v));
+  const Parity p = parity("gpt_traced.pt", kGptPlan, GetParam(), id_inputs(48, 10), true, with(v));
   expect_parity(p);
   std::string warnings;
   for (const auto& w : p.reports[0].warnings) warnings += w + "\n";

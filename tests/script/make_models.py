@@ -356,7 +356,8 @@ def main(out):
     ids = torch.randint(V, (2, T))
     for heads, name in ((HeadsByDim, "gpt_traced.pt"), (HeadsByCount, "gpt_traced_baked.pt")):
         torch.jit.trace(perturb_norms(GPT(heads).double()), ids).save(os.path.join(out, name))
-    save(perturb_norms(Tied().double()), "tied.pt")
+    tied = perturb_norms(Tied().double())
+    save(tied, "tied.pt")
     save(MatmulMLP().double(), "matmul_mlp.pt")
     save(ScaledMLP().double(), "scaled_mlp.pt")
     # The loss in the graph (test_script_loss.cpp); before the
@@ -371,6 +372,10 @@ def main(out):
     probe = torch.randint(LV, (3, 6))
     with torch.no_grad():
         torch.save((probe, llama(probe)), os.path.join(out, "llama_io.pt"))
+        # The same for the models tests/test_script.cpp shards.
+        for m, x, name in ((mlp, torch.randn(5, 12, dtype=torch.float64), "mlp_io.pt"),
+                           (gpt, torch.randint(V, (3, T)), "gpt_io.pt"), (tied, torch.randint(V, (3, T)), "tied_io.pt")):
+            torch.save((x, m(x)), os.path.join(out, name))
     for cls in (AttnSep, AttnFused):   # head count inlined into the graph
         cls.__constants__ = ["n_head", "head_dim"]
     save(gpt, "gpt_const.pt")
