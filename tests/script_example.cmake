@@ -35,6 +35,8 @@ if(TARGET train_script AND SHARDPLAN_SCRIPT_PYTHON3)
       ${_gloo} 4 -- ${_train_script})
     shardplan_script_example(e2e_train_script_llama_gloo_2 export_script_llama.py script_llama.yaml
       ${_gloo} 2 -- ${_train_script} --generate 50)
+    shardplan_script_example(e2e_train_script_llama_gloo_4 export_script_llama.py script_llama.yaml
+      ${_gloo} 4 -- ${_train_script})
   endif()
 endif()
 
