@@ -27,6 +27,14 @@ rules:
   - {match: 'head\.weight', layout: [model, null]}
 )";
 
+
+const char* kTwoMethodsPlan = R"(
+mesh: {model: auto}
+rules:
+  - {match: 'fc1\.weight', layout: [model, null]}
+  - {match: 'fc2\.weight', layout: [null, model]}
+)";
+
 }  // namespace
 
 class ScriptParity : public ::testing::TestWithParam<int> {};
@@ -88,6 +96,48 @@ TEST(Script, ModuleThatHasRunIsShardedThroughAClone) {
   });
   EXPECT_LT(std::max(diffs[0], diffs[1]), 1e-10);
   EXPECT_EQ(local_rows, (std::vector<int64_t>{24, 24}));
+}
+
+// q, k and v read one input value: one copy_to serves the three (its
+// backward all-reduces their input gradients once), as for the fused qkv.
+TEST(Script, OneCopyToPerInputValue) {
+  REQUIRE_MODELS();
+  const torch::jit::Module original = load(dir, "gpt.pt");
+  const Plan plan = parse_plan(kGptPlan, "gpt.yaml");
+  std::vector<int> copies(2), columns(2);
+  run_ranks_in_threads(2, [&](World& world) {
+    ScriptParallel sp = parallelize_script(original, plan, world);
+    const auto g = sp.module->get_method("forward").graph();
+    for (const torch::jit::Node* n : g->nodes()) {
+      copies[world.rank()] += n->kind().toQualString() == std::string("shardplan::copy_to");
+      columns[world.rank()] += n->kind() == torch::jit::aten::linear;
+    }
+  });
+  // Column-parallel reads: q, k, v, fc1 (block 0), qkv, fc1 (block 1), head;
+  // their inputs: each block's ln1 and ln2 outputs, and ln_f's.
+  EXPECT_EQ(copies, (std::vector<int>{5, 5}));
+  EXPECT_EQ(columns, (std::vector<int>{11, 11})) << "the linears counted are not the model's";
+}
+
+TEST(Script, EveryNamedMethodIsRewritten) {
+  REQUIRE_MODELS();
+  torch::jit::Module original = load(dir, "two_methods.pt");
+  const torch::Tensor x = float_inputs({5, 12}, 1)[0];
+  const torch::Tensor want_forward = original.forward({x}).toTensor().detach();
+  const torch::Tensor want_hidden = original.get_method("hidden")({x}).toTensor().detach();
+  ScriptOptions options;
+  options.methods = {"forward", "hidden"};
+  std::vector<double> diffs(2, 1e300);
+  run_ranks_in_threads(2, [&](World& world) {
+    ScriptParallel sp = parallelize_script(original, parse_plan(kTwoMethodsPlan, "p.yaml"), world, options);
+    const torch::Tensor f = sp.module->forward({x}).toTensor().detach();
+    const torch::Tensor h = sp.module->get_method("hidden")({x}).toTensor().detach();
+    diffs[world.rank()] = h.sizes() == want_hidden.sizes()
+                              ? std::max((f - want_forward).abs().max().item<double>(),
+                                         (h - want_hidden).abs().max().item<double>())
+                              : 1e300;
+  });
+  EXPECT_LT(std::max(diffs[0], diffs[1]), 1e-12);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, ScriptParity, ::testing::Values(2, 4));
@@ -177,6 +227,13 @@ TEST(ScriptErrors, DividePatternMatchesNoModule) {
   REQUIRE_MODELS();
   const std::string e = error_of("gpt.pt", gpt_plan_with("divide: {'blocks\\.\\d+\\.attention': [n_head]}"));
   expect_contains(e, {"matches no module"});
+}
+
+TEST(ScriptErrors, UnnamedMethodReadingASplitParameter) {
+  REQUIRE_MODELS();
+  expect_contains(error_of("two_methods.pt", kTwoMethodsPlan),
+                  {"parameter 'fc1.weight'", "p.yaml:4:", "method 'hidden' reads it (", "linear.py:",
+                   "ScriptOptions::methods"});
 }
 
 TEST(ScriptErrors, FrozenModule) {

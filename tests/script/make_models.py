@@ -334,6 +334,23 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(self.model(idx))
 
 
+class TwoMethods(nn.Module):
+    """A second exported method that reads a planned parameter: it is
+    rewritten when named (ScriptOptions::methods), refused when not."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(12, 32)
+        self.fc2 = nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.fc2(F.relu(self.fc1(x)))
+
+    @torch.jit.export
+    def hidden(self, x):
+        return F.relu(self.fc1(x))
+
+
 def perturb_norms(model):
     # LayerNorms start at ones/zeros; perturbed, their gradients check more.
     with torch.no_grad():
@@ -376,6 +393,7 @@ def main(out):
         for m, x, name in ((mlp, torch.randn(5, 12, dtype=torch.float64), "mlp_io.pt"),
                            (gpt, torch.randint(V, (3, T)), "gpt_io.pt"), (tied, torch.randint(V, (3, T)), "tied_io.pt")):
             torch.save((x, m(x)), os.path.join(out, name))
+    save(TwoMethods().double(), "two_methods.pt")
     for cls in (AttnSep, AttnFused):   # head count inlined into the graph
         cls.__constants__ = ["n_head", "head_dim"]
     save(gpt, "gpt_const.pt")

@@ -55,9 +55,10 @@ struct ScriptVerification {
 };
 
 struct ScriptOptions {
-  // The methods of the root module whose graphs are rewritten. A method not
-  // named here still runs, unsharded, on the shards: name every method that
-  // reads a planned parameter.
+  // The methods of the root module whose graphs are rewritten. Another
+  // method of the root that reads a split parameter would run on the shards
+  // unchanged, so parallelize_script refuses it, naming it: name every
+  // method that reads one.
   std::vector<std::string> methods = {"forward"};
   // A traced module bakes head counts and shapes into constants the rewrite
   // can neither divide nor check, so a `divide` (or a column-parallel output

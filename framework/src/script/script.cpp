@@ -203,6 +203,35 @@ void require_verified(const Plan& plan, int world_size, const Decisions& d, cons
                      " (largest output difference " + c10::str(worst) + ")");
 }
 
+// A method left out of ScriptOptions::methods runs on the shards with its
+// graph unchanged: one that reads a split parameter would compute with this
+// rank's slice as if it were whole, silently. Checked on an inlined copy, so
+// the method itself is left as it is.
+void refuse_unnamed_readers(const Module& clone, const std::vector<std::string>& named, const Decisions& d) {
+  for (const auto& method : clone.get_methods()) {
+    const std::string& name = method.name();
+    if (name.rfind("__", 0) == 0 || std::find(named.begin(), named.end(), name) != named.end()) continue;
+    std::shared_ptr<Graph> g = method.graph()->copy();
+    try {
+      script_detail::inline_calls(*g, name);
+    } catch (const Error&) {
+      // What cannot be inlined is not searched; the reads in the graph still are.
+    }
+    for (Node* n : script_detail::all_nodes(g->block())) {
+      if (n->kind() != torch::jit::prim::GetAttr) continue;
+      const auto path = script_detail::attr_path(n->output(), g->inputs()[0]);
+      const auto it = path ? d.by_path.find(*path) : d.by_path.end();
+      if (it == d.by_path.end() || !d.params[it->second].split) continue;
+      // The read's own source is often lost in inlining; its first user's is the op's line.
+      std::string at = script_detail::where(n);
+      if (at == "<unknown source>" && !n->output()->uses().empty()) at = script_detail::where(n->output()->uses()[0].user);
+      script_detail::fail(d.params[it->second],
+                          "method '" + name + "' reads it (" + at + ") but is not rewritten, so it would run on this "
+                          "rank's shard as if it were whole; name it in ScriptOptions::methods");
+    }
+  }
+}
+
 // What a plan can ask of shardplan::nn layers (their plugins read it) that the
 // graph rewrite does not do: ignoring it would train without it silently.
 void refuse_layer_only_keys(const Plan& plan) {
@@ -237,6 +266,7 @@ ScriptParallel parallelize(const Module& module, const Plan& plan, World& world,
   for (const auto& name : options.methods) graphs.push_back(script_detail::inlined_graph(clone, name));
   Decisions d = inventory(module, match);
   script_detail::decide(d, graphs, mesh, world.rank());
+  refuse_unnamed_readers(clone, options.methods, d);
   std::optional<std::string> traced;
   for (const auto& g : graphs)
     if (!traced) traced = script_detail::traced_at(*g);

@@ -48,19 +48,16 @@ std::optional<std::string> traced_at(torch::jit::Graph& g) {
   return std::nullopt;
 }
 
-std::shared_ptr<torch::jit::Graph> inlined_graph(torch::jit::Module& m, const std::string& name) {
-  auto method = m.find_method(name);
-  if (!method) throw Error("TorchScript module has no method '" + name + "' to shard");
-  std::shared_ptr<torch::jit::Graph> g = method->graph();
+void inline_calls(torch::jit::Graph& g, const std::string& name) {
   // Inline() takes each callee's optimized graph, itself inlined only while
   // the graph executor optimizes: with that off one pass inlines one level.
   size_t before = SIZE_MAX;
   for (;;) {
-    torch::jit::Inline(*g);
+    torch::jit::Inline(g);
     std::vector<Node*> calls;
-    for (Node* n : all_nodes(g->block()))
+    for (Node* n : all_nodes(g.block()))
       if (n->kind() == torch::jit::prim::CallMethod || n->kind() == torch::jit::prim::CallFunction) calls.push_back(n);
-    if (calls.empty()) return g;
+    if (calls.empty()) return;
     if (calls.size() < before) {
       before = calls.size();
       continue;
@@ -73,6 +70,14 @@ std::shared_ptr<torch::jit::Graph> inlined_graph(torch::jit::Module& m, const st
                 " cannot be inlined (an interface method or a function passed as a value), so the parameters "
                 "it reads cannot be rewritten");
   }
+}
+
+std::shared_ptr<torch::jit::Graph> inlined_graph(torch::jit::Module& m, const std::string& name) {
+  auto method = m.find_method(name);
+  if (!method) throw Error("TorchScript module has no method '" + name + "' to shard");
+  std::shared_ptr<torch::jit::Graph> g = method->graph();
+  inline_calls(*g, name);
+  return g;
 }
 
 std::optional<std::string> attr_path(Value* v, Value* self) {

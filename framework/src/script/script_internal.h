@@ -35,6 +35,8 @@ int64_t register_group(const std::shared_ptr<Communicator>& group);
 // clone's own function) and returns it. Throws naming the call and its source
 // when one cannot be inlined (an interface method).
 std::shared_ptr<torch::jit::Graph> inlined_graph(torch::jit::Module& m, const std::string& name);
+// The same on any graph (`name` is the method's, for the error).
+void inline_calls(torch::jit::Graph& g, const std::string& name);
 // Every node of `b` and of the blocks nested in it (if, loop), in order.
 std::vector<torch::jit::Node*> all_nodes(torch::jit::Block* b);
 // The dotted path of a value reached from `self` through prim::GetAttr only
