@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build}
 D=.devrun
-BINS=(shardplan bench_async_tp bench_dp_step comm_nccl_tests bench_comm_nccl)
+BINS=(shardplan bench_async_tp bench_dp_step comm_nccl_tests bench_comm_nccl bench_script)
 for b in "${BINS[@]}"; do
   [[ -x $BUILD/bin/$b ]] || { echo "bundle.sh: $BUILD/bin/$b is missing (scripts/build.sh)" >&2; exit 2; }
 done
@@ -29,6 +29,13 @@ trap 'rm -rf "$tmp"' EXIT
 xargs -a "$D/keep.txt" cp -L -t "$tmp/"
 tar -C "$tmp" -cf - . | xz -T2 -6 >"$D/deps.tar.xz"
 cp scripts/lent-machine/run.sh "$D/run.sh"
+# The TorchScript GPTs bench_script trains (run.sh script): that machine has
+# no python torch to export them.
+mkdir -p "$D/models"
+if /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  /usr/bin/python3 examples/export_script_gpt.py "$D/models/gpt128.pt" --embed 128 --context 64
+  /usr/bin/python3 examples/export_script_gpt.py "$D/models/gpt64.pt"
+fi
 # The source folder the build baked into the binaries (corpus, NCCL plugin path).
 sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$BUILD/CMakeCache.txt" >"$D/source_dir"
 du -sh "$D"

@@ -3,7 +3,7 @@
 # scripts/lent-machine/bundle.sh packed: the benchmarks that need cores to
 # spare and the NCCL plugin's GPU tests (README.md beside this file).
 #
-#   bash .devrun/run.sh [SECTION...]     # smoke nccl dp async gpt (default: all)
+#   bash .devrun/run.sh [SECTION...]     # smoke nccl dp async gpt script (default: all)
 #
 # Results go to $OUT (the device tool's folder), one file per run, and to
 # stdout. Each run has its own timeout, so one that hangs costs only itself.
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 R=$PWD
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-SECTIONS=${*:-smoke nccl dp async gpt}
+SECTIONS=${*:-smoke nccl dp async gpt script}
 log() { echo "### $*"; }
 log "host $(getconf _NPROCESSORS_ONLN) cores, $(ldd --version | head -1), kernel $(uname -r), $(date -u)"
 log "load $(cut -d' ' -f1-3 /proc/loadavg); cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
@@ -80,7 +80,16 @@ gpt)
     $B/bench_async_tp --model gpt --rounds ${GPT_ROUNDS:-9} --steps 1 --sizes ${GPT_SIZES:-512x128,2048x256,2048x512} 2>&1 |
     tee $OUT/async_gpt.txt
   ;;
-*) echo "run.sh: unknown section '$s' (smoke nccl dp async gpt)" ;;
+script)
+  # Issue 21: the TorchScript GPT under a plan against the shardplan::nn GPT,
+  # 2 thread ranks, with cores to spare (threads per rank: cores / 2).
+  for m in .devrun/models/*.pt; do
+    log "bench_script $(basename "$m")"
+    timeout ${SCRIPT_TIMEOUT:-200} $B/bench_script --model "$m" --runs ${SCRIPT_RUNS:-7} 2>&1 |
+      tee $OUT/script_$(basename "$m" .pt).txt
+  done
+  ;;
+*) echo "run.sh: unknown section '$s' (smoke nccl dp async gpt script)" ;;
 esac
 done
 log "done $(date -u); load $(cut -d' ' -f1-3 /proc/loadavg)"
