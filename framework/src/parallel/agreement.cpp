@@ -17,7 +17,7 @@ namespace shardplan {
 
 namespace {
 
-std::string dtype_name(at::ScalarType t) {
+std::string digest_dtype_name(at::ScalarType t) {
   switch (t) {
     case at::kFloat: return "float32";
     case at::kDouble: return "float64";
@@ -124,7 +124,7 @@ AgreementDigest AgreementDigest::of(torch::nn::Module& model, const Plan& plan) 
   for (auto& l : split_lines(plan.to_yaml()))
     if (l.rfind("plugins:", 0) != 0) d.plan_lines.push_back(std::move(l));
   for (const auto& p : model.named_parameters(/*recurse=*/true))
-    d.params.push_back({p.key(), p.value().sizes().vec(), dtype_name(p.value().scalar_type())});
+    d.params.push_back({p.key(), p.value().sizes().vec(), digest_dtype_name(p.value().scalar_type())});
   return d;
 }
 

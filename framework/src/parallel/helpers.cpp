@@ -99,11 +99,11 @@ struct Declared {
   WeakImpl tensor;
   ShardSplit split;
 };
-std::mutex& registry_mutex() {
+std::mutex& declared_mutex() {
   static std::mutex m;
   return m;
 }
-std::unordered_map<const c10::TensorImpl*, Declared>& registry() {
+std::unordered_map<const c10::TensorImpl*, Declared>& declared_registry() {
   static auto* r = new std::unordered_map<const c10::TensorImpl*, Declared>();
   return *r;
 }
@@ -168,8 +168,8 @@ void shard_init_(at::Tensor& shard, const std::vector<int64_t>& full_shape, cons
 void register_parallel_split(const at::Tensor& param, const ShardSplit& split) {
   if (!param.defined()) throw Error("register_parallel_dim: the tensor is undefined");
   const ShardSplit s = wrapped(split, param.dim());
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  auto& r = registry();
+  std::lock_guard<std::mutex> lock(declared_mutex());
+  auto& r = declared_registry();
   // Drop entries of tensors that are gone whenever the table has doubled.
   static size_t sweep_at = 64;
   if (r.size() >= sweep_at) {
@@ -186,8 +186,8 @@ void register_parallel_dim(const at::Tensor& param, int64_t dim, const std::stri
 
 std::optional<ShardSplit> get_parallel_split(const at::Tensor& param) {
   if (!param.defined()) return std::nullopt;
-  std::lock_guard<std::mutex> lock(registry_mutex());
-  auto& r = registry();
+  std::lock_guard<std::mutex> lock(declared_mutex());
+  auto& r = declared_registry();
   auto it = r.find(param.unsafeGetTensorImpl());
   if (it == r.end()) return std::nullopt;
   if (it->second.tensor.lock().get() != param.unsafeGetTensorImpl()) {

@@ -14,14 +14,14 @@ namespace {
 
 using Key = std::pair<std::string, size_t>;
 
-struct Registry {
+struct RewriteRegistry {
   std::mutex mu;
   std::map<Key, ScriptRewrite> rewrites;
 };
 
-Registry& registry() {
-  static Registry* r = [] {
-    auto* made = new Registry;
+RewriteRegistry& rewrite_registry() {
+  static RewriteRegistry* r = [] {
+    auto* made = new RewriteRegistry;
     for (auto& [key, rewrite] : script_detail::builtin_rewrites()) made->rewrites[key] = std::move(rewrite);
     return made;
   }();
@@ -31,20 +31,20 @@ Registry& registry() {
 }  // namespace
 
 void register_script_rewrite(const std::string& kind, size_t input, ScriptRewrite rewrite) {
-  Registry& r = registry();
+  RewriteRegistry& r = rewrite_registry();
   std::lock_guard<std::mutex> lock(r.mu);
   r.rewrites[{kind, input}] = std::move(rewrite);
 }
 
 const ScriptRewrite* find_script_rewrite(const std::string& kind, size_t input) {
-  Registry& r = registry();
+  RewriteRegistry& r = rewrite_registry();
   std::lock_guard<std::mutex> lock(r.mu);
   auto it = r.rewrites.find({kind, input});
   return it == r.rewrites.end() ? nullptr : &it->second;
 }
 
 std::string script_rewrite_keys() {
-  Registry& r = registry();
+  RewriteRegistry& r = rewrite_registry();
   std::lock_guard<std::mutex> lock(r.mu);
   std::string out;
   for (const auto& kv : r.rewrites)

@@ -22,7 +22,7 @@ namespace shardplan::weights_detail {
 
 namespace {
 
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
+[[noreturn]] void fail_torch_save(const std::string& path, const std::string& what) {
   throw Error("torch.save file '" + path + "': " + what);
 }
 
@@ -30,9 +30,9 @@ void check_format(const MappedFile& f) {
   const unsigned char* d = f.data();
   if (f.size() >= 4 && std::memcmp(d, "PK\x03\x04", 4) == 0) return;
   if (f.size() >= 2 && d[0] == 0x80)
-    fail(f.path(), "is in the legacy (non-zip) torch.save format, which cannot be read in place; re-save it with "
+    fail_torch_save(f.path(), "is in the legacy (non-zip) torch.save format, which cannot be read in place; re-save it with "
                    "torch.save(state_dict, path) from PyTorch >= 1.6 (the default zip format), or as safetensors");
-  fail(f.path(), "is neither a torch.save zip file nor a safetensors file (give safetensors files a .safetensors name)");
+  fail_torch_save(f.path(), "is neither a torch.save zip file nor a safetensors file (give safetensors files a .safetensors name)");
 }
 
 // The archive's folder: torch.save names every record "<folder>/...".
@@ -42,7 +42,7 @@ std::string archive_prefix(const std::map<std::string, ZipRecord>& records, cons
     if (n.size() > 9 && n.compare(n.size() - 9, 9, "/data.pkl") == 0 && n.find('/') == n.size() - 9)
       return n.substr(0, n.size() - 8);
   }
-  fail(path, "has no data.pkl: a zip file, but not one torch.save wrote");
+  fail_torch_save(path, "has no data.pkl: a zip file, but not one torch.save wrote");
 }
 
 at::ScalarType storage_dtype(const std::string& type, const std::string& path, const std::string& name) {
@@ -52,7 +52,7 @@ at::ScalarType storage_dtype(const std::string& type, const std::string& path, c
       {"ShortStorage", at::kShort}, {"CharStorage", at::kChar}, {"ByteStorage", at::kByte},
       {"BoolStorage", at::kBool}};
   auto it = types.find(type);
-  if (it == types.end()) fail(path, "tensor '" + name + "' has storage type '" + type + "', which is not read");
+  if (it == types.end()) fail_torch_save(path, "tensor '" + name + "' has storage type '" + type + "', which is not read");
   return it->second;
 }
 
@@ -67,17 +67,17 @@ SourceTensor describe(const PickledTensor& p, const ZipRecord& rec, std::shared_
   s.shape = p.shape;
   s.strides = p.strides;
   const auto esize = static_cast<unsigned __int128>(c10::elementSize(s.dtype));
-  if (p.storage_offset < 0) fail(path, where + " has a negative storage offset");
+  if (p.storage_offset < 0) fail_torch_save(path, where + " has a negative storage offset");
   unsigned __int128 last = static_cast<unsigned __int128>(p.storage_offset);
   bool empty = false;
   for (size_t i = 0; i < s.shape.size(); ++i) {
-    if (s.shape[i] < 0 || s.strides[i] < 0) fail(path, where + " has a negative size or stride");
+    if (s.shape[i] < 0 || s.strides[i] < 0) fail_torch_save(path, where + " has a negative size or stride");
     if (s.shape[i] == 0) empty = true;
     else last += static_cast<unsigned __int128>(s.shape[i] - 1) * static_cast<unsigned __int128>(s.strides[i]);
   }
   const unsigned __int128 need = empty ? 0 : (last + 1) * esize;
   if (need > rec.size)
-    fail(path, where + " reaches past its storage record (" + std::to_string(rec.size) + " bytes)");
+    fail_torch_save(path, where + " reaches past its storage record (" + std::to_string(rec.size) + " bytes)");
   s.data = file->data() + rec.offset + (empty ? 0 : static_cast<uint64_t>(p.storage_offset) * static_cast<uint64_t>(esize));
   s.begin = rec.offset;
   s.end = rec.offset + static_cast<uint64_t>(need);
@@ -95,16 +95,16 @@ std::vector<SourceTensor> open_torch_zip(const std::string& path) {
   auto bo = records.find(prefix + "byteorder");
   if (bo != records.end() && std::string(reinterpret_cast<const char*>(file->data() + bo->second.offset),
                                          bo->second.size) != "little")
-    fail(path, "was written on a big-endian machine; only little-endian files are read");
+    fail_torch_save(path, "was written on a big-endian machine; only little-endian files are read");
   const ZipRecord& pkl = records.at(prefix + "data.pkl");
-  if (!pkl.stored) fail(path, "data.pkl is compressed; torch.save stores it");
+  if (!pkl.stored) fail_torch_save(path, "data.pkl is compressed; torch.save stores it");
   const auto tensors =
       read_pickled_state_dict(std::string(reinterpret_cast<const char*>(file->data() + pkl.offset), pkl.size), path);
   std::vector<SourceTensor> out;
   for (const auto& t : tensors) {
     auto it = records.find(prefix + "data/" + t.storage_key);
-    if (it == records.end()) fail(path, "tensor '" + t.name + "' is in storage '" + t.storage_key + "', which the archive lacks");
-    if (!it->second.stored) fail(path, "tensor '" + t.name + "': its storage is compressed; torch.save stores storages");
+    if (it == records.end()) fail_torch_save(path, "tensor '" + t.name + "' is in storage '" + t.storage_key + "', which the archive lacks");
+    if (!it->second.stored) fail_torch_save(path, "tensor '" + t.name + "': its storage is compressed; torch.save stores storages");
     out.push_back(describe(t, it->second, file));
   }
   return out;
