@@ -12,3 +12,6 @@ endif()
 # No file of the kernel, the plugins or the tools over 600 lines (one concept a file).
 add_test(NAME layout_file_sizes COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/check_file_sizes.sh ${PROJECT_SOURCE_DIR})
 set_tests_properties(layout_file_sizes PROPERTIES TIMEOUT 60 LABELS layout)
+# Every unit-test file in its own namespace, which the unity build needs.
+add_test(NAME layout_test_namespaces COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/check_test_namespaces.sh ${PROJECT_SOURCE_DIR})
+set_tests_properties(layout_test_namespaces PROPERTIES TIMEOUT 60 LABELS layout)

@@ -14,6 +14,8 @@
 #include "shardplan/plan.h"
 #include "shardplan/world.h"
 
+namespace test_agreement {
+
 namespace {
 
 using shardplan::AgreementDigest;
@@ -206,3 +208,5 @@ TEST(Agreement, AgreeingRanksPayOneSmallAllGather) {
 }
 
 }  // namespace
+
+}  // namespace test_agreement

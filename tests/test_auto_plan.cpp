@@ -28,6 +28,8 @@
 #include "shardplan/tensor_parallel.h"
 #include "shardplan/world.h"
 
+namespace test_auto_plan {
+
 namespace {
 
 namespace ex = shardplan::examples;
@@ -523,3 +525,5 @@ TEST(AutoPlan, FirstLayerLeftReplicatedNamesTheRealCause) {
 }
 
 }  // namespace
+
+}  // namespace test_auto_plan

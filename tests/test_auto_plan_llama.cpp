@@ -21,6 +21,8 @@
 #include "shardplan/plan.h"
 #include "shardplan/tensor_parallel.h"
 
+namespace test_auto_plan_llama {
+
 namespace {
 
 namespace ex = shardplan::examples;
@@ -186,3 +188,5 @@ TEST(AutoPlanLlama, HeadsAreSplitOnlyWhereTheProbeShowsThemApart) {
 }
 
 }  // namespace
+
+}  // namespace test_auto_plan_llama

@@ -24,6 +24,8 @@
 #include "shardplan/plan.h"
 #include "shardplan/world.h"
 
+namespace test_auto_plan_mesh {
+
 namespace {
 
 using shardplan::Plan;
@@ -242,3 +244,5 @@ TEST(AutoPlanMesh, UnitsFromElsewhereAreWrittenAndCheckedByShape) {
 }
 
 }  // namespace
+
+}  // namespace test_auto_plan_mesh

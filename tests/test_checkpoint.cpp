@@ -22,6 +22,8 @@
 #include "shardplan/plan.h"
 #include "shardplan/world.h"
 
+namespace test_checkpoint {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -670,3 +672,5 @@ TEST(CheckpointMeta, Crc32cKnownValue) {
 }
 
 }  // namespace
+
+}  // namespace test_checkpoint

@@ -32,6 +32,8 @@
 #include "shardplan/world.h"
 #include "shardplan/zero_optimizer.h"
 
+namespace test_checkpoint_models {
+
 namespace {
 
 namespace ex = shardplan::examples;
@@ -606,3 +608,5 @@ TEST(Checkpoint2dBroken, ZeroInnerOptimizerAsOptimizerIsAnError) {
 }
 
 }  // namespace
+
+}  // namespace test_checkpoint_models

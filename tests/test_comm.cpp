@@ -17,6 +17,8 @@
 #include "shardplan/plugin_loader.h"
 #include "shardplan/world.h"
 
+namespace test_comm {
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -318,3 +320,5 @@ TEST(CommLocal, MoreRanksThanCoresStillProgress) {
 }
 
 }  // namespace
+
+}  // namespace test_comm

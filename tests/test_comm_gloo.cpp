@@ -21,6 +21,8 @@
 #include "shardplan/plugin_loader.h"
 #include "shardplan/store.h"
 
+namespace test_comm_gloo {
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -310,3 +312,5 @@ TEST(CommGloo, EmulatedLinkPacesOperationsAndSplitsInheritIt) {
 }
 
 }  // namespace
+
+}  // namespace test_comm_gloo

@@ -18,6 +18,8 @@
 #include "shardplan/world.h"
 #include "parity.h"
 
+namespace test_conv {
+
 namespace {
 
 template <size_t D>
@@ -406,3 +408,5 @@ TEST(ConvPlan, ReportGivesLocalShapes) {
 }
 
 }  // namespace
+
+}  // namespace test_conv

@@ -21,6 +21,8 @@
 #include "shardplan/shard.h"
 #include "shardplan/world.h"
 
+namespace test_cross_entropy {
+
 namespace {
 
 using shardplan::nn::CrossEntropyLoss;
@@ -362,3 +364,5 @@ TEST(CrossEntropyPlan, LayoutRankMustMatchTheLogits) {
 }
 
 }  // namespace
+
+}  // namespace test_cross_entropy

@@ -29,6 +29,8 @@
 #include "shardplan/world.h"
 #include "shardplan/zero_optimizer.h"
 
+namespace test_data_parallel {
+
 namespace {
 
 namespace ex = shardplan::examples;
@@ -436,3 +438,5 @@ TEST(DataParallel, ZeroWithParametersOutsideTheBucketsIsAnError) {
 }
 
 }  // namespace
+
+}  // namespace test_data_parallel

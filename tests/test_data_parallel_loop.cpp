@@ -26,6 +26,8 @@
 #include "shardplan/world.h"
 #include "shardplan/zero_optimizer.h"
 
+namespace test_data_parallel_loop {
+
 namespace {
 
 namespace ex = shardplan::examples;
@@ -237,3 +239,5 @@ TEST(DataParallel, BadInputIsAClearErrorThatChangesNothing) {
 }
 
 }  // namespace
+
+}  // namespace test_data_parallel_loop

@@ -12,6 +12,8 @@
 #include "shardplan/weights.h"
 #include "weights_util.h"
 
+namespace test_deferred_init {
+
 namespace {
 
 using namespace weights_test;
@@ -158,3 +160,5 @@ TEST(DeferredInitDeathTest, WritingIntoADeferredParameterSaysWhy) {
 TEST(DeferredInit, OnlyFloatingDtypes) { EXPECT_THROW(DeferredInit(at::kLong), shardplan::Error); }
 
 }  // namespace
+
+}  // namespace test_deferred_init

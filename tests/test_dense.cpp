@@ -15,6 +15,8 @@
 #include "shardplan/world.h"
 #include "parity.h"
 
+namespace test_dense {
+
 namespace {
 
 using shardplan::nn::Linear;
@@ -225,3 +227,5 @@ TEST(DensePlan, BlockedColumnKeepsBlocksTogether) {
 }
 
 }  // namespace
+
+}  // namespace test_dense

@@ -19,6 +19,8 @@
 #include "shardplan/world.h"
 #include "parity.h"
 
+namespace test_embedding {
+
 namespace {
 
 using shardplan::nn::Embedding;
@@ -354,3 +356,5 @@ TEST(EmbeddingPlan, ReportGivesEachRanksUnevenVocabShape) {
 }
 
 }  // namespace
+
+}  // namespace test_embedding

@@ -22,6 +22,8 @@
 #include "shardplan/random.h"
 #include "shardplan/world.h"
 
+namespace test_generate {
+
 namespace {
 
 namespace ex = shardplan::examples;
@@ -232,3 +234,5 @@ TEST(GptGenerate, RejectsEmptyAndTooLongPromptsClearly) {
 }
 
 }  // namespace
+
+}  // namespace test_generate

@@ -12,6 +12,8 @@
 #include "shardplan/plan.h"
 #include "shardplan/world.h"
 
+namespace test_helpers {
+
 namespace {
 
 using shardplan::ShardSplit;
@@ -197,3 +199,5 @@ TEST(Helpers, HandShardedLayerStartsFromTheUnshardedWeights) {
 }
 
 }  // namespace
+
+}  // namespace test_helpers

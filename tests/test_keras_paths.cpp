@@ -12,6 +12,8 @@
 #include "shardplan/plan.h"
 #include "shardplan/world.h"
 
+namespace test_keras_paths {
+
 namespace {
 
 // The Keras-on-torch seed's example, on a torch model whose layers are
@@ -170,3 +172,5 @@ TEST(KerasPaths, BadInputIsReportedLikeAnyRule) {
 }
 
 }  // namespace
+
+}  // namespace test_keras_paths

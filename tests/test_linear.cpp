@@ -8,6 +8,8 @@
 
 #include "shardplan/nn/linear.h"
 
+namespace test_linear {
+
 namespace {
 
 std::string temp_path(const std::string& name) {
@@ -60,3 +62,5 @@ TEST(Linear, PrettyPrintNamesTheType) {
 }
 
 }  // namespace
+
+}  // namespace test_linear

@@ -31,6 +31,8 @@
 #include "shardplan/random.h"
 #include "shardplan/world.h"
 
+namespace test_llama {
+
 namespace {
 
 namespace ex = shardplan::examples;
@@ -340,3 +342,5 @@ TEST(Llama, IncrementalDecodingEqualsTheFullSequence) {
 }
 
 }  // namespace
+
+}  // namespace test_llama

@@ -21,6 +21,8 @@
 #include "shardplan/world.h"
 #include "parity.h"
 
+namespace test_lstm {
+
 namespace {
 
 using Options = torch::nn::LSTMOptions;
@@ -489,3 +491,5 @@ TEST(LSTMPlan, ReportGivesLocalShapes) {
 }
 
 }  // namespace
+
+}  // namespace test_lstm

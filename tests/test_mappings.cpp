@@ -10,6 +10,8 @@
 #include "shardplan/mappings.h"
 #include "shardplan/world.h"
 
+namespace test_mappings {
+
 namespace {
 
 using shardplan::Communicator;
@@ -212,3 +214,5 @@ TEST(Communicator, ErrorsNameCollectiveAndGroup) {
 }
 
 }  // namespace
+
+}  // namespace test_mappings

@@ -7,6 +7,8 @@
 #include "shardplan/error.h"
 #include "shardplan/mesh.h"
 
+namespace test_mesh {
+
 using shardplan::Error;
 using shardplan::Mesh;
 
@@ -97,3 +99,5 @@ TEST(Mesh, EmptyMeshIsOneRank) {
   EXPECT_EQ(m.ndim(), 0);
   EXPECT_EQ(m.str(), "{}");
 }
+
+}  // namespace test_mesh

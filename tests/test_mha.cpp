@@ -23,6 +23,8 @@
 #include "shardplan/world.h"
 #include "parity.h"
 
+namespace test_mha {
+
 namespace {
 
 using Options = torch::nn::MultiheadAttentionOptions;
@@ -580,3 +582,5 @@ TEST(MhaPlan, ShardedOutProjInputWithoutSplitHeadsIsAnError) {
 }
 
 }  // namespace
+
+}  // namespace test_mha

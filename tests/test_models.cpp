@@ -23,6 +23,8 @@
 #include "shardplan/shard.h"
 #include "shardplan/world.h"
 
+namespace test_models {
+
 namespace {
 
 namespace ex = shardplan::examples;
@@ -238,3 +240,5 @@ TEST(Models, LstmLmShardedMatchesUnsharded) {
 }
 
 }  // namespace
+
+}  // namespace test_models

@@ -11,6 +11,8 @@
 #include "shardplan/error.h"
 #include "shardplan/plan.h"
 
+namespace test_plan {
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -744,3 +746,5 @@ TEST(PlanErrorType, SourceLocAndWhat) {
 }
 
 }  // namespace
+
+}  // namespace test_plan

@@ -18,6 +18,8 @@
 #include "shardplan/plan_check.h"
 #include "shardplan/tied.h"
 
+namespace test_plan_check {
+
 namespace {
 
 // An embedding tied to a head, and a Linear of 6 outputs.
@@ -142,3 +144,5 @@ TEST(PlanCheck, DryRunCountsOneStepsCollectives) {
 }
 
 }  // namespace
+
+}  // namespace test_plan_check

@@ -11,6 +11,8 @@
 #include "shardplan/error.h"
 #include "shardplan/plugin_loader.h"
 
+namespace test_plugin_loader {
+
 namespace {
 
 using shardplan::PluginLoader;
@@ -170,3 +172,5 @@ TEST(PluginLoaderDeathTest, ExitWhileLoadingIsAFailure) {
 }
 
 }  // namespace
+
+}  // namespace test_plugin_loader

@@ -21,6 +21,8 @@
 #include "shardplan/random.h"
 #include "shardplan/world.h"
 
+namespace test_random {
+
 namespace {
 
 using shardplan::World;
@@ -303,3 +305,5 @@ TEST(RngTracker, ParallelizeInstallsTracker) {
 }
 
 }  // namespace
+
+}  // namespace test_random

@@ -29,6 +29,8 @@
 #include "shardplan/shard.h"
 #include "shardplan/world.h"
 
+namespace test_ring {
+
 namespace {
 
 using shardplan::RingDirection;
@@ -298,3 +300,5 @@ TEST(Ring, OverlapOptionErrorsAndWarnings) {
 }
 
 }  // namespace
+
+}  // namespace test_ring

@@ -6,8 +6,12 @@
 
 #include "script/script_test_util.h"
 
+namespace test_script {
+
 using namespace shardplan;
 using namespace script_test;
+// parity.h has a namespace parity that a unity batch may bring in.
+using script_test::parity;
 
 namespace {
 
@@ -278,3 +282,5 @@ TEST(ScriptPlan, DivideRoundTripsAndRejectsBadValues) {
     }
   }
 }
+
+}  // namespace test_script

@@ -5,6 +5,8 @@
 // unsharded module's.
 #include "script/script_test_util.h"
 
+namespace test_script_checkpoint {
+
 using namespace shardplan;
 using namespace script_test;
 
@@ -119,3 +121,5 @@ TEST(ScriptCheckpoint, CheckpointOfAnotherModelIsRefusedNamingTheTensor) {
   EXPECT_EQ(max_diff(state_of(script_state_dict(gpt)), before), 0) << "a failed load changed the module";
   fs::remove_all(ckpt);
 }
+
+}  // namespace test_script_checkpoint

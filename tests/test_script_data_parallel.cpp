@@ -6,6 +6,8 @@
 
 #include "shardplan/data_parallel.h"
 
+namespace test_script_data_parallel {
+
 using namespace shardplan;
 using namespace script_test;
 
@@ -103,3 +105,5 @@ TEST(ScriptPlanKeys, LayerPluginOptionsAreRefusedAtTheirColumn) {
                                                    "  - {match: 'ln_f\\.weight', layout: [null], head_dim: 6}\n")),
                   {"p.yaml:", "'head_dim' is read by the layer plugins"});
 }
+
+}  // namespace test_script_data_parallel

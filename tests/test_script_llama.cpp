@@ -5,8 +5,12 @@
 // unsharded and against the logits Python computed for a probe.
 #include "script/script_test_util.h"
 
+namespace test_script_llama {
+
 using namespace shardplan;
 using namespace script_test;
+// parity.h has a namespace parity that a unity batch may bring in.
+using script_test::parity;
 
 namespace {
 
@@ -91,3 +95,5 @@ TEST(ScriptLlamaErrors, KeyValueHeadsNotDivisible) {
   const std::string e = error_of("llama.pt", kLlamaPlan, 8);
   expect_contains(e, {"'num_key_value_heads'", "= 4 is not divisible by 8"});
 }
+
+}  // namespace test_script_llama

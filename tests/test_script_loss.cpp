@@ -9,8 +9,12 @@
 #include "script/script_test_util.h"
 #include "shardplan/nn/cross_entropy.h"
 
+namespace test_script_loss {
+
 using namespace shardplan;
 using namespace script_test;
+// parity.h has a namespace parity that a unity batch may bring in.
+using script_test::parity;
 
 namespace {
 
@@ -147,3 +151,5 @@ TEST(ScriptLoss, ThroughAnUnknownOpRefused) {
                       "through aten::transpose at", "make_models.py:", "silently wrong", "output: gathered"});
   EXPECT_EQ(error_of("lm_loss_transposed.pt", kGptPlan), "");  // gathered logits are whole
 }
+
+}  // namespace test_script_loss

@@ -9,8 +9,12 @@
 #include "script/script_test_util.h"
 #include "shardplan/script_rewrite.h"
 
+namespace test_script_rewrites {
+
 using namespace shardplan;
 using namespace script_test;
+// parity.h has a namespace parity that a unity batch may bring in.
+using script_test::parity;
 
 namespace {
 
@@ -109,3 +113,5 @@ TEST(ScriptRewrites, UserRewriteForAnOpTheKernelDoesNotHandle) {
   }
   EXPECT_EQ(applied.load(), 2 + 4);
 }
+
+}  // namespace test_script_rewrites

@@ -5,8 +5,12 @@
 // reported with its difference and refused.
 #include "script/script_test_util.h"
 
+namespace test_script_verify {
+
 using namespace shardplan;
 using namespace script_test;
+// parity.h has a namespace parity that a unity batch may bring in.
+using script_test::parity;
 
 namespace {
 
@@ -127,3 +131,5 @@ TEST(ScriptVerify, UnshardedModuleFailingOnTheProbeThrows) {
     expect_contains(e.what(), {"verify: the unsharded module fails on the probe"});
   }
 }
+
+}  // namespace test_script_verify

@@ -32,6 +32,8 @@
 #include "shardplan/shard.h"
 #include "shardplan/world.h"
 
+namespace test_sequence_parallel {
+
 namespace {
 
 namespace ex = shardplan::examples;
@@ -451,3 +453,5 @@ TEST(SequenceParallel, DropoutInTheRegionDrawsOneMaskPerPart) {
 }
 
 }  // namespace
+
+}  // namespace test_sequence_parallel

@@ -29,6 +29,8 @@
 #include "shardplan/error.h"
 #include "shardplan/store.h"
 
+namespace test_store {
+
 namespace {
 
 using namespace std::chrono_literals;
@@ -545,3 +547,5 @@ TEST(Store, CView) {
 }
 
 }  // namespace
+
+}  // namespace test_store

@@ -21,6 +21,8 @@
 #include "shardplan/tied.h"
 #include "parity.h"
 
+namespace test_tensor_parallel {
+
 namespace {
 
 using shardplan::nn::Linear;
@@ -544,3 +546,5 @@ TEST(TensorParallel, ReportTableKeepsWideColumnsApart) {
 }
 
 }  // namespace
+
+}  // namespace test_tensor_parallel

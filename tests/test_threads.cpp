@@ -14,6 +14,8 @@
 #include "shardplan/threads.h"
 #include "shardplan/world.h"
 
+namespace test_threads {
+
 using namespace shardplan;
 
 namespace {
@@ -162,3 +164,5 @@ TEST_F(Threads, WorldsOfThreadRanksApplyTheDefault) {
   }
   EXPECT_EQ(blas_num_threads(), 2) << "the BLAS pool was not put back";
 }
+
+}  // namespace test_threads

@@ -22,6 +22,8 @@
 #include "shardplan/world.h"
 #include "parity.h"
 
+namespace test_tied {
+
 namespace {
 
 constexpr int64_t kVocab = 16, kDim = 8;
@@ -260,3 +262,5 @@ TEST(Tied, TieParameter) {
 }
 
 }  // namespace
+
+}  // namespace test_tied

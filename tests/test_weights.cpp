@@ -16,6 +16,8 @@
 #include "shardplan/weights.h"
 #include "weights_util.h"
 
+namespace test_weights {
+
 namespace {
 
 using namespace weights_test;
@@ -232,3 +234,5 @@ TEST(Weights, CkptConvertRoundTrip) {
 }
 
 }  // namespace
+
+}  // namespace test_weights

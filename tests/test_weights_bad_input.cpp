@@ -11,6 +11,8 @@
 #include "shardplan/weights.h"
 #include "weights_util.h"
 
+namespace test_weights_bad_input {
+
 namespace {
 
 using namespace weights_test;
@@ -179,3 +181,5 @@ TEST_F(WeightsBadInput, MissingAndUnexpectedAllReported) {
 }
 
 }  // namespace
+
+}  // namespace test_weights_bad_input

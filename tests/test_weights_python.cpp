@@ -13,6 +13,8 @@
 #include "shardplan/weights.h"
 #include "weights_util.h"
 
+namespace test_weights_python {
+
 namespace {
 
 using namespace weights_test;
@@ -126,3 +128,5 @@ TEST(WeightsPython, PythonReadsWhatCppSaved) {
 }
 
 }  // namespace
+
+}  // namespace test_weights_python

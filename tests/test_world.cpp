@@ -14,6 +14,8 @@
 #include "shardplan/mesh.h"
 #include "shardplan/world.h"
 
+namespace test_world {
+
 namespace {
 
 using shardplan::World;
@@ -239,3 +241,5 @@ TEST(World, FailingRankAbortsPeersInsteadOfHanging) {
 }
 
 }  // namespace
+
+}  // namespace test_world
