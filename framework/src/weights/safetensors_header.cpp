@@ -79,7 +79,7 @@ SafetensorsEntry parse_entry(const std::string& name, const json& v, uint64_t da
   e.element_size = safetensors_dtype_size(e.dtype);
   if (e.element_size == 0)
     fail_safetensors(file, where + ": unknown or unsupported dtype " + printable(e.dtype) +
-                   " (read: F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL)");
+                               " (read: F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL)");
   if (!v["shape"].is_array()) fail_safetensors(file, where + ": shape is not a list");
   // Elements counted with overflow checks: a shape is only trusted once its
   // byte count matches the offsets, which are inside the file.
@@ -99,11 +99,11 @@ SafetensorsEntry parse_entry(const std::string& name, const json& v, uint64_t da
   const uint64_t data_size = file_size - data_start;
   if (begin > end || end > data_size)
     fail_safetensors(file, where + ": data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
-                   "] are outside the data (" + std::to_string(data_size) + " bytes)");
+                               "] are outside the data (" + std::to_string(data_size) + " bytes)");
   const uint64_t esize = static_cast<uint64_t>(e.element_size);
   if (overflow || elements > UINT64_MAX / esize || elements * esize != end - begin)
     fail_safetensors(file, where + ": " + std::to_string(end - begin) + " bytes do not hold " + e.dtype + " of shape " +
-                   v["shape"].dump());
+                               v["shape"].dump());
   e.begin = data_start + begin;
   e.end = data_start + end;
   return e;
@@ -125,10 +125,10 @@ uint64_t safetensors_header_length(const unsigned char first8[8], uint64_t file_
   for (int i = 7; i >= 0; --i) n = (n << 8) | first8[i];
   if (n > kMaxHeaderBytes)
     fail_safetensors(file, "header length " + std::to_string(n) + " is over the cap of " + std::to_string(kMaxHeaderBytes) +
-                   " bytes (not a safetensors file, or a corrupted one)");
+                               " bytes (not a safetensors file, or a corrupted one)");
   if (n > file_size - 8)
     fail_safetensors(file, "header length " + std::to_string(n) + " runs past the end of the file (" +
-                   std::to_string(file_size) + " bytes): truncated?");
+                               std::to_string(file_size) + " bytes): truncated?");
   return n;
 }
 
@@ -159,7 +159,7 @@ SafetensorsHeader parse_safetensors_header(const std::string& text, uint64_t fil
     if (e.begin == e.end) continue;
     if (last && e.begin < last->end)
       fail_safetensors(file, "tensors " + printable(last->name) + " and " + printable(e.name) + " overlap in the data (bytes " +
-                     std::to_string(e.begin - h.data_start) + " to " + std::to_string(last->end - h.data_start) + ")");
+                                 std::to_string(e.begin - h.data_start) + " to " + std::to_string(last->end - h.data_start) + ")");
     last = &e;
   }
   return h;

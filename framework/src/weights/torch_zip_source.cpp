@@ -31,7 +31,7 @@ void check_format(const MappedFile& f) {
   if (f.size() >= 4 && std::memcmp(d, "PK\x03\x04", 4) == 0) return;
   if (f.size() >= 2 && d[0] == 0x80)
     fail_torch_save(f.path(), "is in the legacy (non-zip) torch.save format, which cannot be read in place; re-save it with "
-                   "torch.save(state_dict, path) from PyTorch >= 1.6 (the default zip format), or as safetensors");
+                              "torch.save(state_dict, path) from PyTorch >= 1.6 (the default zip format), or as safetensors");
   fail_torch_save(f.path(), "is neither a torch.save zip file nor a safetensors file (give safetensors files a .safetensors name)");
 }
 
