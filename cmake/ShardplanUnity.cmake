@@ -20,25 +20,18 @@ function(shardplan_unity_torch_targets)
   if(NOT SHARDPLAN_UNITY)
     return()
   endif()
-  _shardplan_targets_in(${PROJECT_SOURCE_DIR} targets)
+  _shardplan_torch_targets(targets)
   foreach(t IN LISTS targets)
-    get_target_property(type ${t} TYPE)
-    if(NOT type MATCHES "^(EXECUTABLE|SHARED_LIBRARY|STATIC_LIBRARY|OBJECT_LIBRARY)$")
-      continue()
-    endif()
     get_target_property(sources ${t} SOURCES)
     list(FILTER sources INCLUDE REGEX "\\.(cpp|cc|cxx)$")
     list(LENGTH sources n)
     if(n LESS 2)
       continue()
     endif()
-    _shardplan_links_torch(${t} uses_torch)
-    if(uses_torch)
-      set_target_properties(${t} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${SHARDPLAN_UNITY_BATCH})
-      # GCC warns when a type with a file-local member or base is declared
-      # in an included file, as a header would do it; joined files are
-      # included files, so the warning says nothing about them.
-      target_compile_options(${t} PRIVATE $<$<CXX_COMPILER_ID:GNU>:-Wno-subobject-linkage>)
-    endif()
+    set_target_properties(${t} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${SHARDPLAN_UNITY_BATCH})
+    # GCC warns when a type with a file-local member or base is declared
+    # in an included file, as a header would do it; joined files are
+    # included files, so the warning says nothing about them.
+    target_compile_options(${t} PRIVATE $<$<CXX_COMPILER_ID:GNU>:-Wno-subobject-linkage>)
   endforeach()
 endfunction()
