@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 seconds=${1:-600}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(plan_fuzzer checkpoint_meta_fuzzer safetensors_header_fuzzer)
+[ ${#targets[@]} -gt 0 ] || targets=(plan_fuzzer checkpoint_meta_fuzzer safetensors_header_fuzzer
+                                     zip_reader_fuzzer pickle_reader_fuzzer hf_config_fuzzer)
 out=${SHARDPLAN_FUZZ_BUILD:-build-fuzz}
 
 if ! command -v clang++ >/dev/null; then
@@ -20,13 +21,16 @@ cmake -S tests/fuzz -B "$out" -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Re
 cmake --build "$out" -j2 --target "${targets[@]}"
 
 mkdir -p "$out/crashes"
+# Binary seeds (torch.save zips, pickles) are generated, not checked in.
+python3 tests/fuzz/make_seeds.py "$out/seeds"
 for t in "${targets[@]}"; do
   corpus="$out/corpus/$t"
   mkdir -p "$corpus"
   seeds=()
   case "$t" in
     plan_fuzzer) seeds=(plans tests/fuzz/plans) ;;
-    *) [ -d "tests/fuzz/$t" ] && seeds=("tests/fuzz/$t") ;;
+    *) [ -d "tests/fuzz/$t" ] && seeds=("tests/fuzz/$t")
+       [ -d "$out/seeds/$t" ] && seeds+=("$out/seeds/$t") ;;
   esac
   echo "fuzz: $t for ${seconds}s (corpus $corpus, seeds ${seeds[*]:-none})" >&2
   # -timeout: an input taking over 10 s counts as a hang; -rss_limit_mb: as a leak.

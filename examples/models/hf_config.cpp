@@ -1,5 +1,6 @@
 #include "models/hf_config.h"
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -53,6 +54,24 @@ void refuse_unsupported(const std::string& path, const json& j) {
   }
 }
 
+// Nesting deeper than this is refused while parsing: a config is flat, and
+// dump() of a deep value (for a message) would recurse once per level.
+constexpr int kMaxJsonDepth = 32;
+
+json parse_config(const std::string& text, const std::string& path) {
+  json j;
+  try {
+    j = json::parse(text, [&](int depth, json::parse_event_t, json&) {
+      if (depth > kMaxJsonDepth) bad(path, "nests values more than " + std::to_string(kMaxJsonDepth) + " levels deep");
+      return true;
+    });
+  } catch (const json::exception& e) {
+    bad(path, std::string("not JSON: ") + e.what());
+  }
+  if (!j.is_object()) bad(path, "not a JSON object");
+  return j;
+}
+
 }  // namespace
 
 std::string find_hf_config(const std::string& weights_path) {
@@ -60,20 +79,27 @@ std::string find_hf_config(const std::string& weights_path) {
   std::error_code ec;
   const fs::path p(weights_path);
   const fs::path candidate = fs::is_directory(p, ec) ? p / "config.json" : p.parent_path() / "config.json";
-  return fs::is_regular_file(candidate, ec) ? candidate.string() : "";
+  // One that is there but not a file is returned, for read_hf_config to refuse.
+  return fs::exists(candidate, ec) ? candidate.string() : "";
 }
 
 Overrides read_hf_config(const std::string& path, const std::string& model) {
-  if (model != "llama") bad(path, "a Hugging Face config describes the llama example only, not '" + model + "'");
-  std::ifstream in(path);
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  // Before opening: opening a named pipe would wait for a writer.
+  if (!fs::is_regular_file(path, ec)) bad(path, "is not a regular file (a pipe, device or directory is not read)");
+  // A config is a few hundred bytes; 16 MiB leaves room for any comment-laden one.
+  if (fs::file_size(path, ec) > (16u << 20)) bad(path, "is over 16 MiB; a config.json is a few hundred bytes");
+  std::ifstream in(path, std::ios::binary);
   if (!in) bad(path, "cannot be read");
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::exception& e) {
-    bad(path, std::string("not JSON: ") + e.what());
-  }
-  if (!j.is_object()) bad(path, "not a JSON object");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return read_hf_config_text(text.str(), path, model);
+}
+
+Overrides read_hf_config_text(const std::string& text, const std::string& path, const std::string& model) {
+  if (model != "llama") bad(path, "a Hugging Face config describes the llama example only, not '" + model + "'");
+  const json j = parse_config(text, path);
   Overrides out;
   try {
     refuse_unsupported(path, j);
@@ -82,6 +108,9 @@ Overrides read_hf_config(const std::string& path, const std::string& model) {
       const json& v = j[k.hf];
       if (k.integer ? !v.is_number_integer() : !v.is_number())
         bad(path, std::string(k.hf) + " is " + v.dump() + ", not " + (k.integer ? "an integer" : "a number"));
+      // Unsigned values past int64 would read back negative.
+      if (k.integer && (v.is_number_unsigned() ? v.get<unsigned long long>() > INT64_MAX : v.get<long long>() < 0))
+        bad(path, std::string(k.hf) + " is " + v.dump() + ", not between 0 and " + std::to_string(INT64_MAX));
       out[k.ours] = k.integer ? std::to_string(v.get<long long>()) : number_text(v);
     }
     if (j.contains("tie_word_embeddings")) {

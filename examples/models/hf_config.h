@@ -4,12 +4,15 @@
 // overrides, so that `--load-weights DIR` needs no other flag and
 // `--save-weights DIR` gives a directory transformers can load. Llama only:
 // the other examples have no Hugging Face twin. Torch-free.
+#include <map>
 #include <string>
-
-#include "models/model.h"
 
 namespace shardplan {
 namespace examples {
+
+// As models/model.h has it (the same alias again, so that this header and
+// hf_config.cpp build without torch, for the fuzz target).
+using Overrides = std::map<std::string, std::string>;
 
 // The config.json that belongs to weights at `weights_path` (the directory's
 // own, or the one beside a file), or "" when there is none.
@@ -21,6 +24,8 @@ std::string find_hf_config(const std::string& weights_path);
 // a head_dim other than hidden_size / heads): that is an error naming the
 // file and the key, as is a value of the wrong type.
 Overrides read_hf_config(const std::string& path, const std::string& model);
+// The same for the text of config.json `path` (the fuzz target's way in).
+Overrides read_hf_config_text(const std::string& text, const std::string& path, const std::string& model);
 
 // config.json for `model` with `config_str` ("vocab=256 context=64 ...",
 // ExampleModel::config_str()), or "" for a model with no Hugging Face twin.

@@ -17,6 +17,7 @@
 #include "models/generate.h"
 #include "models/heap.h"
 #include "models/hf_config.h"
+#include "models/hf_config_fit.h"
 #include "models/memory.h"
 #include "models/model.h"
 #include "models/ranks.h"
@@ -232,7 +233,10 @@ Overrides model_config(const Args& a) {
   Overrides config;
   const std::string json = a.load_weights.empty() ? "" : find_hf_config(a.load_weights);
   if (!json.empty() && a.model == "llama") config = read_hf_config(json, a.model);
-  for (const auto& [key, value] : parse_overrides(a.config)) config[key] = value;
+  const Overrides cli = parse_overrides(a.config);
+  for (const auto& [key, value] : cli) config[key] = value;
+  if (!json.empty() && a.model == "llama")
+    check_hf_config_fits(json, config, cli, a.load_weights, !a.lenient_weights, a.dtype == "float64" ? 8 : 4);
   return config;
 }
 

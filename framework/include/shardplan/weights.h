@@ -89,4 +89,9 @@ void write_safetensors(const std::string& path, const StateDict& tensors, const 
 // in the file's dtype and order, copied out of the file.
 StateDict read_weights(const std::string& path);
 
+// The name and shape of every tensor at `path` (any form load_weights
+// reads), from its headers only: no tensor data is read. For checks before
+// a model is built, such as config.json's sizes against the weights.
+std::vector<std::pair<std::string, std::vector<int64_t>>> weights_shapes(const std::string& path);
+
 }  // namespace shardplan

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "base/shape_text.h"
 #include "shardplan/error.h"
 
 namespace shardplan {
@@ -106,13 +107,17 @@ void unmap(void* ctx) {
 // Over the zero page: PROT_READ anonymous memory commits nothing, counts
 // toward no RLIMIT_DATA, and reads as zeros; MAP_NORESERVE keeps it out of
 // the overcommit accounting too.
-at::Tensor zero_page_tensor(at::IntArrayRef sizes, at::ScalarType dtype) {
-  int64_t n = 1;
-  for (int64_t s : sizes) n *= s;
-  const size_t bytes = std::max<size_t>(1, static_cast<size_t>(n) * c10::elementSize(dtype));
-  void* p = mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+at::Tensor zero_page_tensor(at::IntArrayRef sizes, at::ScalarType dtype, const char* name) {
+  // Checked: sizes from a config file can multiply past 64 bits.
+  uint64_t bytes = c10::elementSize(dtype);
+  bool overflow = false;
+  for (int64_t s : sizes) overflow |= s < 0 || __builtin_mul_overflow(bytes, static_cast<uint64_t>(s), &bytes);
+  bytes = std::max<uint64_t>(1, bytes);
+  void* p = overflow ? MAP_FAILED : mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED)
-    throw Error("DeferredInit: cannot reserve " + std::to_string(bytes) + " bytes of address space for a parameter");
+    throw Error("DeferredInit: cannot reserve " + (overflow ? std::string("over 2^64") : std::to_string(bytes)) +
+                " bytes of address space for parameter " + (*name ? std::string("'") + name + "' " : "") +
+                shape_str(sizes) + " (" + c10::toString(dtype) + ")");
   remember_range(p, bytes, true);
   c10::DataPtr data(p, new Mapping{p, bytes}, &unmap, c10::Device(c10::kCPU));
   c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, std::move(data), nullptr, /*resizable=*/false);
@@ -181,9 +186,9 @@ DeferredInit::~DeferredInit() { current = previous_; }
 
 bool deferring() { return current != nullptr; }
 
-at::Tensor empty_parameter(at::IntArrayRef sizes) {
+at::Tensor empty_parameter(at::IntArrayRef sizes, const char* name) {
   if (!current) return at::empty(sizes);
-  at::Tensor t = zero_page_tensor(sizes, current->dtype_);
+  at::Tensor t = zero_page_tensor(sizes, current->dtype_, name);
   registry().add(t);
   return t;
 }

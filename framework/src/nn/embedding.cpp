@@ -26,7 +26,7 @@ void EmbeddingImpl::reset() {
     }
   }
   if (!options._weight().defined()) {
-    weight = register_parameter("weight", empty_parameter({options.num_embeddings(), options.embedding_dim()}));
+    weight = register_parameter("weight", empty_parameter({options.num_embeddings(), options.embedding_dim()}, "Embedding.weight"));
     if (!deferring()) reset_parameters();
   } else {
     TORCH_CHECK(options._weight().sizes() == torch::IntArrayRef({options.num_embeddings(), options.embedding_dim()}),

@@ -16,9 +16,9 @@ LinearImpl::LinearImpl(const torch::nn::LinearOptions& options_) : options(optio
 // Mirrors torch::nn::LinearImpl::reset so both draw the same numbers from the
 // same generator: unsharded models built from either type are bit-identical.
 void LinearImpl::reset() {
-  weight = register_parameter("weight", empty_parameter({options.out_features(), options.in_features()}));
+  weight = register_parameter("weight", empty_parameter({options.out_features(), options.in_features()}, "Linear.weight"));
   if (options.bias()) {
-    bias = register_parameter("bias", empty_parameter(options.out_features()));
+    bias = register_parameter("bias", empty_parameter(options.out_features(), "Linear.bias"));
   } else {
     bias = register_parameter("bias", {}, /*requires_grad=*/false);
   }

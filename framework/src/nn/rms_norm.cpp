@@ -25,7 +25,7 @@ RMSNormImpl::RMSNormImpl(const RMSNormOptions& options_) : options(options_) { r
 
 void RMSNormImpl::reset() {
   if (options.dim() < 1) throw Error("RMSNorm: dim must be at least 1, got " + std::to_string(options.dim()));
-  weight = register_parameter("weight", empty_parameter({options.dim()}));
+  weight = register_parameter("weight", empty_parameter({options.dim()}, "RMSNorm.weight"));
   if (!deferring()) reset_parameters();
 }
 

@@ -5,8 +5,8 @@
 #include "weights/pickle_reader.h"
 
 #include <cstring>
+#include <deque>
 #include <map>
-#include <memory>
 
 #include "shardplan/error.h"
 
@@ -15,7 +15,15 @@ namespace shardplan::weights_detail {
 namespace {
 
 struct Value;
-using Ref = std::shared_ptr<Value>;
+// Values live in the machine's arena and point at each other with plain
+// pointers: a file's nesting (400,000 nested tuples) or its cycles (a list
+// appended to itself through the memo) are then freed in one flat pass,
+// never by a destructor recursing once per level.
+using Ref = Value*;
+
+// Deeper than any state dict nests (dict -> tensor -> args -> shape, about
+// 5); the bound makes such a file an error rather than a walk to nowhere.
+constexpr int kMaxDepth = 64;
 
 struct Value {
   enum Kind { None, Bool, Int, Float, Str, Tuple, List, Dict, Global, Storage, Tensor } kind = None;
@@ -25,13 +33,8 @@ struct Value {
   std::vector<Ref> items;             // Tuple, List; Tensor: {storage}
   std::vector<std::pair<Ref, Ref>> dict;
   PickledTensor tensor;
+  int depth = 1;                      // of the containers nested in it, when built
 };
-
-Ref make(Value::Kind k) {
-  auto v = std::make_shared<Value>();
-  v->kind = k;
-  return v;
-}
 
 class Machine {
  public:
@@ -39,6 +42,16 @@ class Machine {
   Ref run();
 
  private:
+  Ref make(Value::Kind k) {
+    arena_.emplace_back();
+    arena_.back().kind = k;
+    return &arena_.back();
+  }
+  // `outer` now holds `inner`: refused past kMaxDepth levels.
+  void nest(Ref outer, Ref inner) {
+    if (inner->depth + 1 > outer->depth) outer->depth = inner->depth + 1;
+    if (outer->depth > kMaxDepth) fail("nests values more than " + std::to_string(kMaxDepth) + " levels deep; a state dict does not");
+  }
   [[noreturn]] void fail(const std::string& what) const {
     throw Error("torch.save file '" + file_ + "': data.pkl " + what);
   }
@@ -90,10 +103,15 @@ class Machine {
   }
   Ref tuple(std::vector<Ref> items) {
     Ref v = make(Value::Tuple);
+    for (Ref i : items) nest(v, i);
     v->items = std::move(items);
     return v;
   }
-  void set_items(Ref& d, const std::vector<Ref>& kv);
+  void append(Ref list, Ref v) {
+    nest(list, v);
+    list->items.push_back(v);
+  }
+  void set_items(Ref d, const std::vector<Ref>& kv);
   Ref reduce(const Ref& callable, const Ref& args);
   Ref persistent(const Ref& pid);
   bool step(unsigned char op);
@@ -104,11 +122,16 @@ class Machine {
   std::vector<Ref> stack_;
   std::vector<size_t> marks_;
   std::map<uint64_t, Ref> memo_;
+  std::deque<Value> arena_;  // every value; a deque never moves them
 };
 
-void Machine::set_items(Ref& d, const std::vector<Ref>& kv) {
+void Machine::set_items(Ref d, const std::vector<Ref>& kv) {
   if (d->kind != Value::Dict) fail("sets items on something that is not a dict");
-  for (size_t k = 0; k + 1 < kv.size(); k += 2) d->dict.emplace_back(kv[k], kv[k + 1]);
+  for (size_t k = 0; k + 1 < kv.size(); k += 2) {
+    nest(d, kv[k]);
+    nest(d, kv[k + 1]);
+    d->dict.emplace_back(kv[k], kv[k + 1]);
+  }
 }
 
 std::vector<int64_t> ints(const Ref& t, const char* what, const std::string& file) {
@@ -205,9 +228,9 @@ bool Machine::step(unsigned char op) {
     }
     case '}': stack_.push_back(make(Value::Dict)); break;
     case ']': stack_.push_back(make(Value::List)); break;
-    case 'l': { Ref l = make(Value::List); l->items = pop_mark(); stack_.push_back(l); break; }
-    case 'a': { Ref v = pop(); top()->items.push_back(v); break; }                            // APPEND
-    case 'e': { auto vs = pop_mark(); for (auto& v : vs) top()->items.push_back(v); break; }  // APPENDS
+    case 'l': { Ref l = make(Value::List); for (Ref v : pop_mark()) append(l, v); stack_.push_back(l); break; }
+    case 'a': { Ref v = pop(); append(top(), v); break; }                                     // APPEND
+    case 'e': { auto vs = pop_mark(); for (auto& v : vs) append(top(), v); break; }           // APPENDS
     case 's': { Ref v = pop(), k = pop(); set_items(top(), {k, v}); break; }                   // SETITEM
     case 'u': { auto kv = pop_mark(); set_items(top(), kv); break; }                           // SETITEMS
     case 'q': memo_[le(1)] = top(); break;                                                    // BINPUT
@@ -237,7 +260,8 @@ Ref Machine::run() {
 }  // namespace
 
 std::vector<PickledTensor> read_pickled_state_dict(const std::string& pkl, const std::string& file) {
-  const Ref top = Machine(pkl, file).run();
+  Machine machine(pkl, file);  // owns every value `top` reaches
+  const Ref top = machine.run();
   const std::string where = "torch.save file '" + file + "'";
   if (top->kind != Value::Dict) throw Error(where + " is not a state dict: it holds something other than a dict of tensors");
   std::vector<PickledTensor> out;

@@ -12,12 +12,11 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 
 #include "shardplan/error.h"
+#include "shardplan/weights.h"
 #include "weights/safetensors_header.h"
 #include "weights/weights_internal.h"
 
@@ -25,15 +24,50 @@ namespace shardplan::weights_detail {
 
 namespace fs = std::filesystem;
 
-MappedFile::MappedFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error("cannot open weights file '" + path + "': " + std::strerror(errno));
+namespace {
+
+// A read-only descriptor of the regular file `path`, or an error naming it as
+// `what`. O_NONBLOCK: opening a named pipe for reading would otherwise wait
+// for a writer that never comes, before fstat could tell it is one.
+int open_regular(const std::string& path, const std::string& what, uint64_t* size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw Error("cannot open " + what + " '" + path + "': " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw Error("weights file '" + path + "' is not a regular file");
+    throw Error(what + " '" + path + "' is not a regular file (a pipe, device or directory is not read)");
   }
-  size_ = static_cast<uint64_t>(st.st_size);
+  *size = static_cast<uint64_t>(st.st_size);
+  return fd;
+}
+
+// The whole of a small regular file (an index): refused over `cap` bytes
+// before anything is read.
+std::string read_regular(const std::string& path, const std::string& what, uint64_t cap) {
+  uint64_t size = 0;
+  const int fd = open_regular(path, what, &size);
+  if (size > cap) {
+    ::close(fd);
+    throw Error(what + " '" + path + "' is " + std::to_string(size) + " bytes, over the " + std::to_string(cap) +
+                " this reader takes");
+  }
+  std::string out(size, '\0');
+  size_t got = 0;
+  while (got < out.size()) {
+    const ssize_t n = ::read(fd, &out[got], out.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // shrank while read: parse what is there
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  out.resize(got);
+  return out;
+}
+
+}  // namespace
+
+MappedFile::MappedFile(const std::string& path) : path_(path) {
+  const int fd = open_regular(path, "weights file", &size_);
   if (size_ > 0) {
     void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
@@ -125,13 +159,11 @@ std::vector<SourceTensor> open_file(const std::string& path) {
 // Only the tensors it names are taken from each file, and each must be there.
 std::vector<SourceTensor> open_index(const fs::path& index) {
   const std::string where = "weights index '" + index.string() + "'";
-  std::ifstream in(index, std::ios::binary);
-  if (!in) throw Error("cannot read " + where);
-  std::stringstream ss;
-  ss << in.rdbuf();
+  // 64 MiB: a weight map of a million tensors is a few dozen.
+  const std::string text = read_regular(index.string(), "weights index", uint64_t{64} << 20);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(ss.str());
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw Error(where + " is not valid JSON (" + std::string(e.what()) + ")");
   }
@@ -175,3 +207,13 @@ std::vector<SourceTensor> open_weights(const std::string& path) {
 }
 
 }  // namespace shardplan::weights_detail
+
+namespace shardplan {
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> weights_shapes(const std::string& path) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (auto& t : weights_detail::open_weights(path)) out.emplace_back(std::move(t.name), std::move(t.shape));
+  return out;
+}
+
+}  // namespace shardplan

@@ -85,6 +85,21 @@ SourceTensor describe(const PickledTensor& p, const ZipRecord& rec, std::shared_
   return s;
 }
 
+// torch.save writes "little" or "big", stored. Only the stored bytes are
+// looked at: a compressed record is refused for what it is, not misread as
+// some other byte order.
+void check_byteorder(const std::map<std::string, ZipRecord>& records, const std::string& prefix, const MappedFile& f) {
+  auto bo = records.find(prefix + "byteorder");
+  if (bo == records.end()) return;
+  if (!bo->second.stored)
+    fail_torch_save(f.path(), "record 'byteorder' is compressed (deflated); torch.save stores its records, and "
+                              "compressed records are not read (re-save it with torch.save)");
+  const std::string order(reinterpret_cast<const char*>(f.data() + bo->second.offset), bo->second.size);
+  if (order == "little") return;
+  if (order == "big") fail_torch_save(f.path(), "was written on a big-endian machine; only little-endian files are read");
+  fail_torch_save(f.path(), "record 'byteorder' holds neither \"little\" nor \"big\"");
+}
+
 }  // namespace
 
 std::vector<SourceTensor> open_torch_zip(const std::string& path) {
@@ -92,12 +107,9 @@ std::vector<SourceTensor> open_torch_zip(const std::string& path) {
   check_format(*file);
   const auto records = read_zip_directory(file->data(), file->size(), path);
   const std::string prefix = archive_prefix(records, path);
-  auto bo = records.find(prefix + "byteorder");
-  if (bo != records.end() && std::string(reinterpret_cast<const char*>(file->data() + bo->second.offset),
-                                         bo->second.size) != "little")
-    fail_torch_save(path, "was written on a big-endian machine; only little-endian files are read");
+  check_byteorder(records, prefix, *file);
   const ZipRecord& pkl = records.at(prefix + "data.pkl");
-  if (!pkl.stored) fail_torch_save(path, "data.pkl is compressed; torch.save stores it");
+  if (!pkl.stored) fail_torch_save(path, "data.pkl is compressed (deflated); torch.save stores it, and compressed records are not read");
   const auto tensors =
       read_pickled_state_dict(std::string(reinterpret_cast<const char*>(file->data() + pkl.offset), pkl.size), path);
   std::vector<SourceTensor> out;

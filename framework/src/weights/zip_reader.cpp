@@ -11,6 +11,9 @@ namespace {
 
 constexpr uint32_t kEndOfDirectory = 0x06054b50, kEnd64 = 0x06064b50, kEnd64Locator = 0x07064b50;
 constexpr uint32_t kDirectoryEntry = 0x02014b50, kLocalHeader = 0x04034b50;
+// Deflate expands at most 1032:1 (RFC 1951's longest match per 2 bits); a
+// larger claim is a lie whoever would believe it, reader or inflater.
+constexpr uint64_t kMaxDeflateRatio = 1032;
 
 // Bounds-checked little-endian reads over the archive.
 struct Bytes {
@@ -89,7 +92,10 @@ std::map<std::string, ZipRecord> read_zip_directory(const unsigned char* data, u
     const uint64_t offset = local + 30 + b.le(local + 26, 2) + b.le(local + 28, 2);
     b.need(offset, compressed);
     if (method == 0 && compressed != plain) b.fail("record '" + name + "' is stored with two different sizes");
-    if (!records.emplace(name, ZipRecord{offset, plain, method == 0}).second)
+    if (method != 0 && plain / kMaxDeflateRatio > compressed)
+      b.fail("record '" + name + "' claims " + std::to_string(plain) + " bytes uncompressed from " +
+             std::to_string(compressed) + " compressed, more than deflate can expand to");
+    if (!records.emplace(name, ZipRecord{offset, plain, compressed, method == 0}).second)
       b.fail("record '" + name + "' appears twice");
     at += 46 + name_len + extra_len + comment_len;
   }

@@ -56,7 +56,7 @@ class DeferredInit {
  private:
   const DeferredInit* previous_;
   at::ScalarType dtype_;
-  friend at::Tensor empty_parameter(at::IntArrayRef sizes);
+  friend at::Tensor empty_parameter(at::IntArrayRef sizes, const char* name);
   friend bool deferring();
 };
 
@@ -78,8 +78,9 @@ class ReadDeferred {
 };
 
 // A layer's parameter storage: torch::empty(sizes) (default dtype), or under
-// DeferredInit a deferred tensor of its dtype.
-at::Tensor empty_parameter(at::IntArrayRef sizes);
+// DeferredInit a deferred tensor of its dtype. `name` ("Embedding.weight")
+// is for the message when it cannot be had.
+at::Tensor empty_parameter(at::IntArrayRef sizes, const char* name = "");
 
 // True when `t` still lies over the zero page (was never given memory).
 bool is_deferred(const at::Tensor& t);
