@@ -205,6 +205,17 @@ TEST_F(LlamaConfigFits, VocabNoTensorCanHold) {
                {"vocab_size is 18446744073709551615, not between 0 and"});
 }
 
+TEST(HfConfigText, HugeValuesAreRefusedNotOverflowed) {
+  // head_dim x heads overflowed int64 (UBSan) before the check divided.
+  expect_error([] {
+    shardplan::examples::read_hf_config_text(R"({"head_dim": 9223372036854775807, "hidden_size": 1, "num_attention_heads": 2})",
+                                             "c.json", "llama");
+  }, {"c.json", "head_dim 9223372036854775807"});
+  const std::string deep = "{\"a\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  expect_error([&] { shardplan::examples::read_hf_config_text(deep, "c.json", "llama"); },
+               {"c.json", "nests values more than 32 levels deep"});
+}
+
 TEST(DeferredInitMessage, NamesTheParameter) {
   shardplan::nn::DeferredInit deferred(at::kFloat);
   expect_error([] { shardplan::nn::Embedding(int64_t{1} << 40, int64_t{1} << 20); },

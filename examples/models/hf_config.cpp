@@ -49,7 +49,9 @@ void refuse_unsupported(const std::string& path, const json& j) {
   if (j.contains("head_dim") && !j["head_dim"].is_null() && j.contains("hidden_size") &&
       j.contains("num_attention_heads")) {
     const auto hidden = j["hidden_size"].get<long long>(), heads = j["num_attention_heads"].get<long long>();
-    if (!j["head_dim"].is_number_integer() || heads <= 0 || j["head_dim"].get<long long>() * heads != hidden)
+    // Divided, not multiplied: a head_dim near 2^63 would overflow.
+    if (!j["head_dim"].is_number_integer() || heads <= 0 || hidden % heads != 0 ||
+        j["head_dim"].get<long long>() != hidden / heads)
       bad(path, "head_dim " + j["head_dim"].dump() + " is not hidden_size / num_attention_heads; the example's is");
   }
 }

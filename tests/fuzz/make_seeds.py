@@ -30,3 +30,6 @@ config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_
           "rope_scaling": None, "head_dim": 16}
 write("hf_config_fuzzer", "config.json", json.dumps(config, indent=2))
 write("hf_config_fuzzer", "minimal.json", json.dumps({"hidden_size": 8, "num_attention_heads": 2}))
+# Found by hand: head_dim x heads overflowed int64 before the check divided.
+write("hf_config_fuzzer", "huge_head_dim.json",
+      '{"head_dim": 9223372036854775807, "hidden_size": 1, "num_attention_heads": 2}')
