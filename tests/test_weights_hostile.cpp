@@ -224,10 +224,10 @@ TEST(DeferredInitMessage, NamesTheParameter) {
 }
 
 // `shardplan ckpt convert --from safetensors SRC`: exit 1 and one line on stderr.
-std::string convert_error(const std::string& src, const fs::path& out) {
+std::string convert_error(const std::string& src, const fs::path& out, const std::string& more = "") {
   const std::string tool = std::string(SHARDPLAN_BINARY_DIR) + "/bin/shardplan-ckpt";
   const std::string cmd = "timeout 60 " + tool + " convert --from safetensors '" + src + "' --out '" + out.string() +
-                          "' 2>&1 >/dev/null; echo \"exit $?\"";
+                          "' " + more + " 2>&1 >/dev/null; echo \"exit $?\"";
   std::string text;
   if (FILE* p = ::popen(cmd.c_str(), "r")) {
     std::array<char, 4096> buf{};
@@ -244,18 +244,21 @@ TEST_F(WeightsHostile, CkptConvertRefusesEachInOneLine) {
       write("nested.bin", zip({{"archive/data.pkl", std::string("\x80\x02N", 3) + std::string(400000, '\x85') + "."}}));
   const std::string big = write("big.bin", zip({{"archive/data.pkl", kEmptyStateDict},
                                                 {"archive/byteorder", "\x01\x02\x03\x04\x05", 8, 3000000000u}}));
-  const std::string pipe = fifo("pipe.safetensors");
-  const std::vector<std::pair<std::string, std::string>> cases = {
-      {empty_part, "tensor 'encoder.' in '" + empty_part + "'"},
-      {nested, "nests values more than 64 levels deep"},
-      {big, "claims 3000000000 bytes uncompressed"},
-      {pipe, "not a regular file"}};
+  const std::string pipe = fifo("pipe.safetensors"), plan = fifo("plan.yaml");
+  const std::string good_header = R"({"encoder.w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  const std::string good = write("good.safetensors", le(good_header.size(), 8) + good_header + std::string(4, '\0'));
+  const std::vector<std::array<std::string, 3>> cases = {  // source, message, options
+      {empty_part, "tensor 'encoder.' in '" + empty_part + "'", ""},
+      {nested, "nests values more than 64 levels deep", ""},
+      {big, "claims 3000000000 bytes uncompressed", ""},
+      {pipe, "not a regular file", ""},
+      {good, "'" + plan + "' is not a regular file", "--plan " + plan}};
   for (const auto& c : cases) {
-    const std::string got = convert_error(c.first, dir_ / "out");
+    const std::string got = convert_error(c[0], dir_ / "out", c[2]);
     const std::string want = "shardplan ckpt convert: ";
     EXPECT_EQ(got.rfind(want, 0), 0u) << got;
-    EXPECT_NE(got.find(c.second), std::string::npos) << got;
-    EXPECT_NE(got.find(c.first), std::string::npos) << got;
+    EXPECT_NE(got.find(c[1]), std::string::npos) << got;
+    if (c[2].empty()) EXPECT_NE(got.find(c[0]), std::string::npos) << got;
     EXPECT_EQ(got.substr(got.find('\n') + 1), "exit 1\n") << "not one line, or not exit 1: " << got;
   }
 }
