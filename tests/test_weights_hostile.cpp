@@ -58,8 +58,14 @@ std::string zip(const std::vector<Record>& records) {
          le(0, 2);
 }
 
+// A literal's every byte, NULs included.
+template <size_t N>
+std::string bytes(const char (&s)[N]) {
+  return std::string(s, N - 1);
+}
+
 // An empty state dict, as protocol 2 pickles collections.OrderedDict().
-const std::string kEmptyStateDict = std::string("\x80\x02", 2) + "ccollections\nOrderedDict\nq\x00)Rq\x01.";
+const std::string kEmptyStateDict = bytes("\x80\x02" "ccollections\nOrderedDict\nq\x00)Rq\x01.");
 
 class WeightsHostile : public ::testing::Test {
  protected:
@@ -131,7 +137,7 @@ TEST_F(WeightsHostile, DeeplyNestedPickle) {
   const std::string path = write("nested.bin", zip({{"archive/data.pkl", pkl}, {"archive/byteorder", "little"}}));
   expect_error([&] { shardplan::read_weights(path); }, {path, "nests values more than 64 levels deep"});
   // A list appended to itself through the memo: no recursion, no leak.
-  const std::string cycle = std::string("\x80\x02]q\x00", 5) + "h\x00" + "a" + "h\x00" + "a" + ".";
+  const std::string cycle = bytes("\x80\x02]q\x00" "h\x00" "a" "h\x00" "a.");
   const std::string looped = write("cycle.bin", zip({{"archive/data.pkl", cycle}, {"archive/byteorder", "little"}}));
   expect_error([&] { shardplan::read_weights(looped); }, {looped, "not a state dict"});
 }
