@@ -21,18 +21,19 @@ struct Fit {
   double limit = 0;   // elements one parameter may have
   std::string limit_why;
 
-  // "num_hidden_layers 7 (config.json 'p')" or "layers=7 (--config)".
+  // "num_hidden_layers 7" (from the file) or "layers=7 (--config)".
   std::string key(const char* hf, const char* ours, int64_t value) const {
     if (cli.count(ours)) return std::string(ours) + "=" + std::to_string(value) + " (--config)";
-    return std::string(hf) + " " + std::to_string(value) + " (config.json '" + config_path + "')";
+    return std::string(hf) + " " + std::to_string(value);
   }
+  [[noreturn]] void fail(const std::string& what) const { throw Error("config.json '" + config_path + "': " + what); }
   void parameter(const std::string& keys, const std::string& name, double rows, double cols) const {
     if (rows * cols <= limit) return;
     std::ostringstream s;
     s.precision(0);
-    s << std::fixed << keys << " make parameter '" << name << "' " << rows << " x " << cols << " = " << rows * cols
-      << " elements, more than " << limit_why;
-    throw Error(s.str());
+    s << std::fixed << keys << ": parameter '" << name << "' would be " << rows << " x " << cols << " = "
+      << rows * cols << " elements, more than " << limit_why;
+    fail(s.str());
   }
 };
 
@@ -55,14 +56,14 @@ void check_layers(const Fit& fit, const LlamaConfig& c, const std::vector<std::p
   const std::set<int64_t> found = layer_indices(shapes);
   if (!found.empty()) {
     if (c.layers == static_cast<int64_t>(found.size()) && *found.rbegin() + 1 == c.layers) return;
-    throw Error(key + " does not match the weights '" + fit.weights + "', whose tensor names hold " +
-                std::to_string(found.size()) + " layers (indices " + std::to_string(*found.begin()) + " to " +
-                std::to_string(*found.rbegin()) + ")");
+    fit.fail(key + " does not match the weights '" + fit.weights + "', whose tensor names hold " +
+             std::to_string(found.size()) + " layers (indices " + std::to_string(*found.begin()) + " to " +
+             std::to_string(*found.rbegin()) + ")");
   }
   // Names renamed later (--rename-weights): each layer still needs its 9 tensors.
   if (static_cast<double>(c.layers) * 9 > static_cast<double>(shapes.size()))
-    throw Error(key + " needs " + std::to_string(c.layers) + " x 9 tensors, but the weights '" + fit.weights +
-                "' hold " + std::to_string(shapes.size()));
+    fit.fail(key + " needs " + std::to_string(c.layers) + " x 9 tensors, but the weights '" + fit.weights + "' hold " +
+             std::to_string(shapes.size()));
 }
 
 }  // namespace
@@ -98,9 +99,9 @@ void check_hf_config_fits(const std::string& config_path, const Overrides& confi
   fit.parameter(fit.key("intermediate_size", "mlp", c.mlp) + " and " + hidden, "model.layers.0.mlp.gate_proj.weight",
                 static_cast<double>(c.mlp), e);
   if (strict) return check_layers(fit, c, shapes);
-  // Built in memory: every layer's projections together.
-  fit.parameter(fit.key("num_hidden_layers", "layers", c.layers) + " and " + hidden, "model.layers.*.self_attn.o_proj.weight (all layers)",
-                static_cast<double>(c.layers), e * e);
+  // Built in memory: one projection of every layer together ("*": all of them).
+  fit.parameter(fit.key("num_hidden_layers", "layers", c.layers) + " and " + hidden,
+                "model.layers.*.self_attn.o_proj.weight", static_cast<double>(c.layers), e * e);
 }
 
 }  // namespace examples

@@ -10,7 +10,7 @@ set -uo pipefail
 train=$1 work=$2
 rm -rf "$work" && mkdir -p "$work"
 failures=0
-"$train" --model llama --config "vocab=16 context=16 embed=8 heads=2 kv_heads=2 layers=2 mlp=12" --steps 1 \
+"$train" --model llama --config vocab=256,context=16,embed=8,heads=2,kv_heads=2,layers=2,mlp=12 --steps 1 \
   --batch 2 --save-weights "$work/good" >"$work/save.txt" 2>&1 || { cat "$work/save.txt"; exit 1; }
 
 # refused NAME KEY=VALUE [more train_model options] -- WANT...: a copy of the
