@@ -33,7 +33,10 @@ struct Value {
   std::vector<Ref> items;             // Tuple, List; Tensor: {storage}
   std::vector<std::pair<Ref, Ref>> dict;
   PickledTensor tensor;
-  int depth = 1;                      // of the containers nested in it, when built
+  // Levels of containers in it as seen when each item went in (a container
+  // grown after it was nested is not re-counted: nothing walks values
+  // recursively, so the bound only has to stop the plain deep file).
+  int depth = 1;
 };
 
 class Machine {
@@ -50,7 +53,8 @@ class Machine {
   // `outer` now holds `inner`: refused past kMaxDepth levels.
   void nest(Ref outer, Ref inner) {
     if (inner->depth + 1 > outer->depth) outer->depth = inner->depth + 1;
-    if (outer->depth > kMaxDepth) fail("nests values more than " + std::to_string(kMaxDepth) + " levels deep; a state dict does not");
+    if (outer->depth > kMaxDepth)
+      fail("nests values more than " + std::to_string(kMaxDepth) + " levels deep; a state dict does not");
   }
   [[noreturn]] void fail(const std::string& what) const {
     throw Error("torch.save file '" + file_ + "': data.pkl " + what);
