@@ -45,7 +45,8 @@ std::set<int64_t> layer_indices(const std::vector<std::pair<std::string, std::ve
     for (size_t at = n.find("layers."); at != std::string::npos; at = n.find("layers.", at + 1)) {
       size_t end = at + 7;
       while (end < n.size() && end - at - 7 < 9 && n[end] >= '0' && n[end] <= '9') ++end;
-      if (end > at + 7 && end < n.size() && n[end] == '.') out.insert(std::atoll(n.c_str() + at + 7));
+      const bool whole = at == 0 || n[at - 1] == '.';  // "layers", not "encoder_layers"
+      if (whole && end > at + 7 && end < n.size() && n[end] == '.') out.insert(std::atoll(n.c_str() + at + 7));
     }
   }
   return out;
