@@ -57,8 +57,8 @@ const char* const kUsage =
     "\n"
     "exit status: 0 when every rank exits 0; 1 when a rank fails (the others get\n"
     "SIGTERM, then SIGKILL 5 s later) and no restart is left; 2 for a usage error; 128+S when the\n"
-    "launcher receives signal S (SIGINT, SIGTERM, SIGHUP are forwarded to the\n"
-    "ranks; a second one sends SIGKILL).\n";
+    "launcher receives signal S, whenever it comes, restarts included (SIGINT,\n"
+    "SIGTERM, SIGHUP are forwarded to the ranks; a second one sends SIGKILL).\n";
 
 namespace {
 
