@@ -418,6 +418,7 @@ int launch_main(int argc, char** argv) {
   const std::string node = "node " + std::to_string(options.node_rank) + " of " + std::to_string(options.nnodes) +
                            (options.has_local_addr ? " (" + options.local_addr + ")" : "");
   if (options.nnodes > 1) say_as_node(node);
+  remove_stale_segments();
   return run_with_restarts(options, node);
 }
 

@@ -139,6 +139,9 @@ class TempDir {
 const std::string& job_id();
 // Removes /dev/shm/shardplan-gloo-<job>-*; says how many when any.
 int remove_job_segments(const std::string& job);
+// Removes every shardplan-gloo-* name whose creating process is gone (any
+// job's: a launcher killed with SIGKILL left them); says how many when any.
+int remove_stale_segments();
 
 // ---------------------------------------------------------------- launcher
 
