@@ -37,37 +37,41 @@ int slurm_count(const char* name, int fallback) {
 }
 
 // Entry `node` of a per-node list as Slurm writes SLURM_TASKS_PER_NODE:
-// "2(x3),1" is 2, 2, 2, 1. Bounded: counts and repeats up to kMaxRanks.
+// "2(x3),1" is 2, 2, 2, 1. The whole list is checked, whichever entry is
+// ours; counts and repeats are bounded by kMaxRanks.
 int slurm_count_of_node(const char* name, long long node) {
   const std::string v = get(name);
   auto bad = [&] {
     return Error(std::string(name) + "='" + v + "' is not a list of counts per node (Slurm's N or N(xM), comma separated)");
   };
-  long long first = 0;  // index of the node the current item starts at
-  for (size_t at = 0;;) {
-    const char* p = v.c_str() + at;
+  auto number = [&](const char*& p) {
+    if (!std::isdigit(static_cast<unsigned char>(*p))) throw bad();
     char* end = nullptr;
-    const long count = std::strtol(p, &end, 10);
-    if (end == p || !std::isdigit(static_cast<unsigned char>(*p)) || count > kMaxRanks) throw bad();
+    const long x = std::strtol(p, &end, 10);
+    if (x > kMaxRanks) throw bad();
+    p = end;
+    return x;
+  };
+  long long first = 0;  // index of the node the current item starts at
+  int ours = -1;
+  for (const char* p = v.c_str();; ++p) {
+    const long count = number(p);
     long repeat = 1;
-    if (*end == '(') {
-      if (end[1] != 'x' || !std::isdigit(static_cast<unsigned char>(end[2]))) throw bad();
-      repeat = std::strtol(end + 2, &end, 10);
-      if (*end != ')' || repeat < 1 || repeat > kMaxRanks) throw bad();
-      ++end;
+    if (*p == '(') {
+      if (p[1] != 'x') throw bad();
+      p += 2;
+      repeat = number(p);
+      if (*p++ != ')' || repeat < 1) throw bad();
     }
-    if (node < first + repeat) {
-      if (*end && *end != ',') throw bad();
-      return static_cast<int>(count);
-    }
+    if (ours < 0 && node < first + repeat) ours = static_cast<int>(count);
     first += repeat;
-    if (*end != ',') {
-      if (*end) throw bad();
-      throw Error("SLURM_NODEID=" + std::to_string(node) + " is beyond the " + std::to_string(first) + " node(s) of " +
-                  name + "='" + v + "'");
-    }
-    at = static_cast<size_t>(end - v.c_str()) + 1;
+    if (!*p) break;
+    if (*p != ',') throw bad();
   }
+  if (ours < 0)
+    throw Error("SLURM_NODEID=" + std::to_string(node) + " is beyond the " + std::to_string(first) + " node(s) of " +
+                name + "='" + v + "'");
+  return ours;
 }
 
 // Ranks on this node as Slurm started them: the step's layout (srun sets
