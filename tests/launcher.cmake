@@ -8,7 +8,8 @@ find_program(SHARDPLAN_BASH bash REQUIRED)
 set(_launcher_cases
   help usage_errors env_single_node env_options env_node_rank two_nodes_env two_nodes_failure
   prefix_many_lines partial_line all_zero fail_fast killed_by_signal sigkill_escalation
-  leftover_descendants forward_sigterm forward_sigint exec_failure thread_env restart_limit)
+  leftover_descendants forward_sigterm forward_sigint exec_failure thread_env restart_limit
+  signal_in_stop_sigterm signal_in_stop_sigint signal_after_ranks)
 foreach(case ${_launcher_cases})
   add_test(NAME launcher.${case}
     COMMAND ${SHARDPLAN_BASH} ${CMAKE_CURRENT_LIST_DIR}/launcher/launcher_test.sh

@@ -23,7 +23,8 @@ namespace {
 // Every test leaves the process's pools and environment as it found them.
 class Threads : public ::testing::Test {
  protected:
-  static constexpr const char* kVars[] = {"SHARDPLAN_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"};
+  static constexpr const char* kVars[] = {"SHARDPLAN_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                          "SLURM_CPUS_PER_TASK"};
   void SetUp() override {
     intra_ = at::get_num_threads();
     blas_ = blas_num_threads();
@@ -116,6 +117,20 @@ TEST_F(Threads, TorchUsersVariablesAreRespected) {
   EXPECT_EQ(s.intra_op, 1);
   EXPECT_EQ(s.blas, 2);
   EXPECT_EQ(set_num_threads(1).blas, 1);
+}
+
+// srun -c N: what Slurm gave each task, after the variables a user sets.
+TEST_F(Threads, SlurmCpusPerTaskIsTheDefault) {
+  setenv("SLURM_CPUS_PER_TASK", "3", 1);
+  ThreadSettings s = set_num_threads(0, 4);
+  EXPECT_EQ(s.threads, 3);
+  EXPECT_EQ(s.source, "SLURM_CPUS_PER_TASK");
+  EXPECT_EQ(set_num_threads(0, 2, 2).threads, 1);  // two thread ranks share the task's 3
+  setenv("OMP_NUM_THREADS", "2", 1);
+  EXPECT_EQ(set_num_threads(0, 4).threads, 2);
+  unsetenv("OMP_NUM_THREADS");
+  setenv("SLURM_CPUS_PER_TASK", "x", 1);
+  EXPECT_THROW(set_num_threads(0), Error);
 }
 
 TEST_F(Threads, BadValuesAreErrors) {

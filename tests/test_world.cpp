@@ -39,10 +39,23 @@ class EnvGuard {
   static constexpr const char* kAll[] = {
       "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
       "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-      "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "PMI_RANK",
+      "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE",
+      "SLURM_STEP_TASKS_PER_NODE", "SLURM_NODEID", "SLURM_STEP_ID", "SLURM_STEPID", "SLURM_JOB_ID", "PMI_RANK",
+      "PMIX_RANK",
       "SHARDPLAN_BACKEND", "SHARDPLAN_STORE", "SHARDPLAN_TIMEOUT_MS", "SHARDPLAN_LOCAL_ADDR"};
   std::vector<std::pair<std::string, std::string>> saved_;
 };
+
+// from_env()'s error under exactly `vars`, "" when there is none.
+std::string from_env_error(std::vector<std::pair<std::string, std::string>> vars) {
+  EnvGuard env(std::move(vars));
+  try {
+    WorldOptions::from_env();
+  } catch (const shardplan::Error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 TEST(WorldOptions, TorchrunVariables) {
   EnvGuard env({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
@@ -72,8 +85,8 @@ TEST(WorldOptions, OpenMPIAndSlurmVariables) {
     EXPECT_EQ(o.backend, "mpi");  // started by mpirun, no choice made
   }
   {
-    EnvGuard env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
-                  {"SLURM_NTASKS_PER_NODE", "4(x2)"}, {"SHARDPLAN_BACKEND", "mpi"}});
+    EnvGuard env({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"}, {"SLURM_STEP_ID", "0"},
+                  {"SLURM_NTASKS_PER_NODE", "4(x2)"}, {"SHARDPLAN_BACKEND", "mpi"}, {"PMIX_RANK", "5"}});
     auto o = WorldOptions::from_env();
     EXPECT_EQ(o.rank, 5);
     EXPECT_EQ(o.world_size, 8);
@@ -81,6 +94,48 @@ TEST(WorldOptions, OpenMPIAndSlurmVariables) {
     EXPECT_EQ(o.local_world_size, 4);
     EXPECT_EQ(o.backend, "mpi");
   }
+}
+
+// srun sets SLURM_NTASKS_PER_NODE only with --ntasks-per-node; the ranks on
+// a node are entry SLURM_NODEID of SLURM_(STEP_)TASKS_PER_NODE, "2(x3),1".
+TEST(WorldOptions, SlurmTasksPerNodeIndexedByNodeId) {
+  auto local_size = [](const char* node, const char* list) {
+    EnvGuard env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "7"}, {"SLURM_STEP_ID", "0"}, {"SLURM_NODEID", node},
+                  {"SLURM_TASKS_PER_NODE", list}});
+    return WorldOptions::from_env().local_world_size;
+  };
+  EXPECT_EQ(local_size("0", "2(x3),1"), 2);
+  EXPECT_EQ(local_size("2", "2(x3),1"), 2);
+  EXPECT_EQ(local_size("3", "2(x3),1"), 1);
+  EXPECT_EQ(local_size("1", "4,3"), 3);
+  {
+    // The step's layout wins over the job's.
+    EnvGuard env({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_ID", "0"}, {"SLURM_NODEID", "0"},
+                  {"SLURM_TASKS_PER_NODE", "4"}, {"SLURM_STEP_TASKS_PER_NODE", "2"}});
+    EXPECT_EQ(WorldOptions::from_env().local_world_size, 2);
+  }
+  auto message = [](const char* node, const char* list) {
+    return from_env_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_ID", "0"},
+                           {"SLURM_NODEID", node}, {"SLURM_TASKS_PER_NODE", list}});
+  };
+  EXPECT_EQ(message("4", "2(x3),1"), "SLURM_NODEID=4 is beyond the 4 node(s) of SLURM_TASKS_PER_NODE='2(x3),1'");
+  for (const char* bad : {"2(x3", "2(3)", "x", "2,", "2(x0)", "-1", "2)x"})
+    EXPECT_EQ(message("0", bad), std::string("SLURM_TASKS_PER_NODE='") + bad +
+                                     "' is not a list of counts per node (Slurm's N or N(xM), comma separated)")
+        << bad;
+}
+
+TEST(WorldOptions, SlurmBatchScriptAndMpiWithoutPmixAreOneLine) {
+  EXPECT_EQ(from_env_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_JOB_ID", "7"}}),
+            "SLURM_NTASKS=2, but this process is not a task of an srun step (it is job 7's batch script): start the "
+            "ranks with srun (docs/SLURM.md)");
+  EXPECT_EQ(from_env_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}}), "");
+  const std::string mpi = from_env_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_ID", "0"},
+                                   {"SHARDPLAN_BACKEND", "mpi"}});
+  EXPECT_EQ(mpi.rfind("backend 'mpi' under srun needs Slurm's PMIx: run srun --mpi=pmix", 0), 0u) << mpi;
+  EXPECT_EQ(from_env_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_ID", "0"}, {"PMIX_RANK", "0"},
+                     {"SHARDPLAN_BACKEND", "mpi"}}),
+            "");
 }
 
 TEST(WorldOptions, NoJobMeansOneLocalRank) {
@@ -107,25 +162,17 @@ TEST(WorldOptions, BadValuesAreOneLineErrors) {
 // Every variable is read as strictly as the option it stands for: a typo
 // ("5s", "3x", "yes") is an error naming the variable, never a silent 5 or 0.
 TEST(WorldOptions, EveryVariableIsValidatedLikeItsOption) {
-  auto message = [](std::vector<std::pair<std::string, std::string>> vars) -> std::string {
-    EnvGuard env(std::move(vars));
-    try {
-      WorldOptions::from_env();
-    } catch (const shardplan::Error& e) {
-      return e.what();
-    }
-    return "";
-  };
-  EXPECT_EQ(message({{"SHARDPLAN_TIMEOUT_MS", "5s"}}),
+  EXPECT_EQ(from_env_error({{"SHARDPLAN_TIMEOUT_MS", "5s"}}),
             "SHARDPLAN_TIMEOUT_MS='5s' is not a timeout in milliseconds (a whole number from 1 to 1000000000000)");
-  EXPECT_EQ(message({{"SHARDPLAN_TIMEOUT_MS", "0"}}).substr(0, 24), "SHARDPLAN_TIMEOUT_MS='0'");
-  EXPECT_EQ(message({{"RANK", "1"}, {"WORLD_SIZE", "4x"}}),
+  EXPECT_EQ(from_env_error({{"SHARDPLAN_TIMEOUT_MS", "0"}}).substr(0, 24), "SHARDPLAN_TIMEOUT_MS='0'");
+  EXPECT_EQ(from_env_error({{"RANK", "1"}, {"WORLD_SIZE", "4x"}}),
             "WORLD_SIZE='4x' is not a rank or a count (a whole number from 0 to 16777216)");
-  EXPECT_EQ(message({{"RANK", "0"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500a"}}),
+  EXPECT_EQ(from_env_error({{"RANK", "0"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500a"}}),
             "MASTER_PORT='29500a' is not a TCP port (a whole number from 1 to 65535)");
-  EXPECT_EQ(message({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_NTASKS_PER_NODE", "two"}}),
+  EXPECT_EQ(from_env_error(
+                {{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_ID", "0"}, {"SLURM_NTASKS_PER_NODE", "two"}}),
             "SLURM_NTASKS_PER_NODE='two' is not a count (a whole number, or Slurm's N(xM))");
-  EXPECT_EQ(message({{"SHARDPLAN_TIMEOUT_MS", "250"}}), "");
+  EXPECT_EQ(from_env_error({{"SHARDPLAN_TIMEOUT_MS", "250"}}), "");
 }
 
 TEST(World, MissingRendezvousIsAClearError) {

@@ -26,6 +26,7 @@
 
 #include "comm.h"
 #include "run_gloo.h"
+#include "shm_names.h"
 
 namespace sp_gloo {
 
@@ -75,9 +76,9 @@ bool process_gone(int64_t pid) {
   if (pid == getpid()) return false;
   if (kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
   // A zombie still answers kill(); its state in /proc says it is gone.
-  std::string stat = read_all(("/proc/" + std::to_string(pid) + "/stat").c_str());
-  auto close = stat.rfind(')');
-  return close != std::string::npos && close + 2 < stat.size() && (stat[close + 2] == 'Z' || stat[close + 2] == 'X');
+  char state = 0;
+  unsigned long long start = 0;
+  return shm_names::read_process(static_cast<unsigned long long>(pid), state, start) && (state == 'Z' || state == 'X');
 }
 
 void futex_wait(std::atomic<uint32_t>* word, uint32_t value, long ns) {
@@ -106,7 +107,7 @@ size_t slot_bytes_for(int size) {
 struct Offer {
   int32_t ok;
   int32_t err;    // why rank 0 could not create it (errno), for every rank's message
-  char name[96];  // "/shardplan-gloo-" + a job id of up to 24 + pid, serial, nonce
+  char name[160];  // "/shardplan-gloo-" + a job id of up to 24 + 3 numbers of up to 20 digits, serial, nonce
   uint64_t nonce;
 };
 
@@ -142,15 +143,23 @@ struct Mapping {
   void* release() { return std::exchange(base, MAP_FAILED); }
 };
 
-// "/shardplan-gloo-<job>-<pid>-<serial>-<nonce>": the job (SHARDPLAN_JOB_ID,
-// "nojob" without the launcher) lets shardplan launch remove what a killed
-// rank left; the pid and serial keep names unique on the host.
+// The name says whose job it is and which process owns it (shm_names.h):
+// the launcher removes its job's names, and anyone the names of owners
+// that are gone. The first time a process creates a segment it removes
+// such names itself, so ranks started without the launcher (srun) clean
+// up after a killed job too.
 void make_name(Offer& offer) {
   static std::atomic<unsigned> serial{0};
+  static const shm_names::Owner me = [] {
+    if (const int n = shm_names::remove_stale())
+      std::fprintf(stderr, "gloo: removed %d shared-memory segment(s) from /dev/shm whose process is gone (%s*)\n", n,
+                   shm_names::kPrefix);
+    return shm_names::self();
+  }();
   const char* job = std::getenv("SHARDPLAN_JOB_ID");
   if (!job || !*job || !valid_job_id(job)) job = "nojob";
-  std::snprintf(offer.name, sizeof offer.name, "/shardplan-gloo-%s-%d-%u-%08x", job, static_cast<int>(getpid()),
-                serial.fetch_add(1), static_cast<unsigned>(offer.nonce));
+  std::snprintf(offer.name, sizeof offer.name, "/%s%s-%llu-%llu-%llu-%u-%08x", shm_names::kPrefix, job, me.pid,
+                me.start, me.pidns, serial.fetch_add(1), static_cast<unsigned>(offer.nonce));
 }
 
 // Test hook (tests/comm_gloo_shm.cmake): SHARDPLAN_TEST_GLOO_SHM_PAUSE_MS=N

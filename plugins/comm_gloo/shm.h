@@ -25,8 +25,10 @@
 // every rank has mapped it, and on every way out of attach_shm before that
 // (a peer died, /dev/shm is full). A rank killed outright inside that window
 // runs no destructor, so the name carries the job (SHARDPLAN_JOB_ID, which
-// shardplan launch exports): /shardplan-gloo-<job>-<pid>-..., and the
-// launcher removes its own job's names once its ranks are gone.
+// shardplan launch exports) and the process that owns it (shm_names.h): the
+// launcher removes its own job's names once its ranks are gone, and every
+// launcher and rank at start the names whose owner is gone (a launcher
+// killed with SIGKILL takes its ranks with it, and nobody else would).
 #include <atomic>
 #include <chrono>
 #include <cstddef>

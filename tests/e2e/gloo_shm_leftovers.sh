@@ -13,6 +13,14 @@
 #   term-launch  SIGTERM to shardplan launch inside the window (Ctrl-C, a
 #                batch system's stop): the ranks die without running their
 #                destructors, and the launcher removes the job's segment
+#   kill9-launch SIGKILL to shardplan launch inside the window: its ranks die
+#                with it and the segment stays, until the next launcher
+#                removes it (its creator is gone)
+#   stale-launch names as killed jobs leave them, and names that must stay
+#                (a live creator, another PID namespace, another form): a
+#                launcher at start removes exactly the stale ones
+#   stale-rank   the same, removed by a rank creating its first segment
+#                (ranks started without the launcher, e.g. by srun)
 set -uo pipefail
 case_name=$1 shardplan=$2 conformance=$3
 
@@ -60,6 +68,37 @@ launch_into_window() {
   [ -n "$(ls -A /dev/shm)" ] || fail "no segment inside the attach window"
 }
 
+# plant_names: a name in each form stale_* below checks; $live and $dead
+# are a running and an ended process.
+plant_names() {
+  local ns start_live start_dead
+  ns=$(stat -Lc %i /proc/self/ns/pid)
+  start_of() { sed 's/.*) //' "/proc/$1/stat" | awk '{print $20}'; }
+  sleep 300 &
+  live=$!
+  sleep 300 &
+  dead=$!
+  start_live=$(start_of $live) start_dead=$(start_of $dead)
+  kill $dead
+  wait $dead 2>/dev/null
+  for n in "gone-$dead-$start_dead-$ns-0-0000abcd" "reused-$live-$((start_live + 1))-$ns-3-0000abcd" \
+    "live-$live-$start_live-$ns-0-0000abcd" "otherns-$dead-$start_dead-$((ns + 1))-0-0000abcd" \
+    "oldform-$dead-0-0000abcd"; do
+    head -c 4096 /dev/zero >"/dev/shm/shardplan-gloo-$n"
+  done
+  : >/dev/shm/not-ours
+}
+# stale_removed LOG WHO: the two stale names are gone, the others stay, and
+# LOG says so.
+stale_removed() {
+  local left
+  kill $live
+  left=$(ls /dev/shm | sed "s/-$live-/-LIVE-/; s/-$dead-/-DEAD-/" | sed 's/-[0-9]*-[0-9]*-0-0000abcd$//' | sort | tr '\n' ' ')
+  [ "$left" = "not-ours shardplan-gloo-live-LIVE shardplan-gloo-oldform-DEAD-0-0000abcd shardplan-gloo-otherns-DEAD " ] ||
+    { ls -l /dev/shm; cat "$1"; fail "left in /dev/shm: $left"; }
+  grep -q "$2 2 shared-memory segment(s) from /dev/shm" "$1" || { cat "$1"; fail "no line saying 2 were removed"; }
+}
+
 case $case_name in
 full-auto)
   "$conformance" --backend gloo --threads 2 --quick >"$work/out" 2>&1 || { cat "$work/out"; fail "shm=auto did not fall back to TCP"; }
@@ -104,6 +143,35 @@ term-launch)
   [ $status -eq 143 ] || { cat "$work/out"; fail "the launcher exited with $status, expected 143 (SIGTERM)"; }
   shm_empty
   echo "PASS: the launcher removed the segment when it was stopped inside the attach window"
+  ;;
+kill9-launch)
+  launch_into_window
+  pids=$(sed -n 's/.*gloo shm test pause: rank [01] pid \([0-9]*\) .*/\1/p' "$work/out")
+  kill -KILL $launcher
+  wait $launcher 2>/dev/null
+  for p in $pids; do
+    for _ in $(seq 200); do kill -0 "$p" 2>/dev/null || break; sleep 0.05; done
+    kill -0 "$p" 2>/dev/null && fail "rank pid $p outlived its launcher"
+  done
+  [ -n "$(ls -A /dev/shm)" ] || fail "nothing left in /dev/shm: the case does not reproduce the leftover"
+  "$shardplan" launch -n 1 -- true >"$work/next" 2>&1 || { cat "$work/next"; fail "the next launcher failed"; }
+  grep -q "removed 1 shared-memory segment(s) from /dev/shm (shardplan-gloo-\*) whose process is gone" "$work/next" ||
+    { cat "$work/next"; fail "the next launcher did not say it removed the segment"; }
+  shm_empty
+  echo "PASS: the next launcher removed the segment a launcher killed with SIGKILL left"
+  ;;
+stale-launch)
+  plant_names
+  "$shardplan" launch -n 1 -- true >"$work/out" 2>&1 || { cat "$work/out"; fail "the launcher failed"; }
+  stale_removed "$work/out" "shardplan launch: removed"
+  echo "PASS: the launcher removed exactly the stale names"
+  ;;
+stale-rank)
+  plant_names
+  "$conformance" --backend gloo --threads 2 --quick --option shm=on >"$work/out" 2>&1 ||
+    { cat "$work/out"; fail "the conformance run failed"; }
+  stale_removed "$work/out" "gloo: removed"
+  echo "PASS: a rank creating its first segment removed exactly the stale names"
   ;;
 *)
   fail "unknown case $case_name"

@@ -26,6 +26,7 @@ const char* const kUsage =
     "  --init                    join the world (WorldOptions::from_env()), print 'rank R joined'\n"
     "  --collective NAME         all_reduce | all_gather | broadcast | barrier on the current group,\n"
     "                            print 'rank R: NAME done'\n"
+    "  --describe                print 'rank R of W, local L of N, threads <setting>' (after --init)\n"
     "  --group AXIS              later collectives use the group of AXIS in a one-axis mesh\n"
     "                            {AXIS: world size} (\"world\": the world again)\n"
     "  --sleep-ms MS             sleep\n"
@@ -97,6 +98,12 @@ int main(int argc, char** argv) {
         world = shardplan::init_world(shardplan::WorldOptions::from_env());
         group = world->comm_ptr();
         std::printf("rank %d joined\n", world->rank());
+      } else if (action == "--describe") {
+        if (!run) continue;
+        need_world();
+        const shardplan::WorldOptions& o = world->options();
+        std::printf("rank %d of %d, local %d of %d, threads %s\n", world->rank(), world->size(), o.local_rank,
+                    o.local_world_size, world->threads().str().c_str());
       } else if (action == "--group") {
         const std::string axis = arg();
         if (!run) continue;

@@ -38,6 +38,27 @@ single_store() {
   STORE=$stores
 }
 
+# signal_case RANK0 SIG: a launch with --max-restarts 3 whose rank 1 fails
+# at start once $work/ready exists, and whose rank 0 runs the shell code
+# RANK0 (which creates it; $launcher, $work, $sig, $rank0 are set) and then
+# sleeps. The signal it sends must end the job at its first start.
+signal_case() {
+  cat >"$WORK/rank.sh" <<RANK
+launcher=\$PPID work=\$1 sig=\$2 rank0=\$\$
+if [[ \$RANK == 1 ]]; then
+  while [[ ! -e \$work/ready ]]; do sleep 0.01; done
+  exit 3
+fi
+echo "start \$SHARDPLAN_RESTART_COUNT"
+$1
+while :; do sleep 1 & wait \$!; done
+RANK
+  run launch -n 2 --max-restarts 3 -- bash "$WORK/rank.sh" "$WORK" "$2"
+  expect_faster_than 30000
+  expect_exact "$WORK/out" "[rank 0] start 0"
+  ! grep -q 'restart' "$WORK/err" || fail "the launcher restarted after the signal"
+}
+
 case $CASE in
 help)
   run --help
@@ -186,6 +207,36 @@ restart_limit)
   grep -Eqx "shardplan launch: giving up after 2 restart\(s\); the last failure: rank 1 \(pid [0-9]+\) exited with status 3" \
     "$WORK/err" || fail "no final verdict naming the last failure"
   [[ $(grep -c '^shardplan launch: restart' "$WORK/err") -eq 2 ]] || fail "expected exactly 2 restarts"
+  ;;
+
+signal_in_stop_sigterm | signal_in_stop_sigint)
+  # Rank 1 fails at start; while the launcher stops rank 0 for the restart,
+  # rank 0 (on that SIGTERM) sends the launcher a signal of its own, then
+  # waits for the launcher to pass it on. The signal ends the job: 128 + N,
+  # not the restarts (it used to be taken for a second Ctrl-C and then lost).
+  if [[ $CASE == signal_in_stop_sigint ]]; then sig=INT signo=2; else sig=TERM signo=15; fi
+  signal_case 'trap "trap \"exit 0\" TERM INT; kill -$sig $launcher" TERM
+    touch "$work/ready"' $sig
+  expect_rc $((128 + signo))
+  grep -Eqx "shardplan launch: rank 1 \(pid [0-9]+\) exited with status 3; terminating 1 other rank\(s\)" "$WORK/err" ||
+    fail "no verdict on rank 1"
+  grep -qx "shardplan launch: received SIG$sig while stopping 1 rank(s) after a failure; forwarding it, and the job ends" \
+    "$WORK/err" || fail "the launcher did not take the signal"
+  ;;
+
+signal_after_ranks)
+  # The same signal once the ranks are gone, while the launcher clears what
+  # they left in their process groups (rank 0's child, deaf to SIGTERM).
+  signal_case '(
+      trap "" TERM
+      touch "$work/ready"
+      while kill -0 $rank0 2>/dev/null; do sleep 0.01; done
+      kill -TERM $launcher
+      exec sleep 300
+    ) &' TERM
+  expect_rc 143
+  grep -qx "shardplan launch: received SIGTERM after the ranks ended; the job ends here" "$WORK/err" ||
+    fail "the launcher did not take the signal"
   ;;
 
 two_nodes_failure)

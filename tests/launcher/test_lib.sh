@@ -1,7 +1,8 @@
 # shellcheck shell=bash
 # Helpers shared by the launcher test scripts (launcher_test.sh and
 # comm_mpi/launch_mpi_test.sh), which both drive `shardplan launch` with
-# launcher_probe as the ranks and check its exit status, output and timing.
+# launcher_probe as the ranks and check its exit status, output and timing;
+# tests/slurm/slurm_env_test.sh uses its clean-up (BG_PIDS, WORK).
 # Sourced, not run. The sourcing script sets first:
 #   SP         the shardplan binary
 #   TEST_NAME  the name FAIL lines carry

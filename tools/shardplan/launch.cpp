@@ -20,10 +20,10 @@ namespace shardplan_cli {
 namespace launcher {
 
 Launcher::~Launcher() {
-  for (const SavedAction& s : saved_actions_) sigaction(s.signo, &s.action, nullptr);
+  // First, so that no handler writes to a closed (or reused) descriptor.
+  g_signal_pipe_write = -1;
   for (int fd : {signal_pipe_[0], signal_pipe_[1], devnull_})
     if (fd >= 0) close(fd);
-  g_signal_pipe_write = -1;
 }
 
 bool Launcher::setup() {
@@ -42,21 +42,6 @@ bool Launcher::setup() {
   // so we reap them (init in a container may not) and see them in waitpid.
   prctl(PR_SET_CHILD_SUBREAPER, 1);
 #endif
-  for (int signo : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE}) {
-    SavedAction saved{signo, {}};
-    if (sigaction(signo, nullptr, &saved.action) != 0) continue;
-    saved_actions_.push_back(saved);
-    // Like a shell: an ignored SIGINT (background job) or SIGHUP (nohup)
-    // stays ignored, for us and for the ranks.
-    if ((signo == SIGINT || signo == SIGHUP) && saved.action.sa_handler == SIG_IGN) continue;
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sigemptyset(&sa.sa_mask);
-    // A closed stdout must not kill the launcher while the ranks still run.
-    sa.sa_handler = signo == SIGPIPE ? SIG_IGN : forward_to_loop;
-    sa.sa_flags = SA_RESTART | (signo == SIGCHLD ? SA_NOCLDSTOP : 0);
-    sigaction(signo, &sa, nullptr);
-  }
   return true;
 }
 
@@ -99,7 +84,7 @@ bool Launcher::spawn(Rank& r, const std::vector<std::string>& args, const std::v
 #else
     (void)parent;
 #endif
-    for (const SavedAction& s : saved_actions_) sigaction(s.signo, &s.action, nullptr);
+    for (const SavedAction& s : signals_.saved()) sigaction(s.signo, &s.action, nullptr);
     sigprocmask(SIG_SETMASK, &previous, nullptr);
     if (dup2(devnull_, STDIN_FILENO) < 0 || dup2(out[1], STDOUT_FILENO) < 0 ||
         dup2(err[1], STDERR_FILENO) < 0)
@@ -175,16 +160,25 @@ void Launcher::on_peer_news() {
   stop_ranks(SIGTERM);
 }
 
+// Whenever it comes, the first signal ends the job: no restart follows, and
+// the launcher exits with 128 + its number once the ranks are gone.
 void Launcher::on_signal(int signo) {
   const std::string name = signal_name(signo);
+  const bool first = interrupted_by_ == 0;
+  if (first) interrupted_by_ = signo;
   if (running_count() == 0) {
+    if (first && !hurry_) say("received " + name + " after the ranks ended; the job ends here");
     hurry_ = true;
     return;
   }
   if (!stopping_) {
-    interrupted_by_ = signo;
     say("received " + name + "; forwarding it to " + children());
     stop_ranks(signo);
+  } else if (first) {
+    // We are stopping the ranks after a failure; they keep their grace.
+    say("received " + name + " while stopping " + children() + " after a failure; forwarding it, and the job ends");
+    for (const Rank& r : ranks_)
+      if (r.running) signal_rank(r, signo);
   } else if (!killed_) {
     say("received " + name + " again; sending SIGKILL to " + children());
     kill_running(SIGKILL);
@@ -261,6 +255,11 @@ int Launcher::run() {
                  std::to_string(opt_.master_port);
   }
   if (!setup()) return kExitFailure;
+  // A signal between two starts, when no event loop read it.
+  if (int signo = pending_signal()) {
+    say("received " + signal_name(signo) + " before the ranks were started; the job ends here");
+    return 128 + signo;
+  }
 
   ranks_.resize(mpi ? 1 : static_cast<size_t>(opt_.nproc));
   for (size_t i = 0; i < ranks_.size(); ++i) {
@@ -327,6 +326,8 @@ int Launcher::run() {
   }
   if (!mpi) remove_job_segments(job_id());
 
+  // One the loop never read (it came as the last rank ended) counts as well.
+  if (!interrupted_by_) interrupted_by_ = pending_signal();
   if (interrupted_by_) return 128 + interrupted_by_;
   return failed_ ? kExitFailure : 0;
 }
@@ -347,6 +348,7 @@ int run_with_restarts(Options options, const std::string& node) {
     if (rounds) rounds->leave(why);
     return rc;
   };
+  const JobSignals signals;
   for (int start = 0;; ++start) {
     options.restart = start;
     try {
@@ -355,7 +357,7 @@ int run_with_restarts(Options options, const std::string& node) {
       say(e.message);
       return e.signo ? end(128 + e.signo, "received " + signal_name(e.signo)) : end(kExitFailure, e.message);
     }
-    Launcher launcher(options, rounds.get());
+    Launcher launcher(options, signals, rounds.get());
     int rc = launcher.run();
     std::string cause = launcher.failure().empty() ? "a rank could not be started" : launcher.failure();
     if (rc == 0 && rounds) {
@@ -416,6 +418,7 @@ int launch_main(int argc, char** argv) {
   const std::string node = "node " + std::to_string(options.node_rank) + " of " + std::to_string(options.nnodes) +
                            (options.has_local_addr ? " (" + options.local_addr + ")" : "");
   if (options.nnodes > 1) say_as_node(node);
+  remove_stale_segments();
   return run_with_restarts(options, node);
 }
 

@@ -88,12 +88,33 @@ void say_as_node(const std::string& node);
 std::string signal_name(int signo);
 std::string describe_wait_status(int status);
 
-extern int g_signal_pipe_write;
+extern volatile sig_atomic_t g_signal_pipe_write;
+// Writes the signal number to the event loop's pipe (when a Launcher runs)
+// and remembers the first SIGINT, SIGTERM or SIGHUP for pending_signal().
 extern "C" void forward_to_loop(int signo);
 struct SavedAction {
   int signo;
   struct sigaction action;
 };
+
+// The launcher's signal handlers for the whole job: every start, the stop
+// after a failure, the cleanup and the gaps between starts. A signal that
+// lands where no event loop reads it is still remembered, so that no moment
+// of a restart can swallow it (the job then ends with 128 + its number).
+class JobSignals {
+ public:
+  JobSignals();
+  ~JobSignals();
+  JobSignals(const JobSignals&) = delete;
+  JobSignals& operator=(const JobSignals&) = delete;
+  // The dispositions found at start, which the ranks get back.
+  const std::vector<SavedAction>& saved() const { return saved_; }
+
+ private:
+  std::vector<SavedAction> saved_;
+};
+// The first SIGINT, SIGTERM or SIGHUP the launcher received, or 0.
+int pending_signal();
 bool set_cloexec_nonblock(int fd, bool nonblock);
 bool make_pipe(int fds[2], bool nonblock_read);
 
@@ -118,6 +139,9 @@ class TempDir {
 const std::string& job_id();
 // Removes /dev/shm/shardplan-gloo-<job>-*; says how many when any.
 int remove_job_segments(const std::string& job);
+// Removes every shardplan-gloo-* name whose creating process is gone (any
+// job's: a launcher killed with SIGKILL left them); says how many when any.
+int remove_stale_segments();
 
 // ---------------------------------------------------------------- launcher
 
@@ -154,7 +178,8 @@ class Launcher {
  public:
   // `rounds`: the job's coordination between nodes, or null (one node, or
   // no restarts): then a failure here is this node's business only.
-  explicit Launcher(Options o, Rounds* rounds = nullptr) : opt_(std::move(o)), rounds_(rounds) {}
+  Launcher(Options o, const JobSignals& signals, Rounds* rounds = nullptr)
+      : opt_(std::move(o)), signals_(signals), rounds_(rounds) {}
   ~Launcher();
   int run();
   // Why the ranks failed (the launcher's verdict line), "" when none did.
@@ -189,18 +214,18 @@ class Launcher {
   bool any_stream_open() const;
 
   Options opt_;
+  const JobSignals& signals_;
   Rounds* rounds_;
   bool fatal_ = false;
   TempDir store_dir_;
   std::string store_url_;
   std::vector<Rank> ranks_;
-  std::vector<SavedAction> saved_actions_;
   int signal_pipe_[2] = {-1, -1};
   int devnull_ = -1;
 
   bool failed_ = false;       // a rank failed, or a rank could not be started
   std::string failure_;
-  int interrupted_by_ = 0;    // the signal the launcher received first
+  int interrupted_by_ = 0;    // the signal the launcher received first: the job ends
   bool stopping_ = false;     // ranks have been asked to stop
   int stop_signal_ = SIGTERM;
   Clock::time_point kill_at_;

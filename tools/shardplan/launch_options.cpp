@@ -49,7 +49,8 @@ const char* const kUsage =
     "  SHARDPLAN_RESTART_COUNT and TORCHELASTIC_RESTART_COUNT: 0, then 1, 2, ... on\n"
     "    each restart\n"
     "  SHARDPLAN_JOB_ID: new per launch; names the job's shared-memory segments,\n"
-    "    which the launcher removes when the ranks are gone\n"
+    "    which the launcher removes when the ranks are gone (and at start, those\n"
+    "    of any job whose process is gone: a launcher killed with SIGKILL)\n"
     "  SHARDPLAN_NUM_THREADS, OMP_NUM_THREADS and OPENBLAS_NUM_THREADS: each rank's\n"
     "    CPU threads, $SHARDPLAN_NUM_THREADS or else the cores / N (at least 1); a\n"
     "    variable already set is left as it is (docs/THREADS.md)\n"
@@ -57,8 +58,8 @@ const char* const kUsage =
     "\n"
     "exit status: 0 when every rank exits 0; 1 when a rank fails (the others get\n"
     "SIGTERM, then SIGKILL 5 s later) and no restart is left; 2 for a usage error; 128+S when the\n"
-    "launcher receives signal S (SIGINT, SIGTERM, SIGHUP are forwarded to the\n"
-    "ranks; a second one sends SIGKILL).\n";
+    "launcher receives signal S, whenever it comes, restarts included (SIGINT,\n"
+    "SIGTERM, SIGHUP are forwarded to the ranks; a second one sends SIGKILL).\n";
 
 namespace {
 

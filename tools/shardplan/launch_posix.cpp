@@ -62,19 +62,49 @@ std::string describe_wait_status(int status) {
 
 // ---------------------------------------------------------------- signals
 
-int g_signal_pipe_write = -1;
+volatile sig_atomic_t g_signal_pipe_write = -1;
+
+namespace {
+volatile sig_atomic_t g_first_signal = 0;
+}  // namespace
+
+int pending_signal() { return g_first_signal; }
 
 // Only forwards the signal number to the main loop: everything else is done
 // there, outside signal context.
 extern "C" void forward_to_loop(int signo) {
   int saved = errno;
+  if ((signo == SIGINT || signo == SIGTERM || signo == SIGHUP) && g_first_signal == 0) g_first_signal = signo;
   unsigned char b = static_cast<unsigned char>(signo);
-  ssize_t ignored = write(g_signal_pipe_write, &b, 1);
-  (void)ignored;
+  const int fd = g_signal_pipe_write;
+  if (fd >= 0) {
+    ssize_t ignored = write(fd, &b, 1);
+    (void)ignored;
+  }
   errno = saved;
 }
 
+JobSignals::JobSignals() {
+  for (int signo : {SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGPIPE}) {
+    SavedAction saved{signo, {}};
+    if (sigaction(signo, nullptr, &saved.action) != 0) continue;
+    saved_.push_back(saved);
+    // Like a shell: an ignored SIGINT (background job) or SIGHUP (nohup)
+    // stays ignored, for us and for the ranks.
+    if ((signo == SIGINT || signo == SIGHUP) && saved.action.sa_handler == SIG_IGN) continue;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    // A closed stdout must not kill the launcher while the ranks still run.
+    sa.sa_handler = signo == SIGPIPE ? SIG_IGN : forward_to_loop;
+    sa.sa_flags = SA_RESTART | (signo == SIGCHLD ? SA_NOCLDSTOP : 0);
+    sigaction(signo, &sa, nullptr);
+  }
+}
 
+JobSignals::~JobSignals() {
+  for (const SavedAction& s : saved_) sigaction(s.signo, &s.action, nullptr);
+}
 
 bool set_cloexec_nonblock(int fd, bool nonblock) {
   int fdflags = fcntl(fd, F_GETFD);

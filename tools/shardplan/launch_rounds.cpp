@@ -35,37 +35,13 @@ std::thread quiet_thread(F&& f) {
   return t;
 }
 
-// Between two starts no Launcher handles our signals; a barrier that waits
-// for the other nodes must still end on one, and tell them (leave()).
-volatile sig_atomic_t g_barrier_signal = 0;
-extern "C" void note_barrier_signal(int signo) { g_barrier_signal = signo; }
-
-class BarrierSignals {
- public:
-  BarrierSignals() {
-    g_barrier_signal = 0;
-    for (int signo : {SIGINT, SIGTERM, SIGHUP}) {
-      SavedAction saved{signo, {}};
-      if (sigaction(signo, nullptr, &saved.action) != 0 || saved.action.sa_handler == SIG_IGN) continue;
-      struct sigaction sa;
-      memset(&sa, 0, sizeof sa);
-      sigemptyset(&sa.sa_mask);
-      sa.sa_handler = note_barrier_signal;
-      sigaction(signo, &sa, nullptr);
-      saved_.push_back(saved);
-    }
-  }
-  ~BarrierSignals() {
-    for (const SavedAction& s : saved_) sigaction(s.signo, &s.action, nullptr);
-  }
-  void check() const {
-    if (int signo = g_barrier_signal)
-      throw RoundsError{"received " + signal_name(signo) + " while waiting for the other nodes", signo};
-  }
-
- private:
-  std::vector<SavedAction> saved_;
-};
+// Between two starts no event loop reads our signals (JobSignals remembers
+// them); a barrier that waits for the other nodes must still end on one,
+// and tell them (leave()).
+void check_signal() {
+  if (int signo = pending_signal())
+    throw RoundsError{"received " + signal_name(signo) + " while waiting for the other nodes", signo};
+}
 
 }  // namespace
 
@@ -129,12 +105,11 @@ std::string list(const std::vector<int>& nodes) {
 // (news() says it). Throws RoundsError after the timeout, naming the nodes
 // that are `late`, and on a signal.
 bool Rounds::barrier(int round, const std::string& what, const std::string& late) {
-  BarrierSignals signals;
   client_->set(key_round(round, what + std::to_string(opt_.node_rank)), bytes("1"));
   std::vector<bool> seen(static_cast<size_t>(opt_.nnodes), false);
   const auto deadline = Clock::now() + timeout_;
   for (;;) {
-    signals.check();
+    check_signal();
     const std::vector<int> absent = missing(*client_, opt_.nnodes, key_round(round, what), seen);
     if (absent.empty()) return true;
     if (peer_news(round)) return false;

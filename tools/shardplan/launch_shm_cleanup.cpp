@@ -6,11 +6,15 @@
 // no destructor) cannot. The segment, a few MiB per communicator, would then
 // stay in RAM until reboot. Each rank gets SHARDPLAN_JOB_ID, which the
 // plugin puts in every segment's name, so the launcher removes this job's
-// names, and only this job's, once its ranks are gone.
+// names, and only this job's, once its ranks are gone. A launcher killed
+// with SIGKILL cannot; the names also carry the process that created them,
+// so the next launcher removes those whose creator is gone
+// (plugins/comm_gloo/shm_names.h).
 #include <dirent.h>
 
 #include <random>
 
+#include "comm_gloo/shm_names.h"
 #include "launch_internal.h"
 
 namespace shardplan_cli {
@@ -43,6 +47,14 @@ int remove_job_segments(const std::string& job) {
   if (removed > 0)
     say("removed " + std::to_string(removed) + " shared-memory segment(s) of this job from /dev/shm (" + prefix +
         "*), left by a rank that did not finish");
+  return removed;
+}
+
+int remove_stale_segments() {
+  const int removed = sp_gloo::shm_names::remove_stale();
+  if (removed > 0)
+    say("removed " + std::to_string(removed) + " shared-memory segment(s) from /dev/shm (" +
+        sp_gloo::shm_names::kPrefix + "*) whose process is gone, left by a job that was killed");
   return removed;
 }
 

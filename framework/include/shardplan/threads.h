@@ -17,7 +17,7 @@ struct ThreadSettings {
   int blas = 0;      // OpenBLAS's pool (process-wide); 0 when the BLAS is not OpenBLAS
   int cores = 0;     // cores this process may run on (its CPU affinity)
   int ranks = 1;     // ranks sharing those cores
-  std::string source;  // "argument", "SHARDPLAN_NUM_THREADS", "OMP_NUM_THREADS" or "default"
+  std::string source;  // "argument", "SHARDPLAN_NUM_THREADS", "OMP_NUM_THREADS", "SLURM_CPUS_PER_TASK" or "default"
   std::string str() const;  // "1 per rank (intra-op 1, BLAS 1; 2 ranks on 2 cores, default)"
 };
 
@@ -34,7 +34,8 @@ int default_num_threads(int ranks_on_node);
 // docs/THREADS.md); ranks that are threads of one process get intra-op
 // `threads` and a BLAS pool of one. `threads` > 0 is taken as given; 0 means, in order,
 // $SHARDPLAN_NUM_THREADS, $OMP_NUM_THREADS (what torch users already set,
-// and what torchrun sets), else default_num_threads(ranks_on_node); with 0, an
+// and what torchrun sets), $SLURM_CPUS_PER_TASK / ranks_in_process (srun -c),
+// else default_num_threads(ranks_on_node); with 0, an
 // exported $OPENBLAS_NUM_THREADS keeps the BLAS pool at its size.
 // ranks_in_process > 1 (ranks as threads of this process) keeps the BLAS pool
 // at one thread: OpenBLAS serialises concurrent multi-threaded level-3 calls

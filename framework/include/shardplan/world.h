@@ -37,7 +37,9 @@ struct WorldOptions {
   // Reads, in order of preference: torchrun variables (RANK, WORLD_SIZE,
   // LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), Open MPI
   // (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE; backend mpi by default), Slurm (SLURM_PROCID,
-  // SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE), and shardplan's own
+  // SLURM_NTASKS, SLURM_LOCALID; the ranks on the node are entry SLURM_NODEID of
+  // SLURM_STEP_TASKS_PER_NODE or SLURM_TASKS_PER_NODE, else SLURM_NTASKS_PER_NODE;
+  // docs/SLURM.md), and shardplan's own
   // SHARDPLAN_BACKEND, SHARDPLAN_STORE, SHARDPLAN_TIMEOUT_MS,
   // SHARDPLAN_LOCAL_ADDR (becomes backend option local_addr=...).
   // SHARDPLAN_NUM_THREADS is read when the world is created (threads = 0).

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -44,6 +45,15 @@ int threads_from_omp_env() {
   if (!v || !*v) return 0;
   const long n = std::strtol(v, nullptr, 10);
   return n >= 1 && n <= 4096 ? static_cast<int>(n) : 0;
+}
+
+// What Slurm gave each task (srun/sbatch -c N): a rank that is a task gets
+// all of it, ranks that are threads of one task share it. Set only with -c;
+// without it Slurm's tasks get one CPU each, which the default's cores per
+// rank on the node already says.
+int threads_from_slurm(int ranks_in_process) {
+  const int cpus = static_cast<int>(env::integer("SLURM_CPUS_PER_TASK", 1, 4096, "a number of CPUs", 0));
+  return cpus == 0 ? 0 : std::max(1, cpus / std::max(1, ranks_in_process));
 }
 
 }  // namespace
@@ -126,6 +136,10 @@ ThreadSettings set_num_threads(int threads, int ranks_on_node, int ranks_in_proc
   if (threads == 0) {
     threads = threads_from_omp_env();
     source = "OMP_NUM_THREADS";
+  }
+  if (threads == 0) {
+    threads = threads_from_slurm(ranks_in_process);
+    source = "SLURM_CPUS_PER_TASK";
   }
   if (threads == 0) {
     threads = default_num_threads(ranks_on_node);

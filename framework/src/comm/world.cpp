@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <cstdlib>
 #include <exception>
 #include <mutex>
@@ -35,6 +36,78 @@ int slurm_count(const char* name, int fallback) {
   return static_cast<int>(x);
 }
 
+// Entry `node` of a per-node list as Slurm writes SLURM_TASKS_PER_NODE:
+// "2(x3),1" is 2, 2, 2, 1. The whole list is checked, whichever entry is
+// ours; counts and repeats are bounded by kMaxRanks.
+int slurm_count_of_node(const char* name, long long node) {
+  const std::string v = get(name);
+  auto bad = [&] {
+    return Error(std::string(name) + "='" + v + "' is not a list of counts per node (Slurm's N or N(xM), comma separated)");
+  };
+  auto number = [&](const char*& p) {
+    if (!std::isdigit(static_cast<unsigned char>(*p))) throw bad();
+    char* end = nullptr;
+    const long x = std::strtol(p, &end, 10);
+    if (x > kMaxRanks) throw bad();
+    p = end;
+    return x;
+  };
+  long long first = 0;  // index of the node the current item starts at
+  int ours = -1;
+  for (const char* p = v.c_str();; ++p) {
+    const long count = number(p);
+    long repeat = 1;
+    if (*p == '(') {
+      if (p[1] != 'x') throw bad();
+      p += 2;
+      repeat = number(p);
+      if (*p++ != ')' || repeat < 1) throw bad();
+    }
+    if (ours < 0 && node < first + repeat) ours = static_cast<int>(count);
+    first += repeat;
+    if (!*p) break;
+    if (*p != ',') throw bad();
+  }
+  if (ours < 0)
+    throw Error("SLURM_NODEID=" + std::to_string(node) + " is beyond the " + std::to_string(first) + " node(s) of " +
+                name + "='" + v + "'");
+  return ours;
+}
+
+// Ranks on this node as Slurm started them: the step's layout (srun sets
+// SLURM_STEP_TASKS_PER_NODE, and SLURM_TASKS_PER_NODE, for every task),
+// entry SLURM_NODEID. SLURM_NTASKS_PER_NODE exists only with
+// --ntasks-per-node, so it is the last resort.
+int slurm_tasks_on_node() {
+  const long long node = env::integer("SLURM_NODEID", 0, kMaxRanks, "a node index", 0);
+  for (const char* name : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})
+    if (get(name)) return slurm_count_of_node(name, node);
+  return slurm_count("SLURM_NTASKS_PER_NODE", 1);
+}
+
+// sbatch's batch script has SLURM_PROCID=0 and the job's SLURM_NTASKS too,
+// but it is one process: run there, rank 0 would wait the whole rendezvous
+// timeout for ranks nobody starts. srun's tasks have a step id.
+void check_slurm_step(int world_size) {
+  if (world_size <= 1 || get("SLURM_STEP_ID") || get("SLURM_STEPID")) return;
+  const char* job = get("SLURM_JOB_ID");
+  throw Error("SLURM_NTASKS=" + std::to_string(world_size) + ", but this process is not a task of an srun step" +
+              (job ? std::string(" (it is job ") + job + "'s batch script)" : std::string()) +
+              ": start the ranks with srun (docs/SLURM.md)");
+}
+
+// Open MPI finds its peers through PMIx; a task that srun started without
+// it (no --mpi=pmix, and MpiDefault=none) would fail inside MPI_Init with
+// Open MPI's own "OPAL ERROR", which says nothing of the cause.
+void check_mpi_under_srun() {
+  if (!get("SLURM_STEP_ID") && !get("SLURM_STEPID")) return;
+  if (get("OMPI_COMM_WORLD_RANK") || get("PMIX_RANK") || get("PMI_RANK")) return;
+  throw Error(
+      "backend 'mpi' under srun needs Slurm's PMIx: run srun --mpi=pmix (this task has SLURM_PROCID but no "
+      "PMIX_RANK, so Open MPI cannot find its peers), or use backend gloo with MASTER_ADDR and MASTER_PORT "
+      "(docs/SLURM.md)");
+}
+
 }  // namespace
 
 bool WorldOptions::env_has_job() {
@@ -57,7 +130,8 @@ WorldOptions WorldOptions::from_env() {
     o.rank = env_int("SLURM_PROCID", 0);
     o.world_size = env_int("SLURM_NTASKS", 1);
     o.local_rank = env_int("SLURM_LOCALID", 0);
-    o.local_world_size = slurm_count("SLURM_NTASKS_PER_NODE", 1);
+    o.local_world_size = slurm_tasks_on_node();
+    check_slurm_step(o.world_size);
   }
   if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size)
     throw Error("environment gives rank " + std::to_string(o.rank) + " of world size " +
@@ -68,6 +142,7 @@ WorldOptions WorldOptions::from_env() {
   if (const char* b = get("SHARDPLAN_BACKEND")) o.backend = b;
   else if (!get("RANK") && get("OMPI_COMM_WORLD_RANK")) o.backend = "mpi";
   else o.backend = env_has_job() ? "gloo" : "local";
+  if (o.backend == "mpi") check_mpi_under_srun();
 
   if (const char* s = get("SHARDPLAN_STORE")) {
     o.store_url = s;
