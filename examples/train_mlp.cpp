@@ -49,7 +49,7 @@ struct Args {
 
 Args parse(int argc, char** argv) {
   using shardplan::examples::option_double;
-  using shardplan::examples::option_int;
+  using shardplan::count_option_int;
   Args a;
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i], v;
@@ -59,20 +59,22 @@ Args parse(int argc, char** argv) {
     };
     try {
       if (k == "--plan") a.plan = value();
-      else if (k == "--ranks") a.ranks = option_int(value());
-      else if (k == "--steps") a.steps = option_int(value());
-      else if (k == "--batch") a.batch = option_int(value());
-      else if (k == "--in") a.in = option_int(value());
-      else if (k == "--hidden") a.hidden = option_int(value());
-      else if (k == "--out") a.out = option_int(value());
+      else if (k == "--ranks") a.ranks = count_option_int(k, value(), 0, 4096);
+      else if (k == "--steps") a.steps = count_option_int(k, value(), 0);
+      else if (k == "--batch") a.batch = count_option_int(k, value(), 0);
+      else if (k == "--in") a.in = count_option_int(k, value(), 0);
+      else if (k == "--hidden") a.hidden = count_option_int(k, value(), 0);
+      else if (k == "--out") a.out = count_option_int(k, value(), 0);
       else if (k == "--lr") a.lr = option_double(value());
       else if (k == "--optimizer") a.optimizer = value();
       else if (k == "--dtype") a.dtype = value();
       else if (k == "--seed") a.seed = shardplan::examples::option_seed(value());
-      else if (k == "--threads") a.threads = option_int(value());
+      else if (k == "--threads") a.threads = count_option_int(k, value(), 0, 4096);
       else if (k == "--report") a.report = true;
       else if (k == "--help" || k == "-h") usage("tensor-parallel MLP example");
       else usage("unknown argument '" + k + "'");
+    } catch (const shardplan::CountError& e) {
+      usage(e.what());
     } catch (const std::logic_error&) {  // not wholly a number, or out of range
       usage("bad value for " + k + ": '" + v + "'");
     }

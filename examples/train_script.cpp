@@ -30,6 +30,7 @@
 
 #include "models/corpus.h"
 #include "models/generate.h"
+#include "models/options.h"
 #include "models/ranks.h"
 #include "script_generate.h"
 #include "shardplan/script.h"
@@ -62,11 +63,11 @@ struct Args {
 bool parse_option(Args& a, const std::string& k, const std::function<std::string()>& value) {
   if (k == "--model") a.model = value();
   else if (k == "--plan") a.plan = value();
-  else if (k == "--ranks") a.ranks = std::stoi(value());
-  else if (k == "--steps") a.steps = std::stoi(value());
-  else if (k == "--batch") a.batch = std::stoll(value());
-  else if (k == "--lr") a.lr = std::stod(value());
-  else if (k == "--generate") a.generate = std::stoi(value());
+  else if (k == "--ranks") a.ranks = shardplan::count_option_int(k, value(), 1, 4096);
+  else if (k == "--steps") a.steps = shardplan::count_option_int(k, value(), 1);
+  else if (k == "--batch") a.batch = shardplan::count_option_int(k, value(), 1);
+  else if (k == "--lr") a.lr = shardplan::examples::option_double(value());
+  else if (k == "--generate") a.generate = shardplan::count_option_int(k, value(), 0);
   else if (k == "--prompt") a.prompt = value();
   else if (k == "--verify") a.verify = true;
   else if (k == "--compare") a.compare = true;
@@ -86,8 +87,10 @@ Args parse(int argc, char** argv) {
     };
     try {
       if (!parse_option(a, k, value)) usage("unknown argument '" + k + "'");
+    } catch (const shardplan::CountError& e) {
+      usage(e.what());
     } catch (const std::logic_error&) {
-      usage("bad value for " + k);
+      usage("bad value for " + k + ": '" + argv[i] + "'");
     }
   }
   if (a.model.empty() || a.plan.empty()) usage("--model and --plan are required");

@@ -51,6 +51,6 @@ add_test(NAME e2e_mlp_option_not_a_number COMMAND train_mlp --steps 5x)
 set_tests_properties(e2e_mlp_option_steps_zero PROPERTIES
   PASS_REGULAR_EXPRESSION "^train_mlp: --steps, --batch, --in, --hidden and --out must be at least 1\n")
 set_tests_properties(e2e_mlp_option_not_a_number PROPERTIES
-  PASS_REGULAR_EXPRESSION "^train_mlp: bad value for --steps: '5x'\n")
+  PASS_REGULAR_EXPRESSION "^train_mlp: --steps must be an integer from 0 to 2147483647, got '5x'\n")
 set_tests_properties(e2e_mlp_option_steps_zero e2e_mlp_option_not_a_number PROPERTIES
   FAIL_REGULAR_EXPRESSION "step +1 " TIMEOUT 60)

@@ -34,14 +34,16 @@ inline std::shared_ptr<ex::LlamaImpl> build(const ex::Overrides& c, torch::Dtype
   return m;
 }
 
-// The shipped plan with head_dim set to the test model's.
-inline shardplan::Plan plan(const std::string& name, int64_t head_dim = 8) {
+// The shipped plan: as shipped (head_dim: auto, the model's head size) with
+// head_dim 0, else with that number written in its place.
+inline shardplan::Plan plan(const std::string& name, int64_t head_dim = 0) {
   std::ifstream in(std::string(SHARDPLAN_SOURCE_DIR) + "/plans/" + name + ".yaml");
   std::stringstream text;
   text << in.rdbuf();
   std::string s = text.str();
-  for (size_t at = s.find("head_dim: 32"); at != std::string::npos; at = s.find("head_dim: 32", at))
-    s.replace(at, 12, "head_dim: " + std::to_string(head_dim));
+  const std::string from = "head_dim: auto", to = "head_dim: " + std::to_string(head_dim);
+  for (size_t at = s.find(from); head_dim && at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
   return shardplan::parse_plan(s, name + ".yaml");
 }
 

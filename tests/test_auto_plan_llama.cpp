@@ -67,7 +67,7 @@ TEST(AutoPlanLlama, MakesTheWrittenPlansDecisions) {
     for (int world : {2, 4}) {
       SCOPED_TRACE("kv_heads " + std::to_string(kv) + " world " + std::to_string(world));
       auto m = build(config(kv));
-      const Plan automatic = auto_plan_of(*m, world), hand = llama_fixture::plan("llama");
+      const Plan automatic = auto_plan_of(*m, world), hand = llama_fixture::plan("llama", 8);
       EXPECT_EQ(automatic.comment.find("self_attn"), std::string::npos) << automatic.comment;
       for (int rank = 0; rank < world; ++rank) {
         const auto a = shardplan::check_plan(*m, automatic, world, rank);
@@ -126,6 +126,32 @@ TEST(AutoPlanLlama, HeadsThatDoNotDivideStayReplicatedWithTheReason) {
             std::string::npos)
       << q.comment;
   EXPECT_EQ(rule_for(q, "model.layers.0.self_attn.v_proj.weight"), nullptr) << q.to_yaml();
+}
+
+// The head size written is the model's (4 heads of 16 here), so the
+// dense plugin, which holds it to the model's, takes the plan; a Linear
+// that declares another head size than the probe sees keeps its attention
+// replicated, with both sizes.
+TEST(AutoPlanLlama, WritesTheModelsHeadSize) {
+  auto c = config(2);
+  c["embed"] = "64";
+  for (int world : {2, 4}) {
+    auto m = build(c);
+    const Plan p = auto_plan_of(*m, world);
+    EXPECT_EQ(options_for(p, "model.layers.0.self_attn.q_proj.weight")["head_dim"], "16") << p.to_yaml();
+    EXPECT_EQ(options_for(p, "model.layers.1.self_attn.o_proj.weight")["head_dim"], "16") << p.to_yaml();
+    EXPECT_NO_THROW(shardplan::check_plan(*m, p, world));
+  }
+  auto m = build(config(2));
+  m->model->layers[0]->as<ex::LlamaDecoderLayerImpl>()->self_attn->q_proj->out_head_dim = 4;
+  const Plan q = auto_plan_of(*m, 2);
+  EXPECT_NE(q.comment.find("model.layers.0.self_attn.o_proj: its attention is not split by heads: the model says "
+                           "model.layers.0.self_attn.q_proj's heads are of 4, but its context is reshaped from "
+                           "heads of 8"),
+            std::string::npos)
+      << q.comment;
+  EXPECT_EQ(rule_for(q, "model.layers.0.self_attn.q_proj.weight"), nullptr) << q.to_yaml();
+  EXPECT_NE(rule_for(q, "model.layers.1.self_attn.q_proj.weight"), nullptr) << q.to_yaml();
 }
 
 // Grouped-query attention of the test's own, with biases: query head j reads

@@ -240,9 +240,78 @@ TEST(Llama, PlanRefusesHeadsThatFitNeitherWay) {
             std::string::npos)
       << plan_error(three, "llama", 4, 8);
   // A head_dim that is not the model's cuts heads: refused.
-  EXPECT_NE(plan_error(config(2), "llama", 2, 12).find("is not a whole number of heads of head_dim 12"),
+  EXPECT_NE(plan_error(config(2), "llama", 2, 12).find("head_dim: 12 is not the model's head size 8"),
             std::string::npos);
   EXPECT_EQ(plan_error(config(2), "llama", 4, 8), "no error");
+}
+
+// The head size is the model's (nn::Linear's out_head_dim / in_head_dim,
+// set by the Llama's attention), not a number the plan must repeat: hidden
+// 64 in 4 heads of 16 with 2 kv heads. A plan's head_dim of 32 read that as
+// 2 heads of 32 and at 2 ranks computed without an error what one process
+// does not.
+ex::Overrides heads_of_16() {
+  auto c = config(2);
+  c["embed"] = "64";
+  return c;
+}
+
+TEST(Llama, HeadSizeComesFromTheModel) {
+  for (const char* name : {"llama", "llama_sp", "llama_async"})
+    for (int world : {2, 4}) {
+      auto failures = parity::compare(build(heads_of_16()), plan(name), setup(world, torch::kDouble, 2));
+      EXPECT_TRUE(failures.empty()) << name << " at " << world << ": " << ::testing::PrintToString(failures);
+    }
+  // The report speaks of the model's heads: at 4 ranks each holds one of
+  // the 2 kv heads of 16.
+  auto m = build(heads_of_16());
+  for (const auto& row : shardplan::check_plan(*m, plan("llama"), 4).rows)
+    if (row.path == "model.layers.0.self_attn.k_proj.weight") {
+      EXPECT_EQ(row.local_shape, (std::vector<int64_t>{16, 64}));
+      EXPECT_NE(row.note.find("heads replicated: 2 heads over 4 ranks"), std::string::npos) << row.note;
+    }
+}
+
+// "LINE:COL" of the first `head_dim:` value in plans/NAME.yaml: where the
+// q_proj rule's head size is written.
+std::string first_head_dim_at(const std::string& name) {
+  std::ifstream in(std::string(SHARDPLAN_SOURCE_DIR) + "/plans/" + name + ".yaml");
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n)
+    if (line.find("head_dim:") != std::string::npos && line.find('#') == std::string::npos)
+      return std::to_string(n) + ":" + std::to_string(line.find("head_dim:") + 11);
+  return "none";
+}
+
+TEST(Llama, PlanHeadSizeOtherThanTheModelsIsRefusedAtItsRule) {
+  const std::string want = "llama.yaml:" + first_head_dim_at("llama") +
+                           ": head_dim: 32 is not the model's head size 16 for parameter "
+                           "'model.layers.0.self_attn.q_proj.weight' (out_features 64: 4 heads of 16); write "
+                           "head_dim: auto to take the model's";
+  for (int world : {1, 2, 4}) {
+    const std::string e = plan_error(heads_of_16(), "llama", world, 32);
+    EXPECT_NE(e.find(want), std::string::npos) << "world " << world << ": " << e;
+    EXPECT_EQ(e.find("heads of 32"), std::string::npos) << e;
+  }
+  // The model's own number is accepted, as auto is.
+  EXPECT_EQ(plan_error(heads_of_16(), "llama", 4, 16), "no error");
+  // auto on a Linear that does not say its head size: the rule is refused.
+  auto m = build(heads_of_16());
+  try {
+    shardplan::check_plan(*m,
+                          shardplan::parse_plan("version: 1\nmesh: {model: auto}\nrules:\n"
+                                                "  - match: 'model\\.layers\\.\\d+\\.mlp\\.up_proj\\.weight'\n"
+                                                "    layout: [model, null]\n    head_dim: auto\n",
+                                                "up.yaml"),
+                          2);
+    ADD_FAILURE() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("up.yaml:6:15: head_dim: auto, but the model does not say the head size of "
+                                         "parameter 'model.layers.0.mlp.up_proj.weight' (its shardplan::nn::Linear's "
+                                         "out_head_dim is 0): write the head size as a number"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Llama, ConfigErrorsNameTheKey) {

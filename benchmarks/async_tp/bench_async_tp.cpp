@@ -42,6 +42,7 @@
 #include "models/gpt.h"
 #include "models/model.h"
 #include "shardplan/communicator.h"
+#include "shardplan/count_option.h"
 #include "shardplan/error.h"
 #include "shardplan/nn/linear.h"
 #include "shardplan/parallelize.h"
@@ -105,16 +106,16 @@ Args parse(int argc, char** argv) {
       return argv[++i];
     };
     if (k == "--threads") {
-      a.threads = std::stoi(next());
+      a.threads = static_cast<int>(shardplan::count_or_exit(argv[0], k, next(), 1, 4096));
     } else if (k == "--model") {
       a.model = next();
       if (a.model != "pair" && a.model != "gpt") throw shardplan::Error("--model takes pair or gpt, got '" + a.model + "'");
     } else if (k == "--layers") {
-      a.layers = std::stoll(next());
+      a.layers = shardplan::count_or_exit(argv[0], k, next(), 1, 1 << 20);
     } else if (k == "--rounds") {
-      a.rounds = std::stoi(next());
+      a.rounds = static_cast<int>(shardplan::count_or_exit(argv[0], k, next(), 1, INT_MAX));
     } else if (k == "--steps") {
-      a.steps = std::stoi(next());
+      a.steps = static_cast<int>(shardplan::count_or_exit(argv[0], k, next(), 1, INT_MAX));
     } else if (k == "--sizes") {  // tokens x embed, e.g. 256x64,1024x128
       a.sizes.clear();
       std::stringstream s(next());
@@ -122,7 +123,8 @@ Args parse(int argc, char** argv) {
       while (std::getline(s, item, ',')) {
         const auto x = item.find('x');
         if (x == std::string::npos) throw shardplan::Error("--sizes takes TOKENSxEMBED,..., got '" + item + "'");
-        a.sizes.push_back({std::stoll(item.substr(0, x)), std::stoll(item.substr(x + 1))});
+        a.sizes.push_back({shardplan::count_or_exit(argv[0], k, item.substr(0, x), 1, 1 << 30),
+                           shardplan::count_or_exit(argv[0], k, item.substr(x + 1), 1, 1 << 30)});
       }
     } else {
       throw shardplan::Error("unknown argument '" + k + "' (--threads N, --model pair|gpt, --layers N, --rounds N, --steps N, --sizes TxE,...)");

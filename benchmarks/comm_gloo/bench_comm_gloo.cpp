@@ -125,8 +125,11 @@ int main(int argc, char** argv) {
       rest.push_back(argv[i]);
     }
   }
-  if (!shardplan_bench::parse_interleaved_args(static_cast<int>(rest.size()), rest.data(), args, &ranks))
+  std::string why;
+  if (!shardplan_bench::parse_interleaved_args(static_cast<int>(rest.size()), rest.data(), args, &ranks, &why)) {
+    if (!why.empty()) std::fprintf(stderr, "bench_comm_gloo: %s\n", why.c_str());
     return usage();
+  }
 
   char tmpl[] = "/tmp/bench_comm_gloo.XXXXXX";
   if (!::mkdtemp(tmpl)) die("mkdtemp failed");

@@ -26,6 +26,7 @@
 #include "plugin.h"
 #include "roofline.h"
 #include "shardplan/abi/comm.h"
+#include "shardplan/count_option.h"
 #include "stats.h"
 
 namespace {
@@ -65,15 +66,15 @@ int main(int argc, char** argv) {
     if (a == "--plugin" && i + 1 < argc) {
       plugin = argv[++i];
     } else if (a == "--reps" && i + 1 < argc) {
-      reps = std::max(1, std::atoi(argv[++i]));
+      reps = static_cast<int>(shardplan::count_or_exit(argv[0], a, argv[++i], 1, INT_MAX));
     } else if (a == "--latency-iters" && i + 1 < argc) {
-      lat_iters = std::max(1, std::atoi(argv[++i]));
+      lat_iters = static_cast<int>(shardplan::count_or_exit(argv[0], a, argv[++i], 1, INT_MAX));
     } else if (a == "--sizes-mib" && i + 1 < argc) {
       sizes_mib.clear();
       std::string s = argv[++i];
       for (size_t p = 0; p < s.size();) {
         size_t q = s.find(',', p);
-        sizes_mib.push_back(std::strtoull(s.substr(p, q - p).c_str(), nullptr, 10));
+        sizes_mib.push_back(shardplan::count_or_exit(argv[0], a, s.substr(p, q - p), 1, 1 << 20));
         p = q == std::string::npos ? s.size() : q + 1;
       }
     } else {

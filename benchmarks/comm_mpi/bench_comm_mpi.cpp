@@ -63,7 +63,11 @@ int usage() {
 int main(int argc, char** argv) {
   shardplan_bench::InterleavedArgs args;
   args.plugin = SHARDPLAN_MPI_PLUGIN;
-  if (!shardplan_bench::parse_interleaved_args(argc, argv, args)) return usage();
+  std::string why;
+  if (!shardplan_bench::parse_interleaved_args(argc, argv, args, nullptr, &why)) {
+    if (!why.empty()) std::fprintf(stderr, "bench_comm_mpi: %s\n", why.c_str());
+    return usage();
+  }
   shardplan_bench::InterleavedOptions& o = args.options;
   const bool control = args.control;
 

@@ -26,6 +26,7 @@
 
 #include "shardplan/abi/comm.h"
 #include "shardplan/abi/plugin.h"
+#include "shardplan/count_option.h"
 
 namespace {
 
@@ -80,9 +81,9 @@ int main(int argc, char** argv) {
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
     if (!v) return usage(argv[0]);
     ++i;
-    if (a == "--device") device = std::atoi(v);
-    else if (a == "--iters") iters = std::max(1, std::atoi(v));
-    else if (a == "--max-bytes") max_bytes = std::strtoull(v, nullptr, 10);
+    if (a == "--device") device = static_cast<int>(shardplan::count_or_exit(argv[0], a, v, 0, 1023));
+    else if (a == "--iters") iters = static_cast<int>(shardplan::count_or_exit(argv[0], a, v, 1, INT_MAX));
+    else if (a == "--max-bytes") max_bytes = shardplan::count_or_exit(argv[0], a, v, 4, LLONG_MAX);
     else if (a == "--plugin") path = v;
     else return usage(argv[0]);
   }

@@ -49,6 +49,7 @@
 #include "models/corpus.h"
 #include "models/heap.h"
 #include "models/model.h"
+#include "shardplan/count_option.h"
 #include "shardplan/data_parallel.h"
 #include "shardplan/error.h"
 #include "shardplan/parallelize.h"
@@ -100,14 +101,16 @@ Args parse(int argc, char** argv) {
     try {
       if (k == "--plan") a.plan = v;
       else if (k == "--config") a.config = v;
-      else if (k == "--batch") a.batch = std::stoll(v);
-      else if (k == "--steps") a.steps = std::stoi(v);
-      else if (k == "--rounds") a.rounds = std::stoi(v);
+      else if (k == "--batch") a.batch = shardplan::count_option(k, v, 1, INT_MAX);
+      else if (k == "--steps") a.steps = shardplan::count_option_int(k, v, 1);
+      else if (k == "--rounds") a.rounds = shardplan::count_option_int(k, v, 1);
       else if (k == "--bucket-mb") a.bucket_mb = std::stod(v);
       else if (k == "--modes") a.modes = split_list(v);
-      else if (k == "--check") a.check = std::stoi(v) != 0;
-      else if (k == "--system-malloc") a.system_malloc = std::stoi(v) != 0;
+      else if (k == "--check") a.check = shardplan::count_option_int(k, v, 0, 1) != 0;
+      else if (k == "--system-malloc") a.system_malloc = shardplan::count_option_int(k, v, 0, 1) != 0;
       else usage(argv[0], "unknown argument '" + k + "'");
+    } catch (const shardplan::CountError& e) {
+      usage(argv[0], e.what());
     } catch (const std::logic_error&) {
       usage(argv[0], "bad value for " + k);
     }

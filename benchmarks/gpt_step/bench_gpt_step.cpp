@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "models/gpt.h"
+#include "shardplan/count_option.h"
 #include "shardplan/threads.h"
 #include "shardplan/parallelize.h"
 #include "shardplan/plan.h"
@@ -122,9 +123,9 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     if (k == "--plan") plan_path = argv[i + 1];
-    else if (k == "--rounds") rounds = std::atoi(argv[i + 1]);
-    else if (k == "--threads") threads = std::atoi(argv[i + 1]);
-    else if (k == "--verbose") verbose = std::atoi(argv[i + 1]) != 0;
+    else if (k == "--rounds") rounds = static_cast<int>(shardplan::count_or_exit(argv[0], k, argv[i + 1], 1, INT_MAX));
+    else if (k == "--threads") threads = static_cast<int>(shardplan::count_or_exit(argv[0], k, argv[i + 1], 1, 4096));
+    else if (k == "--verbose") verbose = shardplan::count_or_exit(argv[0], k, argv[i + 1], 0, 1) != 0;
     else if (k == "--drop") {
       std::string list = argv[i + 1];
       for (size_t at = 0; at <= list.size();) {

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "shardplan/threads.h"
+#include "shardplan/count_option.h"
 #include "shardplan/nn/conv.h"
 #include "shardplan/nn/cross_entropy.h"
 #include "shardplan/nn/embedding.h"
@@ -327,7 +328,7 @@ int main(int argc, char** argv) {
     int kept = 1;
     for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
-      if (a.rfind("--iters=", 0) == 0) iters = std::stoll(a.substr(8));
+      if (a.rfind("--iters=", 0) == 0) iters = shardplan::count_or_exit(argv[0], "--iters", a.substr(8), 1, 1000000000);
       else argv[kept++] = argv[i];
     }
     argc = kept;

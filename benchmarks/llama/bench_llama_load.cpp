@@ -87,13 +87,13 @@ Args parse(int argc, char** argv) {
       else if (k == "--plan")
         a.plan = v;
       else if (k == "--ranks")
-        a.ranks = se::option_int(v);
+        a.ranks = shardplan::count_option_int(k, v, 1, 4096);
       else if (k == "--reps")
-        a.reps = se::option_int(v);
+        a.reps = shardplan::count_option_int(k, v, 1);
       else
         usage("unknown argument '" + k + "'");
-    } catch (const std::logic_error&) {
-      usage("bad value for " + k + ": '" + v + "'");
+    } catch (const shardplan::CountError& e) {
+      usage(e.what());
     }
   }
   if (a.weights.empty()) usage("--weights DIR is required");

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "shardplan/nn/linear.h"
+#include "shardplan/count_option.h"
 #include "shardplan/parallelize.h"
 #include "shardplan/plan.h"
 #include "shardplan/world.h"
@@ -51,7 +52,7 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   std::string plan_path = argc > 1 ? argv[1] : "plans/mlp.yaml";
-  const int rounds = argc > 2 ? std::atoi(argv[2]) : 40;
+  const int rounds = argc > 2 ? static_cast<int>(shardplan::count_or_exit(argv[0], "ROUNDS", argv[2], 1, INT_MAX)) : 40;
   struct Shape { int batch, in, hidden, out; };
   std::vector<Shape> shapes = {{64, 32, 256, 8}, {256, 256, 1024, 64}};
 

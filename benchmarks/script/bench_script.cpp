@@ -37,6 +37,7 @@
 
 #include "models/gpt.h"
 #include "shardplan/parallelize.h"
+#include "shardplan/count_option.h"
 #include "shardplan/plan.h"
 #include "shardplan/script.h"
 #include "shardplan/world.h"
@@ -75,15 +76,15 @@ Args parse(int argc, char** argv) {
     if (i + 1 >= argc) throw UsageError("missing value for " + k);
     const std::string v = argv[i + 1];
     try {
-      if (ints.count(k)) *ints.at(k) = std::stoi(v);
-      else if (k == "--batch") a.batch = std::stoll(v);
-      else if (k == "--width") a.width = std::stoll(v);
+      if (ints.count(k)) *ints.at(k) = shardplan::count_option_int(k, v, k == "--warmup" ? 0 : 1);
+      else if (k == "--batch") a.batch = shardplan::count_option(k, v, 1, INT_MAX);
+      else if (k == "--width") a.width = shardplan::count_option(k, v, 1, INT_MAX);
       else if (k == "--model") a.model = v;
       else if (k == "--script-plan") a.script_plan = v;
       else if (k == "--nn-plan") a.nn_plan = v;
       else throw UsageError("unknown argument '" + k + "'");
-    } catch (const std::logic_error&) {  // std::stoi's: not a number, or out of range
-      throw UsageError("bad value for " + k);
+    } catch (const shardplan::CountError& e) {
+      throw UsageError(e.what());
     }
   }
   if (a.model.empty()) throw UsageError("--model is required");

@@ -33,6 +33,7 @@
 #include "models/gpt.h"
 #include "models/model.h"
 #include "shardplan/error.h"
+#include "shardplan/count_option.h"
 #include "shardplan/parallelize.h"
 #include "shardplan/plan.h"
 #include "shardplan/world.h"
@@ -104,12 +105,13 @@ Args parse(int argc, char** argv) {
     if (k == "--config") {
       a.config = next();
     } else if (k == "--batch") {
-      a.batch = std::stoll(next());
+      a.batch = shardplan::count_or_exit(argv[0], k, next(), 1, INT_MAX);
     } else if (k == "--ranks") {
       a.ranks.clear();
       std::stringstream s(next());
       std::string item;
-      while (std::getline(s, item, ',')) a.ranks.push_back(std::stoi(item));
+      while (std::getline(s, item, ','))
+        a.ranks.push_back(static_cast<int>(shardplan::count_or_exit(argv[0], k, item, 1, 4096)));
     } else {
       throw shardplan::Error("unknown argument '" + k + "' (--config K=V,..., --batch N, --ranks 1,2,4)");
     }

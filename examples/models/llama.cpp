@@ -117,6 +117,10 @@ void LlamaAttentionImpl::reset() {
   k_proj = register_module("k_proj", linear(e, config.kv_heads * d));
   v_proj = register_module("v_proj", linear(e, config.kv_heads * d));
   o_proj = register_module("o_proj", linear(config.heads * d, e));
+  // Said here so a plan need not repeat it (head_dim: auto), and a plan that
+  // says another size is refused rather than cutting through heads.
+  for (auto* p : {&q_proj, &k_proj, &v_proj}) (*p)->out_head_dim = d;
+  o_proj->in_head_dim = d;
 }
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, int64_t past, shardplan::nn::KVCache* cache) {

@@ -3,7 +3,8 @@
 // and std::stoi("12abc") 12, so a typo would train with another value. These
 // throw std::invalid_argument for anything but the whole text as one number
 // (std::out_of_range past the type), which the drivers report as a bad value
-// of the option before anything runs.
+// of the option before anything runs. Counts (--steps, --ranks, ...) are
+// shardplan::count_option's (shardplan/count_option.h), as in every tool.
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -12,23 +13,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "shardplan/count_option.h"
+
 namespace shardplan {
 namespace examples {
-
-inline long long option_integer(const std::string& text, long long lo, long long hi) {
-  if (text.empty() || text.find_first_of(" \t\n") != std::string::npos) throw std::invalid_argument(text);
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (*end != '\0') throw std::invalid_argument(text);
-  if (errno == ERANGE || v < lo || v > hi) throw std::out_of_range(text);
-  return v;
-}
-
-inline int option_int(const std::string& text) {
-  return static_cast<int>(
-      option_integer(text, std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
-}
 
 // Seeds: strtoull would take "-1" as 2^64 - 1.
 inline uint64_t option_seed(const std::string& text) {

@@ -167,13 +167,13 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
       else if (k == "--data")
         a.data = value();
       else if (k == "--ranks")
-        a.ranks = option_int(value());
+        a.ranks = count_option_int(k, value(), 0, 4096);
       else if (k == "--steps")
-        a.steps = option_int(value());
+        a.steps = count_option_int(k, value(), 0);
       else if (k == "--batch")
-        a.batch = option_int(value());
+        a.batch = count_option_int(k, value(), 1);
       else if (k == "--log-every")
-        a.log_every = option_int(value());
+        a.log_every = count_option_int(k, value(), 1);
       else if (k == "--lr")
         a.lr = option_double(value());
       else if (k == "--optimizer")
@@ -183,13 +183,13 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
       else if (k == "--seed")
         a.seed = option_seed(value());
       else if (k == "--threads")
-        a.threads = option_int(value());
+        a.threads = count_option_int(k, value(), 0, 4096);
       else if (k == "--report")
         a.report = true;
       else if (k == "--save")
         a.save = value();
       else if (k == "--save-every")
-        a.save_every = option_int(value());
+        a.save_every = count_option_int(k, value(), 0);
       else if (k == "--load")
         a.load = value();
       else if (k == "--resume") {
@@ -208,25 +208,27 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
       } else if (k == "--lenient-weights")
         a.lenient_weights = true;
       else if (k == "--micro-batches")
-        a.micro_batches = option_int(value());
+        a.micro_batches = count_option_int(k, value(), 1);
       else if (k == "--check-replicas")
-        a.check_replicas = option_int(value());
+        a.check_replicas = count_option_int(k, value(), 0);
       else if (k == "--dump-logits")
         a.dump_logits = value();
       else if (k == "--generate")
-        a.generate = option_int(value());
+        a.generate = count_option_int(k, value(), 0);
       else if (k == "--prompt")
         a.prompt = value();
       else if (k == "--temperature")
         a.temperature = option_double(value());
       else if (k == "--top-k")
-        a.top_k = option_int(value());
+        a.top_k = count_option_int(k, value(), 0);
       else if (k == "--samples")
-        a.samples = option_int(value());
+        a.samples = count_option_int(k, value(), 1);
       else if (k == "--help" || k == "-h")
         usage(program, only, "tensor-parallel training of an example model");
       else
         usage(program, only, "unknown argument '" + k + "'");
+    } catch (const CountError& e) {
+      usage(program, only, e.what());
     } catch (const std::logic_error&) {
       usage(program, only, "bad value for " + k + ": '" + v + "'");
     }

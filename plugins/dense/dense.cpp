@@ -22,7 +22,9 @@
 // gradients all-reduced.
 //
 // `head_dim: D` reads the split dim as attention heads of D rows (columns,
-// row-parallel) and refuses a cut through a head. With `replicate_heads:
+// row-parallel) and refuses a cut through a head; D must be the model's own
+// head size where the Linear declares one (out_head_dim, in_head_dim), and
+// `head_dim: auto` or no head_dim takes that. With `replicate_heads:
 // true` a column-parallel layer with fewer heads H than ranks N (grouped-
 // query attention's key/value projections: N divisible by H) holds on rank
 // r only the head its query heads read, r*H/N, as Megatron and vLLM
@@ -190,12 +192,40 @@ struct Decision {
   int64_t heads = 0;
 };
 
+// The head size of the split dim: the rule's `head_dim:`, checked against
+// what the model declares (nn::Linear's out_head_dim for a column-parallel
+// layer, in_head_dim for a row-parallel one), or the model's for `head_dim:
+// auto` and for no `head_dim:` at all; 0 when neither says. A plan's size
+// that is not the model's would cut through heads and compute wrong numbers
+// without an error (whole "heads" of the plan's size are not the model's).
+int64_t head_dim_of(const ModuleShard& shard, const ParamShard& w, const Rule* rule, Mode mode, int64_t features) {
+  const auto* linear = dynamic_cast<const nn::LinearImpl*>(shard.module);
+  const int64_t model = !linear ? 0 : mode == Mode::Row ? linear->in_head_dim : linear->out_head_dim;
+  const RuleOption* o = rule ? rule->option("head_dim") : nullptr;
+  if (!o) return model;
+  const std::string side = mode == Mode::Row ? "in" : "out";
+  if (o->value == "auto") {
+    if (model < 1)
+      throw PlanError(o->loc, "head_dim: auto, but the model does not say the head size of parameter '" +
+                                  w.assignment.path + "' (its shardplan::nn::Linear's " + side +
+                                  "_head_dim is 0): write the head size as a number");
+    return model;
+  }
+  const int64_t plan = std::stoll(o->value);
+  if (model > 0 && plan != model)
+    throw PlanError(o->loc, "head_dim: " + o->value + " is not the model's head size " + std::to_string(model) +
+                                " for parameter '" + w.assignment.path + "' (" + side + "_features " +
+                                std::to_string(features) + ": " + std::to_string(features / model) + " heads of " +
+                                std::to_string(model) + "); write head_dim: auto to take the model's");
+  return plan;
+}
+
 // `head_dim:` and `replicate_heads:` on a split dim of `features` (out or in
 // features): whole heads per rank, or with replicate_heads (column-parallel
 // only) whole ranks per head.
-void decide_heads(const ParamShard& w, const Rule* rule, int64_t features, Decision& d) {
+void decide_heads(const ModuleShard& shard, const ParamShard& w, const Rule* rule, int64_t features, Decision& d) {
   const bool replicate = rule && rule->option_or("replicate_heads", "false") == "true";
-  if (rule) d.head_dim = std::stoll(rule->option_or("head_dim", "0"));
+  d.head_dim = head_dim_of(shard, w, rule, d.mode, features);
   if (!d.head_dim) {
     if (replicate) reject_option(rule, "replicate_heads", "needs head_dim: the size of one head");
     return;
@@ -267,7 +297,7 @@ Decision decide(const ModuleShard& shard) {
       fail_param(*w, "a column-parallel Linear in the sequence-parallel region gathers the whole sequence on entry, "
                      "so its output must stay split by features (output: sharded) for a row-parallel Linear, a "
                      "vocab-parallel loss or a sampler to take; or give it sequence_parallel: false");
-    decide_heads(*w, rule, out_f, d);
+    decide_heads(shard, *w, rule, out_f, d);
     if (d.mode == Mode::Column && out_f % (d.blocks * d.parts) != 0)
       fail_param(*w, "out_features " + std::to_string(out_f) +
                          (d.blocks > 1 ? " in " + std::to_string(d.blocks) + " blocks" : "") +
@@ -287,7 +317,7 @@ Decision decide(const ModuleShard& shard) {
       fail_param(*w, "a row-parallel Linear in the sequence-parallel region needs its input split by features "
                      "(input: sharded, from a column-parallel Linear), since what arrives is split along the "
                      "sequence; or give it sequence_parallel: false");
-    decide_heads(*w, rule, in_f, d);
+    decide_heads(shard, *w, rule, in_f, d);
     if (in_f % d.parts != 0)
       fail_param(*w, "in_features " + std::to_string(in_f) + " is not divisible by mesh axis '" + d.axis + "' of size " +
                          std::to_string(d.parts));

@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "shardplan/checkpoint.h"
 #include "shardplan/checkpoint_meta.h"
+#include "shardplan/count_option.h"
 
 namespace shardplan_ckpt {
 
@@ -73,11 +74,9 @@ int convert_main(int argc, char** argv) {
     } else if (k == "--to-world" || k == "--world") {
       if (!value(v)) return usage("missing value for --to-world");
       try {
-        size_t used = 0;
-        world = std::stoi(v, &used);
-        if (used != v.size() || world < 1) throw std::invalid_argument(v);
-      } catch (const std::logic_error&) {
-        return usage("--to-world must be a positive integer, got '" + v + "'");
+        world = shardplan::count_option_int(k, v, 1, 1 << 20);
+      } catch (const shardplan::CountError& e) {
+        return usage(e.what());
       }
     } else if (k == "--out") {
       if (!value(out)) return usage("missing value for --out");

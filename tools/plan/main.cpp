@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,6 +27,7 @@
 #include "models/corpus.h"
 #include "models/model.h"
 #include "shardplan/auto_plan.h"
+#include "shardplan/count_option.h"
 #include "shardplan/dry_run.h"
 #include "shardplan/error.h"
 #include "shardplan/plan.h"
@@ -93,13 +95,9 @@ struct Args {
 }
 
 bool parse_int(const std::string& s, int64_t& out) {
-  try {
-    size_t used = 0;
-    out = std::stoll(s, &used);
-    return used == s.size();
-  } catch (const std::exception&) {
-    return false;
-  }
+  const auto v = shardplan::whole_number(s, 1, std::numeric_limits<int64_t>::max());
+  if (v) out = *v;
+  return v.has_value();
 }
 
 Args parse(int argc, char** argv) {
@@ -126,9 +124,10 @@ Args parse(int argc, char** argv) {
     } else if (k == "--state-dict") {
       a.state_dict = value();
     } else if (k == "--world") {
-      int64_t w = 0;
-      if (!parse_int(value(), w) || w < 1 || w > 4096) usage("--world must be an integer from 1 to 4096");
-      a.world = static_cast<int>(w);
+      const std::string v = value();
+      const auto w = shardplan::whole_number(v, 1, 4096);
+      if (!w) usage(shardplan::count_error(k, v, 1, 4096));
+      a.world = static_cast<int>(*w);
     } else if (k == "--format") {
       a.format = value();
       if (a.format != "table" && a.format != "json") usage("--format must be table or json");

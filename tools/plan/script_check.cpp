@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "shardplan/error.h"
+#include "shardplan/count_option.h"
 #include "shardplan/script.h"
 #include "shardplan/world.h"
 
@@ -23,8 +24,9 @@ bool parse_dims(const std::string& s, std::vector<int64_t>& dims) {
   std::stringstream in(s);
   std::string part;
   while (std::getline(in, part, 'x')) {
-    if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos || part.size() > 9) return false;
-    dims.push_back(std::stoll(part));
+    const auto d = shardplan::whole_number(part, 0, 999999999);
+    if (!d) return false;
+    dims.push_back(*d);
   }
   return !dims.empty();
 }

@@ -1,5 +1,6 @@
 // `shardplan launch`'s command line: usage text, options, the program check.
 #include "launch_internal.h"
+#include "shardplan/count_option.h"
 
 namespace shardplan_cli {
 namespace launcher {
@@ -67,13 +68,11 @@ namespace {
 
 long long parse_integer(const std::string& option, const std::string& value, long long lo,
                         long long hi) {
-  bool ok = !value.empty() && value.size() <= 15 &&
-            std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; });
-  long long v = ok ? std::stoll(value) : 0;
-  if (!ok || v < lo || v > hi)
-    throw UsageError{option + " must be an integer from " + std::to_string(lo) + " to " +
-                     std::to_string(hi) + ", got '" + value + "'"};
-  return v;
+  try {
+    return shardplan::count_option(option, value, lo, hi);
+  } catch (const shardplan::CountError& e) {
+    throw UsageError{e.what()};
+  }
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <iostream>
 
 #include "lora_linear.h"
+#include "shardplan/count_option.h"
 #include "shardplan/parallelize.h"
 #include "shardplan/plan.h"
 #include "shardplan/world.h"
@@ -24,8 +25,8 @@ int main(int argc, char** argv) {
   }
   try {
     const auto plan = shardplan::load_plan(argv[1]);
-    const int ranks = argc > 2 ? std::stoi(argv[2]) : 2;
-    const int steps = argc > 3 ? std::stoi(argv[3]) : 200;
+    const int ranks = argc > 2 ? shardplan::count_option_int("ranks", argv[2], 1, 4096) : 2;
+    const int steps = argc > 3 ? shardplan::count_option_int("steps", argv[3], 0) : 200;
     torch::manual_seed(0);
     lora::TinyLoRA student(32, 64, 16, 4, 8.0);
     auto teacher = std::dynamic_pointer_cast<lora::TinyLoRAImpl>(student->clone());

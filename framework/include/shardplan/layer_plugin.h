@@ -4,7 +4,8 @@
 // SHARDPLAN_LAYER_ABI_VERSION; its factory returns a LayerPlugin* that lives
 // for the process. Layer plugins link libshardplan and libtorch, so they must
 // be built against the same shardplan (the version below is bumped whenever
-// these classes change layout).
+// these classes, or the shardplan::nn modules plugins read, change layout:
+// 6 when nn::Linear came to declare its heads).
 #include <map>
 #include <memory>
 #include <string>
@@ -14,7 +15,7 @@
 #include "shardplan/plan.h"
 #include "shardplan/split.h"
 
-#define SHARDPLAN_LAYER_ABI_VERSION 5u
+#define SHARDPLAN_LAYER_ABI_VERSION 6u
 
 namespace torch {
 namespace nn {

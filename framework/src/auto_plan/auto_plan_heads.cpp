@@ -29,6 +29,7 @@
 #include <utility>
 
 #include "auto_plan_probe.h"
+#include "shardplan/nn/linear.h"
 
 namespace shardplan {
 namespace auto_detail {
@@ -134,6 +135,22 @@ std::string divide_heads(HeadSplit& s, int ranks) {
   return "";
 }
 
+// "" when every Linear that declares its head size (nn::Linear's
+// out_head_dim, o's in_head_dim) declares the probe's; else which does not:
+// the written head_dim would be refused at its rule.
+std::string declared_heads_agree(const HeadSplit& s, const Layer& o) {
+  auto said = [&](const Layer& l, bool in) -> std::string {
+    const auto* linear = dynamic_cast<const nn::LinearImpl*>(l.module);
+    const int64_t d = !linear ? 0 : in ? linear->in_head_dim : linear->out_head_dim;
+    if (d == 0 || d == s.head_dim) return "";
+    return "the model says " + l.name() + "'s heads are of " + num(d) + ", but its context is reshaped from heads of " +
+           num(s.head_dim);
+  };
+  for (const Layer* p : s.projections)
+    if (std::string why = said(*p, false); !why.empty()) return why;
+  return said(o, true);
+}
+
 }  // namespace
 
 HeadSplit split_heads(ProbeGraph& graph, const Layer& o, int ranks) {
@@ -168,7 +185,8 @@ HeadSplit split_heads(ProbeGraph& graph, const Layer& o, int ranks) {
     return s;
   }
   s.heads = o.input.size(-1) / s.head_dim;
-  s.why_not = divide_heads(s, ranks);
+  s.why_not = declared_heads_agree(s, o);
+  if (s.why_not.empty()) s.why_not = divide_heads(s, ranks);
   if (s.why_not.empty() && ranks > 1) s.why_not = heads_stay_apart(o, s, ranks);
   return s;
 }

@@ -317,7 +317,7 @@ class Parser {
     else if (e.key == "blocks")
       require(parse_positive_int(value).has_value(), "an integer >= 1");
     else if (e.key == "head_dim")
-      require(parse_positive_int(value).has_value(), "an integer >= 1");
+      require(value == "auto" || parse_positive_int(value).has_value(), "an integer >= 1 or auto (the model's)");
     else if (e.key == "replicate_heads")
       require(value == "true" || value == "false", "true or false");
     else if (e.key == "overlap")

@@ -6,7 +6,9 @@
 #include <cstdlib>
 #include <cstdio>
 #include <stdexcept>
+#include <type_traits>
 
+#include "shardplan/count_option.h"
 #include "stats.h"
 
 namespace shardplan_bench {
@@ -44,7 +46,7 @@ void PluginReduceSide::barrier() {
   if (api_->barrier(comm_, nullptr) != SP_OK) throw std::runtime_error(api_->last_error());
 }
 
-bool parse_interleaved_args(int argc, char** argv, InterleavedArgs& args, int* ranks) {
+bool parse_interleaved_args(int argc, char** argv, InterleavedArgs& args, int* ranks, std::string* why) {
   InterleavedOptions& o = args.options;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -55,12 +57,21 @@ bool parse_interleaved_args(int argc, char** argv, InterleavedArgs& args, int* r
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
     if (!v) return false;
     ++i;
-    if (a == "--scale") o.scale = std::atoi(v);
-    else if (a == "--min-bytes") o.min_bytes = std::strtoull(v, nullptr, 10);
-    else if (a == "--max-bytes") o.max_bytes = std::strtoull(v, nullptr, 10);
+    // Anything but a whole number in range is a usage error, not 0 or 1.
+    auto count = [&](long long lo, long long hi, auto& field) {
+      const auto n = shardplan::whole_number(v, lo, hi);
+      if (n) field = static_cast<std::remove_reference_t<decltype(field)>>(*n);
+      if (!n && why) *why = shardplan::count_error(a, v, lo, hi);
+      return n.has_value();
+    };
+    bool ok = true;
+    if (a == "--scale") ok = count(1, INT_MAX, o.scale);
+    else if (a == "--min-bytes") ok = count(sizeof(float), LLONG_MAX, o.min_bytes);
+    else if (a == "--max-bytes") ok = count(sizeof(float), LLONG_MAX, o.max_bytes);
     else if (a == "--plugin") args.plugin = v;
-    else if (a == "--ranks" && ranks) *ranks = std::atoi(v);
+    else if (a == "--ranks" && ranks) ok = count(1, 4096, *ranks);
     else return false;
+    if (!ok) return false;
   }
   // Counts go to MPI and gloo as ints.
   return o.scale >= 1 && o.min_bytes >= sizeof(float) && o.max_bytes >= o.min_bytes &&

@@ -55,13 +55,15 @@ struct InterleavedOptions {
 // The command line both benchmarks share: --scale S, --min-bytes B,
 // --max-bytes B, --plugin PATH, --control, and --ranks N where the program
 // starts its own ranks (`ranks` non-null). Fills what it is given; false on
-// anything else or an out-of-range value.
+// anything else or an out-of-range value (a count that is not a whole number
+// in range also says so in `why`, naming the option).
 struct InterleavedArgs {
   InterleavedOptions options;
   bool control = false;  // time the raw library against itself
   std::string plugin;
 };
-bool parse_interleaved_args(int argc, char** argv, InterleavedArgs& args, int* ranks = nullptr);
+bool parse_interleaved_args(int argc, char** argv, InterleavedArgs& args, int* ranks = nullptr,
+                            std::string* why = nullptr);
 
 // Checks both sides' sums, then measures every size; rank 0 prints the table
 // (median µs per call of each side, GB/s, and the median over neighbouring

@@ -9,6 +9,7 @@
 
 #include "shardplan/abi/comm.h"
 #include "shardplan/comm_dtype.h"
+#include "shardplan/count_option.h"
 
 namespace shardplan_bench {
 
@@ -65,11 +66,8 @@ std::vector<std::string> split_list(const std::string& s) {
 [[noreturn]] void usage_error(const std::string& msg) { throw UsageError{msg}; }
 
 int to_int(const std::string& opt, const std::string& v, int min) {
-  char* end = nullptr;
-  long x = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || *end || x < min || x > 1000000000L)
-    usage_error(opt + " wants an integer >= " + std::to_string(min) + ", not '" + v + "'");
-  return static_cast<int>(x);
+  if (auto x = shardplan::whole_number(v, min, 1000000000L)) return static_cast<int>(*x);
+  usage_error(opt + " wants an integer from " + std::to_string(min) + " to 1000000000, not '" + v + "'");
 }
 
 }  // namespace

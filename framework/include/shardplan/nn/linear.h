@@ -53,6 +53,15 @@ class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
   torch::nn::LinearOptions options;
   at::Tensor weight;
   at::Tensor bias;
+  // The attention heads this Linear's features are made of, as the model
+  // knows them: a query/key/value projection's out_features are heads of
+  // `out_head_dim` rows, an output projection's in_features heads of
+  // `in_head_dim` columns; 0: not heads, or the model does not say. Layer
+  // plugins check a plan's head size against it (and take it from here when
+  // the plan leaves it to the model), since a plan that cuts heads of another
+  // size than the model computes with gives wrong numbers, not an error.
+  int64_t out_head_dim = 0;
+  int64_t in_head_dim = 0;
 
  private:
   std::shared_ptr<LinearStrategy> strategy_;
