@@ -54,6 +54,10 @@ StateDict collect_state_dict(const StateDict& local, const ParallelReport& repor
 // no rank has a gradient for is left out. Under data parallelism, call it
 // after the gradients are averaged. Collective over `world`.
 StateDict collect_gradients(torch::nn::Module& model, const ParallelReport& report, World& world, int root = 0);
+// The same for a TorchScript module sharded by parallelize_script (its
+// ScriptParallel's module and report); a tied tensor under each of its paths.
+StateDict collect_gradients(const torch::jit::Module& model, const ParallelReport& report, World& world,
+                            int root = 0);
 
 // This rank's shard of every tensor of a whole state dict (as collected, or
 // as the plain model's), ready for load_state_dict. Throws shardplan::Error
