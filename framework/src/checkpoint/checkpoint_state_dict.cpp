@@ -132,7 +132,9 @@ StateDict collect_gradients(std::vector<Item> items, const ParallelReport& repor
     const auto& item = params[i];
     at::Tensor g = item.param.grad();
     at::Tensor t = gather_whole(item, g.defined() ? g.detach() : at::zeros_like(item.local), report, world);
-    if (root < 0 || world.rank() == root) out.emplace_back(item.name, t.contiguous());
+    // A whole one would otherwise be the .grad itself, which the next
+    // zero_grad and backward overwrite.
+    if (root < 0 || world.rank() == root) out.emplace_back(item.name, item.splits.empty() ? t.clone() : t.contiguous());
   }
   return out;
 }
