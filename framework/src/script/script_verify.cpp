@@ -213,21 +213,24 @@ std::string diff_line(const ScriptOutputDiff& o) {
 }  // namespace
 
 // When the sharded module failed nothing was compared: the error alone.
-// Gradients are many: those that fail, then one line for all.
+// Gradients are many: the first five that fail, then one line for all.
 std::string ScriptVerification::str() const {
   if (!error.empty()) return "the sharded module failed at " + std::to_string(world_size) + " ranks: " + error;
   std::string s;
   for (const auto& o : outputs) s += diff_line(o);
   double worst = 0, magnitude = 0;
+  size_t failing = 0;
   for (const auto& o : gradients) {
-    if (!o.problem.empty() || !(o.max_diff <= tolerance * std::max(1.0, o.max_abs))) s += diff_line(o);
+    if (!o.problem.empty() || !(o.max_diff <= tolerance * std::max(1.0, o.max_abs)))
+      if (++failing <= 5) s += diff_line(o);
     worst = std::max(worst, o.max_diff);
     magnitude = std::max(magnitude, o.max_abs);
   }
   char buf[200];
   if (!gradients.empty()) {
-    std::snprintf(buf, sizeof buf, "gradients of %zu parameters: largest difference %.3g (largest magnitude %.3g)\n",
-                  gradients.size(), worst, magnitude);
+    std::snprintf(buf, sizeof buf, "gradients of %zu parameters%s: largest difference %.3g (largest magnitude %.3g)\n",
+                  gradients.size(), failing > 5 ? (", " + std::to_string(failing) + " failing").c_str() : "", worst,
+                  magnitude);
     s += buf;
   }
   std::snprintf(buf, sizeof buf, "%s at %d ranks in %s (tolerance %.3g relative to max(1, largest magnitude))",
