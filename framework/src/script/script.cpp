@@ -187,8 +187,7 @@ void check_head_sizes(const Plan& plan, const Module& original, const Module& cl
       if (auto v = int_attr(m, c); v && *v > 0 && reads_of(graphs, path, c) > 0) counts.emplace_back(c, *v);
     if (counts.empty()) continue;
     for (const Param& p : d.params) {
-      const std::string& q = p.paths.front();
-      const auto [owner, name] = owner_and_name(q);
+      const std::string owner = owner_and_name(p.paths.front()).first;
       const bool below = owner == path || owner_and_name(owner).first == path;
       if (!p.split || p.dim != 0 || !p.follows.empty() || p.original.dim() != 2 || !below) continue;
       const int64_t cut = p.blocks * p.splits.front().parts;
