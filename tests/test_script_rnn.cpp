@@ -119,6 +119,18 @@ rules:
   expect_contains(e, {"p.yaml:4:", "'fc1.weight'", "attribute 'cache'", "leave the parameter replicated"});
 }
 
+// An RNN's own weights are read only through _flat_weights: a plan that
+// splits one is refused, saying so.
+TEST(ScriptRnnRefusals, SplitRnnWeightRefused) {
+  REQUIRE_MODELS();
+  const std::string e = error_of("gru_net.pt", R"(
+mesh: {model: auto}
+rules:
+  - {match: 'rnn\.weight_ih_l0', layout: [model, null]}
+)");
+  expect_contains(e, {"p.yaml:4:", "'rnn.weight_ih_l0'", "never read by name", "_flat_weights"});
+}
+
 // torch.einsum takes its operands as a list: the op named is einsum, with
 // the Python line, not the list's construction.
 TEST(ScriptRnnRefusals, EinsumReadNamesTheOpAndItsLine) {

@@ -192,7 +192,9 @@ void decide(Decisions& d, const std::vector<std::shared_ptr<torch::jit::Graph>>&
   for (const Action& a : d.actions) follow(d, a);
   for (auto& p : d.params) {
     if (planned(p) && !p.split) {
-      std::string why = " (it is never read)";
+      // An RNN reads its weights through its _flat_weights list, never by name.
+      std::string why = " (it is never read by name; an RNN's weights are read through its _flat_weights list, "
+                        "which no rewrite cuts: leave them replicated)";
       if (!p.uses.empty())
         why = "; first read by " + read_by(p.uses.front());
       fail(p, "is split by the plan but no rewritten method reads it where a TorchScript rewrite is registered (" +
