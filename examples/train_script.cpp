@@ -228,7 +228,7 @@ std::optional<Run> run_sharded(const Args& a, const torch::jit::Module& model, c
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
   try {
-    const torch::jit::Module model = torch::jit::load(a.model);
+    const torch::jit::Module model = shardplan::load_script_module(a.model);
     const shardplan::Plan plan = shardplan::load_plan(a.plan);
     const int64_t context = model.hasattr("context") ? model.attr("context").toInt() : 64;
     const auto data = batches(a, context);

@@ -28,6 +28,10 @@ if(TARGET train_script AND SHARDPLAN_SCRIPT_PYTHON3)
     shardplan_script_example(e2e_train_script_llama_${ranks} export_script_llama.py script_llama.yaml
       ${_train_script} --ranks ${ranks} --generate 50)
   endforeach()
+  # --model that is not a TorchScript module: one line naming the file.
+  add_test(NAME train_script_bad_model COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/script/train_script_bad_model.sh
+    ${_train_script} ${SHARDPLAN_SCRIPT_PYTHON3} ${PROJECT_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/train_script_bad_model)
+  set_tests_properties(train_script_bad_model PROPERTIES TIMEOUT 120 SKIP_RETURN_CODE 77)
   if(TARGET shardplan_cli)
     shardplan_script_example(e2e_train_script_gloo_2 export_script_gpt.py script_gpt.yaml
       ${_gloo} 2 -- ${_train_script} --generate 20)

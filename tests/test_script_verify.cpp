@@ -112,13 +112,14 @@ TEST(ScriptVerify, VerificationOfAnotherWorldSizeRefused) {
 TEST(ScriptVerify, ScriptedModulePassesAndForgottenDivideIsReportedNotThrown) {
   REQUIRE_MODELS();
   EXPECT_TRUE(verified("gpt.pt", kGptPlan, 2)->passed());
-  // Without the divide a rank views its 12 q features as 4 heads of 6: the
-  // sharded forward throws, which verify reports.
+  // Without the divide a rank would view its 12 q features as 4 heads of 6
+  // and throw; the module states its head size, so the plan is refused
+  // first, which verify reports.
   const std::string plan = gpt_plan_with("");
   const auto v = verified("gpt.pt", plan, 2);
   EXPECT_FALSE(v->passed());
-  expect_contains(v->error, {"forward:"});
-  expect_contains(v->str(), {"the sharded module failed", "FAILED at 2"});
+  expect_contains(v->error, {"has a head size of 6 (head_dim)", "n_head = 4 heads of 3"});
+  expect_contains(v->str(), {"the sharded module failed at 2 ranks: "});
 }
 
 TEST(ScriptVerify, UnshardedModuleFailingOnTheProbeThrows) {

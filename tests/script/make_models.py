@@ -11,6 +11,7 @@ every linear that has one in real models.
 import math
 import os
 import sys
+from collections import OrderedDict
 
 try:
     import torch
@@ -351,6 +352,86 @@ class TwoMethods(nn.Module):
         return F.relu(self.fc1(x))
 
 
+class RNNNet(nn.Module):
+    """An RNN the plan leaves replicated between planned linears: its
+    forward reads the weights through the `_flat_weights` list, not the
+    parameter slots, so the sharded module must keep them one tensor."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.fc1 = nn.Linear(12, 32)
+        self.fc2 = nn.Linear(32, 12)
+        rnn = {"gru": nn.GRU, "lstm": nn.LSTM, "rnn": nn.RNN}[kind]
+        self.rnn = rnn(12, 10, num_layers=2, batch_first=True, bidirectional=kind == "gru")
+        self.fc3 = nn.Linear(20 if kind == "gru" else 10, 16)
+        self.fc4 = nn.Linear(16, 8)
+
+    def forward(self, x):
+        h = self.fc2(torch.tanh(self.fc1(x)))
+        y, _ = self.rnn(h)
+        return self.fc4(torch.tanh(self.fc3(y)))
+
+
+class CachedWeight(nn.Module):
+    """A planned weight also held by a list attribute the forward reads: the
+    list cannot be cut, so the plan is refused."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(12, 32)
+        self.fc2 = nn.Linear(32, 8)
+        self.cache = [self.fc1.weight]
+
+    def forward(self, x):
+        return self.fc2(F.linear(x, self.cache[0]) + self.fc1(x))
+
+
+class DividedMLP(nn.Module):
+    """A per-feature divisor between a column and a row linear (aten::div,
+    no built-in rewrite: a test registers one)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(12, 32)
+        self.gate = nn.Parameter(torch.rand(32) + 0.5)
+        self.fc2 = nn.Linear(32, 12)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x)) / self.gate)
+
+
+class Einsum(nn.Module):
+    """A planned weight read by torch.einsum, which no rewrite handles."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(32, 12))
+        self.fc = nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.fc(torch.einsum("bi,oi->bo", x, self.w))
+
+
+class HeadSized(nn.Module):
+    """An attention that exposes its head size (head_dim 6, 4 heads of it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.n_head = 4
+        self.head_dim = 6
+        self.qkv = nn.Linear(24, 72)
+        self.proj = nn.Linear(24, 24)
+
+    def forward(self, x):
+        B, T_, _ = x.size()
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        q = q.view(B, T_, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.view(B, T_, self.n_head, self.head_dim).transpose(1, 2)
+        v = v.view(B, T_, self.n_head, self.head_dim).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)).softmax(-1)
+        return self.proj((att @ v).transpose(1, 2).contiguous().view(B, T_, self.n_head * self.head_dim))
+
+
 def perturb_norms(model):
     # LayerNorms start at ones/zeros; perturbed, their gradients check more.
     with torch.no_grad():
@@ -394,6 +475,13 @@ def main(out):
                            (gpt, torch.randint(V, (3, T)), "gpt_io.pt"), (tied, torch.randint(V, (3, T)), "tied_io.pt")):
             torch.save((x, m(x)), os.path.join(out, name))
     save(TwoMethods().double(), "two_methods.pt")
+    for kind in ("gru", "lstm", "rnn"):
+        save(RNNNet(kind).double(), kind + "_net.pt")
+    save(CachedWeight().double(), "cached_weight.pt")
+    save(Einsum().double(), "einsum.pt")
+    save(DividedMLP().double(), "divided_mlp.pt")
+    save(nn.Sequential(OrderedDict(attn=HeadSized())).double(), "head_sized.pt")
+    torch.save({"w": torch.zeros(2)}, os.path.join(out, "state_dict.pt"))   # not a TorchScript module
     for cls in (AttnSep, AttnFused):   # head count inlined into the graph
         cls.__constants__ = ["n_head", "head_dim"]
     save(gpt, "gpt_const.pt")

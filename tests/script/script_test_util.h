@@ -148,7 +148,8 @@ inline Trace train(torch::jit::Module& m, const Steps& inputs, bool adam, bool l
     (loss_out ? y : loss_of(y)).backward();
     t.outputs.push_back(y.detach().clone());
     if (s == 0)
-      for (const auto& p : m.named_parameters()) t.grads[p.name] = p.value.grad().detach().clone();
+      for (const auto& p : m.named_parameters())  // one without a gradient is missing: max_diff 1e300
+        if (p.value.grad().defined()) t.grads[p.name] = p.value.grad().detach().clone();
     opt->step();
   }
   for (const auto& kv : script_state_dict(m)) t.final_state[kv.first] = kv.second.clone();

@@ -100,13 +100,7 @@ shardplan::PlanCheck check_script(const std::string& file, const shardplan::Plan
   r.plan_file = plan.source;
   r.world_size = world_size;
   r.subject = "TorchScript module " + file;
-  torch::jit::Module m;
-  try {
-    m = torch::jit::load(file);
-  } catch (const std::exception& e) {
-    throw shardplan::Error("--script " + file + ": not a module saved by torch.jit.save (" +
-                           std::string(e.what()).substr(0, std::string(e.what()).find('\n')) + ")");
-  }
+  torch::jit::Module m = shardplan::load_script_module(file);
   const auto probe = read_probes(probes);
   std::vector<shardplan::ParallelReport> reports;
   try {

@@ -18,6 +18,7 @@
 #include <set>
 
 #include "shardplan/error.h"
+#include "shardplan/script.h"
 #include "torchscript_plan.h"
 
 namespace shardplan_plan {
@@ -269,21 +270,10 @@ class Pairing {
   std::vector<shardplan::AutoPlanUnit> units_;
 };
 
-torch::jit::Module load(const std::string& file) {
-  std::error_code ec;
-  if (!std::filesystem::exists(file, ec)) throw shardplan::Error("TorchScript file '" + file + "' not found");
-  try {
-    return torch::jit::load(file);
-  } catch (const std::exception& e) {
-    std::string why = e.what();
-    throw shardplan::Error("'" + file + "' is not a TorchScript module (torch.jit.save): " + why.substr(0, why.find('\n')));
-  }
-}
-
 }  // namespace
 
 FilePlan plan_torchscript(const std::string& file, int world_size, const shardplan::AutoPlanOptions& options) {
-  torch::jit::Module m = load(file);
+  torch::jit::Module m = shardplan::load_script_module(file);
   if (!m.find_method("forward"))
     throw shardplan::Error("'" + file + "' has no forward method: a TorchScript module saved with torch.jit.save is "
                            "needed (a torch::save state dict goes to --state-dict)");

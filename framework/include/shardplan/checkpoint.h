@@ -52,8 +52,13 @@ StateDict collect_state_dict(const StateDict& local, const ParallelReport& repor
 // it after backward (to log or check them): gathered like
 // collect_state_dict, on `root` or on every rank when root < 0. A parameter
 // no rank has a gradient for is left out. Under data parallelism, call it
-// after the gradients are averaged. Collective over `world`.
+// after the gradients are averaged. Collective over `world`. The tensors are
+// copies: the next backward does not change them.
 StateDict collect_gradients(torch::nn::Module& model, const ParallelReport& report, World& world, int root = 0);
+// The same for a TorchScript module sharded by parallelize_script (its
+// ScriptParallel's module and report); a tied tensor under each of its paths.
+StateDict collect_gradients(const torch::jit::Module& model, const ParallelReport& report, World& world,
+                            int root = 0);
 
 // This rank's shard of every tensor of a whole state dict (as collected, or
 // as the plain model's), ready for load_state_dict. Throws shardplan::Error

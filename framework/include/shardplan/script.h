@@ -48,6 +48,11 @@ struct ScriptVerification {
   std::string dtype;            // "float64", or the module's own where it cannot run in float64
   double tolerance = 0;         // a difference passes up to tolerance * max(1, max_abs)
   std::vector<ScriptOutputDiff> outputs;
+  // One backward of a scalar of the float outputs (each element weighed
+  // differently): each parameter's gradient, named "gradient of '<path>'",
+  // against this rank's piece of the unsharded one. A parameter the forward
+  // reads through a tensor no optimizer steps has none: a problem.
+  std::vector<ScriptOutputDiff> gradients;
   std::string error;            // the sharded module failed: the first rank's message
   std::vector<ParallelReport> reports;  // each rank's, when sharding succeeded
   bool passed() const;
@@ -102,12 +107,24 @@ ScriptParallel parallelize_script(const torch::jit::Module& module, const Plan& 
 // through the unsharded module, and compares every output. Float64 where
 // the module runs in it (parameters, buffers and floating probe tensors
 // converted), its own dtype otherwise; tolerance 0 means 1e-9 in float64 and
-// 1e-4 otherwise. A plan the rewrite refuses, or a sharded forward that
-// throws, is reported in `error`, not thrown; an unsharded module that fails
-// on the probe throws (the probe is wrong, not the plan).
+// 1e-4 otherwise. Then one backward on each side, and every parameter's
+// gradient compared the same way (ScriptVerification::gradients). A plan
+// the rewrite refuses, or a sharded forward or backward that throws, is
+// reported in `error`, not thrown; an unsharded module that fails on the
+// probe throws (the probe is wrong, not the plan).
 ScriptVerification verify_script(const torch::jit::Module& module, const Plan& plan, int world_size,
                                  const std::vector<at::Tensor>& probe, const ScriptOptions& options = {},
                                  double tolerance = 0);
+
+// The module's parameters with a tied tensor once (named_parameters()
+// order): what an optimizer is given. parameters() lists a tied tensor under
+// each of its paths, and Adam given both would step it twice.
+std::vector<at::Tensor> unique_parameters(const torch::jit::Module& module);
+
+// Loads a module torch.jit.save wrote; throws one line naming `file` when it
+// is missing, not a regular file or not such a module (a torch.save state
+// dict, any other bytes), instead of libtorch's message and backtrace.
+torch::jit::Module load_script_module(const std::string& file);
 
 // This rank's parameters then buffers by path (named_parameters() /
 // named_buffers() order; a tied tensor under each of its paths), detached:

@@ -64,6 +64,9 @@ ModelTensors model_tensors(const torch::jit::Module& model);
 std::vector<Item> inventory(const ModelTensors& model, const ParallelReport& report);
 std::vector<Item> inventory(torch::nn::Module& model, const ParallelReport& report);
 
+// collect_gradients for either kind of model (its inventory).
+StateDict collect_gradients(std::vector<Item> items, const ParallelReport& report, World& world, int root);
+
 // save_checkpoint and load_checkpoint for either kind of model.
 void save_model_checkpoint(const std::string& dir, const ModelTensors& model, const ParallelReport& report,
                            World& world, const CheckpointOptions& options);

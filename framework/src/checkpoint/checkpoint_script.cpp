@@ -18,6 +18,11 @@ ckpt_detail::ModelTensors ckpt_detail::model_tensors(const torch::jit::Module& m
   return m;
 }
 
+StateDict collect_gradients(const torch::jit::Module& model, const ParallelReport& report, World& world, int root) {
+  return ckpt_detail::collect_gradients(ckpt_detail::inventory(ckpt_detail::model_tensors(model), report), report,
+                                        world, root);
+}
+
 void save_checkpoint(const std::string& dir, torch::jit::Module& model, const ParallelReport& report, World& world,
                      const CheckpointOptions& options) {
   ckpt_detail::save_model_checkpoint(dir, ckpt_detail::model_tensors(model), report, world, options);

@@ -112,10 +112,12 @@ StateDict collect_state_dict(const StateDict& local, const ParallelReport& repor
   return collect_items(items, report, world, root);
 }
 
-StateDict collect_gradients(torch::nn::Module& model, const ParallelReport& report, World& world, int root) {
+namespace ckpt_detail {
+
+StateDict collect_gradients(std::vector<Item> items, const ParallelReport& report, World& world, int root) {
   at::NoGradGuard no_grad;
-  std::vector<ckpt_detail::Item> params;
-  for (auto& item : inventory(model, report))
+  std::vector<Item> params;
+  for (auto& item : items)
     if (!item.buffer) params.push_back(std::move(item));
   // Every rank must gather the same tensors, and a parameter no rank gave a
   // gradient stays out, as its .grad stays undefined in one process; a rank
@@ -129,10 +131,18 @@ StateDict collect_gradients(torch::nn::Module& model, const ParallelReport& repo
     if (has[static_cast<int64_t>(i)].item<int>() == 0) continue;
     const auto& item = params[i];
     at::Tensor g = item.param.grad();
-    at::Tensor t = ckpt_detail::gather_whole(item, g.defined() ? g.detach() : at::zeros_like(item.local), report, world);
-    if (root < 0 || world.rank() == root) out.emplace_back(item.name, t.contiguous());
+    at::Tensor t = gather_whole(item, g.defined() ? g.detach() : at::zeros_like(item.local), report, world);
+    // A whole one would otherwise be the .grad itself, which the next
+    // zero_grad and backward overwrite.
+    if (root < 0 || world.rank() == root) out.emplace_back(item.name, item.splits.empty() ? t.clone() : t.contiguous());
   }
   return out;
+}
+
+}  // namespace ckpt_detail
+
+StateDict collect_gradients(torch::nn::Module& model, const ParallelReport& report, World& world, int root) {
+  return ckpt_detail::collect_gradients(inventory(model, report), report, world, root);
 }
 
 StateDict relocate_state_dict(const StateDict& full, const ParallelReport& report) {

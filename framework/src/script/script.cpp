@@ -7,6 +7,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <mutex>
@@ -148,6 +149,68 @@ void divide_attributes(const Plan& plan, const Mesh& mesh, Module& clone,
   for (auto& [m, attr, value] : todo) m.setattr(attr, value);
 }
 
+std::optional<int64_t> int_attr(const Module& m, const std::string& name) {
+  if (!m.hasattr(name) || !m.attr(name).isInt()) return std::nullopt;
+  return m.attr(name).toInt();
+}
+
+const std::vector<std::string> kHeadCounts = {"n_head",  "n_heads", "num_heads", "num_attention_heads",
+                                              "num_key_value_heads", "n_kv_heads", "num_kv_heads"};
+
+// A module's head size as it states it (head_dim / head_size, or its width
+// over its query heads), with what it was read from; nullopt when it states none.
+std::optional<std::pair<int64_t, std::string>> head_size(const Module& m) {
+  for (const char* name : {"head_dim", "head_size"})
+    if (auto v = int_attr(m, name); v && *v > 0) return std::make_pair(*v, std::string(name));
+  for (const char* heads : {"n_head", "n_heads", "num_heads", "num_attention_heads"})
+    for (const char* width : {"hidden_size", "embed_dim", "n_embd", "d_model"}) {
+      const auto n = int_attr(m, heads), w = int_attr(m, width);
+      if (n && w && *n > 0 && *w % *n == 0)
+        return std::make_pair(*w / *n, std::string(width) + " / " + heads);
+    }
+  return std::nullopt;
+}
+
+// Where a module states its head size, each rank's rows of a projection it
+// owns that the plan cuts by rows must be whole heads of that size for one of
+// the head counts its methods read (after the divide). A plan that divides
+// the head size, or forgets to divide a count, would otherwise make heads of
+// another size that still run (a view of 12 features as 4 heads of 3).
+void check_head_sizes(const Plan& plan, const Module& original, const Module& clone, const Decisions& d,
+                      const std::vector<std::shared_ptr<Graph>>& graphs) {
+  const auto originals = modules_by_path(original);
+  for (const auto& [path, m] : modules_by_path(clone)) {
+    const auto size = head_size(originals.at(path));
+    if (!size) continue;
+    std::vector<std::pair<std::string, int64_t>> counts;
+    for (const auto& c : kHeadCounts)
+      if (auto v = int_attr(m, c); v && *v > 0 && reads_of(graphs, path, c) > 0) counts.emplace_back(c, *v);
+    if (counts.empty()) continue;
+    for (const Param& p : d.params) {
+      const std::string owner = owner_and_name(p.paths.front()).first;
+      const bool below = owner == path || owner_and_name(owner).first == path;
+      if (!p.split || p.dim != 0 || !p.follows.empty() || p.original.dim() != 2 || !below) continue;
+      const int64_t cut = p.blocks * p.splits.front().parts;
+      if (p.original.size(0) % cut != 0) continue;
+      const int64_t rows = p.original.size(0) / cut;
+      std::string as;
+      bool whole = false;
+      for (const auto& [c, n] : counts) {
+        whole = whole || rows == n * size->first;
+        as += std::string(as.empty() ? "" : ", ") + c + " = " + std::to_string(n) +
+              (rows % n == 0 ? " heads of " + std::to_string(rows / n) : " heads");
+      }
+      if (whole) continue;
+      script_detail::fail(p, "module '" + path + "' (" + type_name(m) + ") has a head size of " +
+                                 std::to_string(size->first) + " (" + size->second + "), but this rank's " +
+                                 std::to_string(rows) + " rows" + (p.blocks > 1 ? " per block" : "") + " read as " +
+                                 as + (plan.divide.empty() ? " (the plan has no divide)" : " after the divide at " +
+                                 plan.divide_loc.str()) + ": divide the head counts, not the head size, so each "
+                                 "rank keeps whole heads of " + std::to_string(size->first));
+    }
+  }
+}
+
 at::Tensor shard_tensor(const Param& p) {
   at::NoGradGuard no_grad;
   at::Tensor t = p.original.detach();
@@ -155,10 +218,49 @@ at::Tensor shard_tensor(const Param& p) {
   return t.contiguous().clone().set_requires_grad(p.original.requires_grad());
 }
 
-// Every slot of a tensor gets the same new leaf, so ties survive the clone.
+// The non-parameter attributes (buffers, lists, tuples: an RNN's
+// _flat_weights) of every module of `clone` that hold `t`, by path. One level
+// of list or tuple is looked into: what a module caches is a flat list.
+std::vector<std::string> aliases_of(const Module& clone, const at::Tensor& t) {
+  std::vector<std::string> out;
+  for (const auto& nm : clone.named_modules()) {
+    const auto& type = nm.value.type();
+    for (size_t i = 0; i < type->numAttributes(); ++i) {
+      if (type->is_parameter(i)) continue;
+      const c10::IValue v = nm.value._ivalue()->getSlot(i);
+      std::vector<c10::IValue> items{v};
+      if (v.isList()) items = v.toListRef().vec();
+      if (v.isTuple()) items = v.toTupleRef().elements().vec();
+      for (const auto& item : items)
+        if (item.isTensor() && item.toTensor().is_same(t)) {
+          out.push_back((nm.name.empty() ? "" : nm.name + ".") + type->getAttributeName(i));
+          break;
+        }
+    }
+  }
+  return out;
+}
+
+// A split parameter gets a new leaf (its shard) in every slot, so ties
+// survive the clone. One kept whole is not replaced: the clone's tensor
+// becomes the leaf, because a module may read it through another attribute
+// (an RNN's _flat_weights) that a replaced slot would leave holding a tensor
+// no optimizer steps. A split one held elsewhere too would be read whole
+// there, so it is refused.
 void replace_parameters(Module& clone, const Decisions& d) {
   auto mods = modules_by_path(clone);
+  at::NoGradGuard no_grad;
   for (const Param& p : d.params) {
+    auto [owner0, name0] = owner_and_name(p.paths.front());
+    at::Tensor mine = mods.at(owner0).attr(name0).toTensor();
+    if (!p.split) {
+      if (mine.requires_grad() != p.original.requires_grad()) mine.set_requires_grad(p.original.requires_grad());
+      continue;
+    }
+    const auto held = aliases_of(clone, mine);
+    if (!held.empty())
+      script_detail::fail(p, "is also held by attribute '" + held.front() + "', which the forward may read in its "
+                             "place and no rewrite can cut; leave the parameter replicated");
     const at::Tensor t = shard_tensor(p);
     for (const auto& path : p.paths) {
       auto [owner, name] = owner_and_name(path);
@@ -273,6 +375,7 @@ ScriptParallel parallelize(const Module& module, const Plan& plan, World& world,
   std::vector<std::string> warnings = match.warnings;
   if (traced && !verifying) require_verified(plan, world.size(), d, *traced, options, warnings);
   divide_attributes(plan, mesh, clone, graphs, traced.has_value(), warnings);
+  if (!traced) check_head_sizes(plan, module, clone, d, graphs);
   replace_parameters(clone, d);
   script_detail::rewrite(d, group_ids, mesh, world.rank());
   for (const auto& g : graphs) g->lint();
@@ -307,6 +410,28 @@ ScriptParallel parallelize_script(const Module& module, const Plan& plan, World&
 ScriptParallel script_detail::parallelize_unverified(const Module& module, const Plan& plan, World& world,
                                                      const ScriptOptions& options) {
   return parallelize(module, plan, world, options, true);
+}
+
+std::vector<at::Tensor> unique_parameters(const Module& module) {
+  std::vector<at::Tensor> out;
+  for (const auto& p : module.parameters())
+    if (std::none_of(out.begin(), out.end(), [&](const at::Tensor& q) { return q.is_same(p); })) out.push_back(p);
+  return out;
+}
+
+// A pipe or device would block the reader, or be read without end.
+Module load_script_module(const std::string& file) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(file, ec);
+  if (!std::filesystem::exists(st)) throw Error("TorchScript file '" + file + "' not found");
+  if (!std::filesystem::is_regular_file(st))
+    throw Error("TorchScript file '" + file + "' is not a regular file");
+  try {
+    return torch::jit::load(file);
+  } catch (const std::exception& e) {
+    const std::string why = e.what();
+    throw Error("'" + file + "' is not a TorchScript module (torch.jit.save): " + why.substr(0, why.find('\n')));
+  }
 }
 
 std::vector<std::pair<std::string, at::Tensor>> script_state_dict(const Module& module) {

@@ -35,6 +35,24 @@ const Assignment& assignment_of(const Param& p, const std::string& path) {
   return *p.assignments.front();
 }
 
+// A tensor passed in a list or tuple (torch.einsum's operands, torch.cat's)
+// is read by the op the list feeds, and the list's own node has no source:
+// "aten::einsum (input 1, in a list) at model.py:12:9".
+std::string read_by(const Use& u) {
+  const Node* n = u.node;
+  std::string how = " (input " + std::to_string(u.input);
+  for (int depth = 0; depth < 4; ++depth) {
+    const auto k = n->kind();
+    if ((k != torch::jit::prim::ListConstruct && k != torch::jit::prim::TupleConstruct) ||
+        n->output()->uses().size() != 1)
+      break;
+    const auto& next = n->output()->uses().front();
+    n = next.user;
+    how = " (input " + std::to_string(next.offset) + ", in a list";
+  }
+  return std::string(n->kind().toQualString()) + how + ") at " + where(n);
+}
+
 void collect_uses(Decisions& d, const std::vector<std::shared_ptr<torch::jit::Graph>>& graphs) {
   for (const auto& g : graphs) {
     torch::jit::Value* self = g->inputs()[0];
@@ -137,8 +155,7 @@ void check_reads(const Decisions& d) {
     if (!p.split) continue;
     for (const Use& u : p.uses)
       if (!adjusted(d, p, u))
-        fail(p, std::string("is read by ") + u.node->kind().toQualString() + " (input " + std::to_string(u.input) +
-                    ") at " + where(u.node) + ", which no TorchScript rewrite handles: a split parameter may only " +
+        fail(p, "is read by " + read_by(u) + ", which no TorchScript rewrite handles: a split parameter may only " +
                     "be read where a rewrite is registered (" + script_rewrite_keys() + ")" + rule_at(p));
   }
 }
@@ -175,10 +192,11 @@ void decide(Decisions& d, const std::vector<std::shared_ptr<torch::jit::Graph>>&
   for (const Action& a : d.actions) follow(d, a);
   for (auto& p : d.params) {
     if (planned(p) && !p.split) {
-      std::string why = " (it is never read)";
+      // An RNN reads its weights through its _flat_weights list, never by name.
+      std::string why = " (it is never read by name; an RNN's weights are read through its _flat_weights list, "
+                        "which no rewrite cuts: leave them replicated)";
       if (!p.uses.empty())
-        why = "; first read by " + std::string(p.uses.front().node->kind().toQualString()) + " at " +
-              where(p.uses.front().node);
+        why = "; first read by " + read_by(p.uses.front());
       fail(p, "is split by the plan but no rewritten method reads it where a TorchScript rewrite is registered (" +
                   script_rewrite_keys() + "), nor is it cut with a parameter that is" + why);
     }
