@@ -1,7 +1,8 @@
 // ZeRO-1 with parameters no rank uses (issue 33, item 8): one never used
 // (`spare`), one that no rank uses every third step (`sometimes`). DDP with
 // Adam leaves such a parameter alone: no update, no optimizer state, and a
-// step count of its own. ZeRO-1 at 2 and 4 thread ranks, with one bucket and
+// step count of its own (gradients set to none between steps, PyTorch's
+// default). ZeRO-1 at 2 and 4 thread ranks, with one bucket and
 // with many, must end every step with the parameters of one process running
 // torch's Adam on the global batch (float64, 1e-12), across a checkpoint
 // saved and loaded in the middle, and that checkpoint must hold the state
@@ -71,10 +72,13 @@ std::map<std::string, torch::Tensor> snapshot(torch::nn::Module& m) {
 }
 
 // Steps [from, to) of one process with torch's Adam on the global batch.
+// Gradients set to none before each step (PyTorch's zero_grad() since 2.0,
+// as ZeroOptimizer::zero_grad): libtorch 1.13's zero_grad() zeroes them
+// instead, and Adam then moves a parameter a step did not use.
 void train_one_process(const Data& d, SparseMlpImpl& m, torch::optim::Optimizer& opt, int from, int to,
                        std::vector<std::map<std::string, torch::Tensor>>* after) {
   for (int s = from; s < to; ++s) {
-    opt.zero_grad();
+    for (auto& p : m.parameters()) p.mutable_grad() = torch::Tensor();
     m.loss(d.batches[s].first, d.batches[s].second, s).backward();
     opt.step();
     if (after) after->push_back(snapshot(m));

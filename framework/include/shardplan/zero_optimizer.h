@@ -25,8 +25,11 @@ namespace shardplan {
 // Its update must be element-wise: Adam, AdamW, SGD, RMSprop and Adagrad
 // are; anything else (LBFGS) is refused before anything changes. Each rank
 // keeps that optimizer's state for its slices only: 1/D of the unsharded
-// state. A parameter no rank of the batch axis used in a step gets no
-// update and no state that step, as with DDP and a plain optimizer.
+// state. A parameter no rank of the batch axis used since the last step gets
+// no update and no state change, as with DDP and a plain optimizer whose
+// zero_grad() sets gradients to none (PyTorch's default since 2.0, and what
+// zero_grad() here does; libtorch 1.13's zeroes them, and Adam then moves
+// a parameter with a zero gradient).
 class ZeroOptimizer {
  public:
   using Factory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
