@@ -71,6 +71,28 @@ void agree_with_rank0(World& world, const std::string& err) {
   if (!e.empty()) throw Error(e);
 }
 
+// "" when `mine` is "" on every rank, else the lowest failing rank's error:
+// a rank whose load failed where the others' succeeded makes all of them go
+// on to the next checkpoint together (each load replaces the whole model
+// and optimizer state, so the one they all load last is what they hold).
+std::string agreed_error(World& world, const std::string& mine) {
+  if (world.size() == 1) return mine;
+  at::Tensor failed = world.comm().all_gather(at::tensor({mine.empty() ? int64_t{0} : int64_t{1}}, at::kLong), 0);
+  for (int r = 0; r < world.size(); ++r)
+    if (failed[r].item<int64_t>() != 0) {
+      const std::string e = broadcast_text(world.comm(), mine, r);
+      return e.rfind("loading checkpoint", 0) == 0 ? e : "rank " + std::to_string(r) + ": " + e;
+    }
+  return "";
+}
+
+// A step attribute (from a file: anything) as a number, if it is one.
+std::optional<int> parse_step(const std::string& text) {
+  if (text.empty() || text.size() > 9 || text.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  return std::stoi(text);
+}
+
 // The step recorded in DIR's metadata, if it reads.
 std::optional<int> recorded_step(const fs::path& dir) {
   try {
@@ -81,7 +103,7 @@ std::optional<int> recorded_step(const fs::path& dir) {
     const ckpt::Meta meta = ckpt::parse_meta(text.str(), (dir / ckpt::kMetaFile).string());
     const auto it = meta.attributes.find("step");
     if (it == meta.attributes.end()) return std::nullopt;
-    return std::stoi(it->second);
+    return parse_step(it->second);
   } catch (const std::exception&) {
     return std::nullopt;
   }
@@ -128,21 +150,28 @@ std::optional<CheckpointHistory::Attributes> CheckpointHistory::resume(
   if (candidates.empty()) return std::nullopt;
   std::string reasons;
   for (const auto& c : candidates) {
+    Attributes attributes;
+    std::string err;
     try {
-      Attributes attributes = load(c);  // agreed: it fails on every rank or on none
+      attributes = load(c);  // load_checkpoint: it fails on every rank or on none
+    } catch (const std::exception& e) {
+      err = e.what();
+      if (err.empty()) err = "failed";
+    }
+    err = agreed_error(world, err);
+    if (err.empty()) {
       *from = c;
       if (c == normal(dir_).string()) {
         const auto it = attributes.find("step");
-        if (it != attributes.end()) dir_step_ = std::stoi(it->second);
+        if (it != attributes.end()) dir_step_ = parse_step(it->second);
       }
       return attributes;
-    } catch (const std::exception& e) {
-      skipped_.insert(c);
-      reasons += std::string(reasons.empty() ? "" : "; ") + e.what();
-      if (world.rank() == 0) {
-        std::printf("warning: --resume auto skipped checkpoint '%s': %s\n", c.c_str(), e.what());
-        std::fflush(stdout);
-      }
+    }
+    skipped_.insert(c);
+    reasons += (reasons.empty() ? "" : "; ") + err;
+    if (world.rank() == 0) {
+      std::printf("warning: --resume auto skipped checkpoint '%s': %s\n", c.c_str(), err.c_str());
+      std::fflush(stdout);
     }
   }
   throw Error("--resume auto: none of the " + std::to_string(candidates.size()) + " checkpoint(s) of --save " +
