@@ -12,7 +12,11 @@ if(TARGET train_model)
   add_test(NAME ckpt_cli
     COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/ckpt_cli.sh $<TARGET_FILE:shardplan_cli> $<TARGET_FILE:train_model>
       ${PROJECT_SOURCE_DIR}/plans/gpt.yaml)
-  set_tests_properties(ckpt_kill_rank_during_save ckpt_cli PROPERTIES TIMEOUT 300 LABELS ckpt)
+  # Issue 33, item 7: --keep K, and --resume auto past a damaged newest
+  # checkpoint (a flipped byte, a truncated file) to the one before it.
+  add_test(NAME ckpt_keep_fallback
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/ckpt_keep.sh $<TARGET_FILE:train_model> ${PROJECT_SOURCE_DIR}/plans/gpt.yaml)
+  set_tests_properties(ckpt_kill_rank_during_save ckpt_cli ckpt_keep_fallback PROPERTIES TIMEOUT 300 LABELS ckpt)
 endif()
 if(TARGET train_gpt)
   # {data: 2, model: 2} with ZeRO-1 -> {model: 2} -> plain -> {data: 2, model: 2}

@@ -171,45 +171,20 @@ TEST(DataParallel, ParametersWithoutAGradientAreLeftAloneAsInOneProcess) {
       }
 }
 
-// ZeRO-1 steps whole bucket slices: a parameter some rank used is averaged
-// and stepped as one process would, one no rank used is an error on every
-// rank (it would be moved), never a silent difference.
+// ZeRO-1: a parameter some rank used is averaged and stepped as one process
+// would; one no rank ever uses (`spare`) is left alone, no update and no
+// Adam state, as DDP with Adam leaves it (it was an error before). One
+// unused only in some steps: tests/test_zero_unused.cpp (this reference's
+// 1.13 zero_grad() zeroes gradients, so its Adam moves such a parameter).
 TEST(DataParallel, ZeroOneWithParametersSomeRanksDoNotUse) {
   const std::string zero = "data_parallel: {zero: true, bucket_mb: 0.001}\n";
-  {
-    // No `spare`: every parameter is used on some rank each step.
-    const Task task = branchy_task(6, true, false);
+  for (bool with_spare : {false, true}) {
+    const Task task = branchy_task(6, true, with_spare);
     for (bool adam : {true, false}) {
+      SCOPED_TRACE(std::string(with_spare ? "spare" : "no spare") + (adam ? " adam" : " sgd"));
       const RefRun ref = reference(task, adam, 4);
       expect_same_losses(run_dp(task, {plan_dp(zero), adam}, ref), ref.losses);
     }
-  }
-  const Task task = branchy_task(1, true);
-  const auto plan = shardplan::parse_plan(plan_dp(zero), "z.yaml");
-  std::vector<std::shared_ptr<torch::nn::Module>> replicas;
-  for (int r = 0; r < 4; ++r) replicas.push_back(task.model->clone());
-  std::mutex mu;
-  std::vector<std::string> errors;
-  shardplan::run_ranks_in_threads(4, [&](shardplan::World& w) {
-    auto& model = *replicas[w.rank()];
-    auto report = shardplan::parallelize(model, plan, w);
-    DataParallel dp(model, report, plan, w);
-    shardplan::ZeroOptimizer opt(dp, [](std::vector<torch::Tensor> p) { return make_opt(true, p); });
-    try {
-      // The end of backward completes the round, so it is backward that throws.
-      task.loss(model, dp.local_batch(task.batches[0].first), dp.local_batch(task.batches[0].second)).backward();
-      ADD_FAILURE() << "no error";
-    } catch (const shardplan::Error& e) {
-      std::lock_guard<std::mutex> lock(mu);
-      errors.push_back(e.what());
-    }
-  });
-  ASSERT_EQ(errors.size(), 4u) << "every rank refuses";
-  for (const auto& e : errors) {
-    EXPECT_NE(e.find("got no gradient on any rank of 'data' this step; ZeRO-1"), std::string::npos) << e;
-    EXPECT_NE(e.find("'spare.weight'"), std::string::npos) << e;
-    EXPECT_NE(e.find("'spare.bias'"), std::string::npos) << e;
-    EXPECT_EQ(e.find("sometimes"), std::string::npos) << e;
   }
 }
 
@@ -275,9 +250,10 @@ TEST(DataParallel, ZeroKeepsOneDthOfTheOptimizerState) {
     task.loss(model, dp.local_batch(task.batches[0].first), dp.local_batch(task.batches[0].second)).backward();
     dp.finish();
     zero.step();
-    // Adam: two moments. One bucket: its padding is under 4 elements.
+    // Adam: two moments of this rank's slice. One bucket: its padding (under
+    // 4 elements, at the end of the last rank's slice) has no state.
     ASSERT_EQ(dp.buckets().size(), 1u);
-    EXPECT_GE(zero.state_bytes(), 2 * params / 4);
+    EXPECT_GT(zero.state_bytes(), 2 * params / 4 - 2 * 4 * 8);
     EXPECT_LT(zero.state_bytes(), 2 * params / 4 + 2 * 4 * 8);
   });
 }

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "models/checkpoint_history.h"
 #include "models/model.h"
 #include "models/options.h"
 #include "models/train_checks.h"
@@ -39,15 +40,16 @@ const Defaults kDefaults[] = {
                "%s: %s\nusage: %s %s[--config KEY=VALUE,...] [--plan PLAN.yaml|auto] [--ranks N] [--steps N]\n"
                "       [--batch N] [--lr X] [--optimizer adam|adamw|sgd|rmsprop|adagrad] [--dtype float32|float64]\n"
                "       [--seed N] [--threads N] [--log-every N] [--data TEXT_FILE] [--report]\n"
-               "       [--save DIR [--save-every N] [--resume auto]] [--load DIR] [--micro-batches N]\n"
+               "       [--save DIR [--save-every N] [--keep K] [--resume auto]] [--load DIR] [--micro-batches N]\n"
                "       [--check-replicas N] [--load-weights PATH [--rename-weights REGEX=REPLACEMENT]...\n"
                "       [--lenient-weights]] [--save-weights PATH] [--dump-logits FILE.safetensors [--prompt TEXT]]\n"
                "       [--generate N [--prompt TEXT] [--temperature X] [--top-k K] [--samples S]]\n"
                "--save writes a sharded checkpoint (model, optimizer, step) to DIR after the last step, and\n"
-               "every N steps with --save-every; --load resumes from one, saved at any number of ranks,\n"
+               "every N steps with --save-every, keeping the newest K (--keep, default 2: DIR and DIR.step-N);\n"
+               "--load resumes from one, saved at any number of ranks,\n"
                "training on from its step to --steps (docs/CHECKPOINTS.md); --threads sets libtorch's and\n"
                "the BLAS pool's threads per rank (default: SHARDPLAN_NUM_THREADS, else cores / ranks on\n"
-               "this machine; docs/THREADS.md); --resume auto loads DIR of --save when it holds a checkpoint\n"
+               "this machine; docs/THREADS.md); --resume auto loads the newest checkpoint of --save that loads\n"
                "(a run restarted by shardplan launch --max-restarts goes on from its last save)\n"
                "--load-weights reads weights trained elsewhere, each rank only its shard (a safetensors file or\n"
                "directory, or a torch.save state dict; llama: the shape from config.json beside them, which\n"
@@ -93,6 +95,7 @@ void check_args(Args& a, const std::string& program, const std::string& only) {
   if (!(a.lr > 0)) usage(program, only, "--lr must be a positive number");
   if (a.save_every < 0 || (a.save_every > 0 && a.save.empty()))
     usage(program, only, "--save-every needs --save DIR and a positive step count");
+  if (a.keep_given && a.save.empty()) usage(program, only, "--keep takes effect with --save DIR only");
   if (a.micro_batches < 1 || a.check_replicas < 0)
     usage(program, only, "--micro-batches must be at least 1, --check-replicas not negative");
   if (a.generate < 0 || a.samples < 1)
@@ -110,9 +113,10 @@ void check_args(Args& a, const std::string& program, const std::string& only) {
     usage(program, only, "--batch and --log-every must be at least 1, --steps, --ranks and --threads not negative");
   if (a.resume_auto && (a.save.empty() || !a.load.empty()))
     usage(program, only, "--resume auto needs --save DIR and no --load");
-  // A checkpoint's metadata is written last, so its presence means a whole one.
-  // A restart goes on from its checkpoint, not from the weights it started with.
-  if (a.resume_auto && std::filesystem::exists(std::filesystem::path(a.save) / "metadata.yaml")) {
+  // A restart goes on from its checkpoint, not from the weights it started
+  // with; which one (a damaged newest one is skipped) the ranks decide
+  // together in train_loop.cpp.
+  if (a.resume_auto && !resume_candidates(a.save).empty()) {
     a.load = a.save;
     a.load_weights.clear();
     a.rename_weights.clear();
@@ -190,7 +194,10 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
         a.save = value();
       else if (k == "--save-every")
         a.save_every = count_option_int(k, value(), 0);
-      else if (k == "--load")
+      else if (k == "--keep") {
+        a.keep_given = true;
+        a.keep = count_option_int(k, value(), 1);
+      } else if (k == "--load")
         a.load = value();
       else if (k == "--resume") {
         if (value() != "auto") usage(program, only, "--resume takes 'auto' only");

@@ -35,6 +35,10 @@ struct Args {
   std::vector<std::pair<std::string, std::string>> rename_weights;
   bool lenient_weights = false;  // missing and unexpected names are warnings
   int save_every = 0;      // 0: save once, after the last step
+  // Checkpoints --save keeps: DIR the newest, DIR.step-N the ones before it
+  // (models/checkpoint_history.h), for --resume auto to fall back on.
+  int keep = 2;
+  bool keep_given = false;
   int micro_batches = 1;   // gradient accumulation: micro-batches per step
   int check_replicas = 0;  // every N steps (0: never)
   // After training, rank 0 writes the logits of one forward over --prompt,

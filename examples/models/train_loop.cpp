@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "models/checkpoint_history.h"
 #include "models/corpus.h"
 #include "models/generate.h"
 #include "models/heap.h"
@@ -383,24 +384,34 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
 
   // Resuming: the model and optimizer from the checkpoint (resharded to this
   // plan and world), and the data stream advanced past the steps it saw.
+  // --resume auto takes the newest of --save's checkpoints that loads.
   int start = 1;
-  if (!a.load.empty()) {
+  CheckpointHistory history(a.save, a.keep);
+  auto load = [&](const std::string& dir) {
     CheckpointOptions o;
     o.optimizer = opt.get();
     o.zero = zero.get();
-    auto attributes = load_checkpoint(a.load, *m.module, report, world, o);
-    const auto it = attributes.find("step");
-    if (it == attributes.end()) throw Error("checkpoint '" + a.load + "' records no step");
+    return load_checkpoint(dir, *m.module, report, world, o);
+  };
+  std::string from = a.load;
+  std::optional<CheckpointHistory::Attributes> attributes;
+  if (a.resume_auto)
+    attributes = history.resume(world, load, &from);
+  else if (!a.load.empty())
+    attributes = load(a.load);
+  if (attributes) {
+    const auto it = attributes->find("step");
+    if (it == attributes->end()) throw Error("checkpoint '" + from + "' records no step");
     start = std::stoi(it->second) + 1;
     for (int s = 1; s < start; ++s) m.model->sample(gen, a.batch, corpus);
-    if (lead) std::printf("resumed from %s at step %d\n", a.load.c_str(), start - 1);
+    if (lead) std::printf("resumed from %s at step %d\n", from.c_str(), start - 1);
   }
   auto save = [&](int step) {
     CheckpointOptions o;
     o.optimizer = opt.get();
     o.zero = zero.get();
     o.attributes = {{"step", std::to_string(step)}, {"model", a.model}, {"config", m.model->config_str()}};
-    save_checkpoint(a.save, *m.module, report, world, o);
+    history.save(world, step, [&](const std::string& dir) { save_checkpoint(dir, *m.module, report, world, o); });
     if (lead) std::printf("saved %s at step %d\n", a.save.c_str(), step);
   };
   const int64_t items = a.batch * m.model->items_per_sample();

@@ -19,12 +19,17 @@ namespace shardplan {
 // this or a plain optimizer as the plan says.
 // ZeRO-1 over the batch axis of a DataParallel built from a plan with
 // `data_parallel: {zero: true}`. `make` builds the real optimizer over the
-// tensors it is given (this rank's slices, one per bucket), e.g.
+// tensors it is given (views of this rank's slices, one per parameter
+// each slice overlaps), e.g.
 //   [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::Adam>(p, AdamOptions(1e-3)); }
 // Its update must be element-wise: Adam, AdamW, SGD, RMSprop and Adagrad
 // are; anything else (LBFGS) is refused before anything changes. Each rank
 // keeps that optimizer's state for its slices only: 1/D of the unsharded
-// state, plus at most D-1 padding elements per bucket.
+// state. A parameter no rank of the batch axis used since the last step gets
+// no update and no state change, as with DDP and a plain optimizer whose
+// zero_grad() sets gradients to none (PyTorch's default since 2.0, and what
+// zero_grad() here does; libtorch 1.13's zeroes them, and Adam then moves
+// a parameter with a zero gradient).
 class ZeroOptimizer {
  public:
   using Factory = std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
@@ -43,12 +48,21 @@ class ZeroOptimizer {
 
   // How the inner optimizer's parameters map onto the model's, for
   // checkpoints (shardplan/checkpoint.h, CheckpointOptions::zero): per
-  // bucket, this rank's slice (the inner optimizer's parameter), the whole
-  // flat bucket's length, and each model parameter's offset in it.
+  // bucket, this rank's slice, the whole flat bucket's length, each model
+  // parameter's offset in it, and the inner optimizer's parameters: one view
+  // of the slice per model parameter that overlaps it. Per parameter, so a
+  // parameter no rank used in a step is left alone (no update, no state, its
+  // own step count) as an optimizer over the whole parameters leaves it.
+  struct Segment {
+    at::Tensor tensor;   // the inner optimizer's parameter: slice[begin, begin + numel)
+    size_t member = 0;   // index into Bucket::members
+    int64_t begin = 0;   // in the slice
+  };
   struct Bucket {
     at::Tensor slice;     // [padded / D], elements [rank * padded / D, (rank + 1) * padded / D)
     int64_t padded = 0;
     std::vector<std::pair<at::Tensor, int64_t>> members;  // (model parameter, offset), packing order
+    std::vector<Segment> segments;
   };
   std::vector<Bucket> layout() const;
   DataParallel& data_parallel() const { return dp_; }
@@ -57,6 +71,7 @@ class ZeroOptimizer {
   DataParallel& dp_;
   std::unique_ptr<torch::optim::Optimizer> inner_;
   std::vector<at::Tensor> shards_;  // per bucket: this rank's slice of the parameters
+  std::vector<std::vector<Segment>> segments_;  // per bucket
 };
 
 }  // namespace shardplan

@@ -135,8 +135,8 @@ std::vector<ParamState> gather_zero_state(ZeroOptimizer& zero);
 // The inverse: cuts `states` (every parameter of this rank's model shard, as
 // a non-ZeRO optimizer would hold them) into this rank's slices and installs
 // them in zero's optimizer, and refreshes the slices' parameter values from
-// the model (after the model was loaded). Parameters of one bucket step
-// together, so their Adam steps must agree. Throws before changing anything.
+// the model (after the model was loaded). Each parameter keeps its own step
+// (its segments are the optimizer's tensors). Throws before changing anything.
 class ZeroInstall {
  public:
   ZeroInstall(ZeroOptimizer& zero, const std::vector<ParamState>& states);  // checks and cuts
@@ -147,7 +147,7 @@ class ZeroInstall {
     std::vector<std::pair<std::string, at::Tensor>> fields;  // empty: no state
     std::optional<int64_t> step;
   };
-  std::vector<Slice> slices_;
+  std::vector<std::vector<Slice>> slices_;  // per bucket, per segment
 };
 
 }  // namespace shardplan::ckpt_detail

@@ -42,20 +42,6 @@ std::string mib(int64_t bytes) {
   return s.str();
 }
 
-// ZeRO-1's optimizer steps each bucket's slice as one tensor, so it cannot
-// skip one parameter in it as an optimizer over the whole parameters would:
-// it would move a parameter that got no gradient (Adam's moments decay, its
-// step count advances). Refused, on every rank alike, rather than diverging.
-void refuse_unused_under_zero(const DataParallel::Impl& d, const std::vector<bool>& used) {
-  std::string names;
-  for (size_t i = 0; i < d.entries.size(); ++i)
-    if (!used[i]) names += (names.empty() ? "'" : ", '") + d.entries[i].path + "'";
-  if (names.empty()) return;
-  throw Error("data parallel: " + names + " got no gradient on any rank of '" + d.axis +
-              "' this step; ZeRO-1 steps whole bucket slices and would move it anyway (one process would leave "
-              "it alone): freeze it (requires_grad false) or drop data_parallel.zero");
-}
-
 }  // namespace
 
 // ------------------------------------------------------------ hooks
@@ -483,7 +469,11 @@ void DataParallel::Impl::complete() {
   round_open = false;
   finished = true;
   zero_unconsumed = zero;
-  if (zero) refuse_unused_under_zero(*this, used);
+  if (zero) {
+    // ZeroOptimizer::step leaves a parameter no rank used alone.
+    zero_used.resize(entries.size(), false);
+    for (size_t i = 0; i < entries.size(); ++i) zero_used[i] = zero_used[i] || used[i];
+  }
 }
 
 void DataParallel::finish() {

@@ -58,6 +58,7 @@ struct DataParallel::Impl {
   // produced since: finish() has nothing to do.
   bool finished = false;
   bool zero_unconsumed = false;  // ZeRO: slices reduced but not stepped with yet
+  std::vector<bool> zero_used;   // ZeRO: per entry, used on some rank since the last step
   std::weak_ptr<Impl> self;
   std::mutex mu;  // hooks may run on autograd's device threads
 

@@ -5,6 +5,8 @@
 #include "data_parallel_impl.h"
 #include "shardplan/error.h"
 
+#include <algorithm>
+
 namespace shardplan {
 namespace {
 
@@ -27,17 +29,31 @@ ZeroOptimizer::ZeroOptimizer(DataParallel& dp, const Factory& make) : dp_(dp) {
     throw Error("ZeroOptimizer needs a plan with data_parallel: {zero: true}; this plan reduces whole gradients, "
                 "so use a plain torch optimizer");
   if (d.zero_attached) throw Error("ZeroOptimizer: this DataParallel already has one");
-  // This rank's slice of each bucket's parameters, flattened in bucket order.
-  std::vector<at::Tensor> shards;
+  // This rank's slice of each bucket's parameters, flattened in bucket order,
+  // and a view of it per parameter it overlaps: the optimizer's tensors.
+  std::vector<at::Tensor> shards, params;
+  std::vector<std::vector<Segment>> segments;
   for (auto& b : d.buckets) {
     std::vector<at::Tensor> parts;
     for (size_t i : b.entries) parts.push_back(d.entries[i].param.detach().reshape(-1));
     at::Tensor flat = at::cat(parts);
     if (b.info.padded > b.info.numel) flat = at::cat({flat, at::zeros({b.info.padded - b.info.numel}, flat.options())});
-    const int64_t n = b.info.padded / d.size;
-    shards.push_back(flat.narrow(0, d.rank * n, n).clone().requires_grad_(true));
+    const int64_t n = b.info.padded / d.size, lo = d.rank * n;
+    shards.push_back(flat.narrow(0, lo, n).clone());
+    segments.emplace_back();
+    for (size_t m = 0; m < b.entries.size(); ++m) {
+      const auto& e = d.entries[b.entries[m]];
+      const int64_t begin = std::max(e.offset, lo), end = std::min(e.offset + e.param.numel(), lo + n);
+      if (begin >= end) continue;
+      // A leaf of its own (the slice requires no gradient) whose in-place
+      // updates land in the slice.
+      at::Tensor view = shards.back().narrow(0, begin - lo, end - begin);
+      view.requires_grad_(true);
+      segments.back().push_back(Segment{view, m, begin - lo});
+      params.push_back(view);
+    }
   }
-  auto inner = make(shards);
+  auto inner = make(params);
   if (!inner) throw Error("ZeroOptimizer: the factory returned no optimizer");
   if (elementwise_name(*inner).empty())
     throw Error("ZeroOptimizer supports element-wise optimizers only (Adam, AdamW, SGD, RMSprop, Adagrad): an "
@@ -45,6 +61,7 @@ ZeroOptimizer::ZeroOptimizer(DataParallel& dp, const Factory& make) : dp_(dp) {
   // Only now, with nothing left to refuse, does anything change.
   inner_ = std::move(inner);
   shards_ = std::move(shards);
+  segments_ = std::move(segments);
   d.zero_attached = true;
 }
 
@@ -62,6 +79,7 @@ std::vector<ZeroOptimizer::Bucket> ZeroOptimizer::layout() const {
     b.slice = shards_[i];
     b.padded = d.buckets[i].info.padded;
     for (size_t k : d.buckets[i].entries) b.members.emplace_back(d.entries[k].param, d.entries[k].offset);
+    b.segments = segments_[i];
     out.push_back(std::move(b));
   }
   return out;
@@ -72,14 +90,24 @@ void ZeroOptimizer::zero_grad() {
   d.zero_unconsumed = false;
   for (auto& e : d.entries)
     if (e.param.grad().defined()) e.param.mutable_grad() = at::Tensor();
-  for (auto& s : shards_) s.mutable_grad() = at::Tensor();
+  for (auto& b : segments_)
+    for (auto& s : b) s.tensor.mutable_grad() = at::Tensor();
+  std::fill(d.zero_used.begin(), d.zero_used.end(), false);
 }
 
 void ZeroOptimizer::step() {
   DataParallel::Impl& d = *dp_.impl_;
   dp_.finish();  // nothing to do when backward's end averaged already
   d.zero_unconsumed = false;
-  for (size_t i = 0; i < d.buckets.size(); ++i) shards_[i].mutable_grad() = d.buckets[i].shard.clone();
+  // A parameter no rank used since the last step keeps no gradient, so the
+  // optimizer leaves it (and its state) alone, as one process would.
+  for (size_t i = 0; i < d.buckets.size(); ++i)
+    for (auto& s : segments_[i]) {
+      const size_t k = d.buckets[i].entries[s.member];
+      const bool used = k < d.zero_used.size() && d.zero_used[k];
+      s.tensor.mutable_grad() = used ? d.buckets[i].shard.narrow(0, s.begin, s.tensor.numel()).clone() : at::Tensor();
+    }
+  std::fill(d.zero_used.begin(), d.zero_used.end(), false);
   {
     torch::NoGradGuard no_grad;
     inner_->step();
