@@ -308,7 +308,7 @@ std::string shown(const std::string& text) {
   return "'" + text.substr(0, kShown) + "...' (" + std::to_string(text.size()) + " characters)";
 }
 
-std::string to_re2_syntax(const std::string& p) {
+Translated translate(const std::string& p) {
   if (p.size() > kMaxPatternLength)
     refuse("the pattern is " + std::to_string(p.size()) + " characters long (at most " +
            std::to_string(kMaxPatternLength) + ")");
@@ -317,6 +317,11 @@ std::string to_re2_syntax(const std::string& p) {
   std::vector<size_t> open_at;
   size_t atom = kNone;  // where the last repeatable atom starts in `out`
   bool repeated = false;
+  std::vector<int> top;  // the top level's atoms: a literal byte, or -1
+  bool alternation = false;
+  auto top_atom = [&](int c) {
+    if (open.empty()) top.push_back(c);
+  };
   for (size_t i = 0; i < p.size();) {
     const char c = p[i];
     const size_t at = i;
@@ -331,6 +336,7 @@ std::string to_re2_syntax(const std::string& p) {
         out += ')';
       }
       out += q;
+      if (open.empty() && !top.empty()) top.back() = -1;
       repeated = true;
       continue;
     }
@@ -339,11 +345,13 @@ std::string to_re2_syntax(const std::string& p) {
       const Escape e = escape(p, i, false);
       if (e.kind == Escape::kWordBoundary || e.kind == Escape::kNotWordBoundary) {
         out += e.kind == Escape::kWordBoundary ? "\\b" : "\\B";
+        top_atom(-1);
         atom = kNone;
         continue;
       }
       atom = out.size();
       out += e.kind == Escape::kClass ? class_syntax(e.set) : literal(e.c);
+      top_atom(e.kind == Escape::kClass ? -1 : e.c);
       continue;
     }
     if (c == '(') {
@@ -356,6 +364,7 @@ std::string to_re2_syntax(const std::string& p) {
     if (c == '[') {
       atom = out.size();
       out += class_syntax(bracket(p, at, i));
+      top_atom(-1);
       continue;
     }
     ++i;
@@ -365,19 +374,33 @@ std::string to_re2_syntax(const std::string& p) {
       atom = open.back();
       open.pop_back();
       open_at.pop_back();
+      top_atom(-1);
     } else if (c == '|' || c == '^' || c == '$') {
       out += c;
+      alternation |= c == '|' && open.empty();
+      // A full match starts and ends where '^' first and '$' last assert.
+      if (!(c == '^' && at == 0) && !(c == '$' && i == p.size())) top_atom(-1);
       atom = kNone;
     } else if (c == '.') {
       atom = out.size();
       out += "[^\\x0a\\x0d]";  // ECMAScript's '.' takes neither line terminator
+      top_atom(-1);
     } else {
       atom = out.size();
       out += literal(static_cast<unsigned char>(c));
+      top_atom(static_cast<unsigned char>(c));
     }
   }
   if (!open.empty()) refuse("unbalanced '(' or ')': the '(' " + column(open_at.back()) + " is never closed");
-  return out;
+  Translated t;
+  t.syntax = std::move(out);
+  if (alternation) return t;
+  size_t lead = 0, tail = top.size();
+  while (lead < top.size() && top[lead] >= 0) t.prefix += static_cast<char>(top[lead++]);
+  t.literal = lead == top.size();
+  while (!t.literal && tail > lead && top[tail - 1] >= 0) --tail;
+  for (size_t k = tail; !t.literal && k < top.size(); ++k) t.suffix += static_cast<char>(top[k]);
+  return t;
 }
 
 EcmaRegex::EcmaRegex(const std::string& pattern, int64_t max_mem) {
@@ -385,13 +408,22 @@ EcmaRegex::EcmaRegex(const std::string& pattern, int64_t max_mem) {
   o.set_encoding(re2::RE2::Options::EncodingLatin1);
   o.set_log_errors(false);
   o.set_max_mem(max_mem);
-  re_ = std::make_unique<re2::RE2>(to_re2_syntax(pattern), o);
+  guard_ = translate(pattern);
+  re_ = std::make_unique<re2::RE2>(guard_.syntax, o);
   if (!re_->ok()) throw RegexError(re2_reason(*re_));
+  guard_.syntax.clear();
 }
 
 EcmaRegex::~EcmaRegex() = default;
 
-bool EcmaRegex::full_match(const std::string& text) const { return re2::RE2::FullMatch(text, *re_); }
+bool EcmaRegex::full_match(const std::string& text) const {
+  const std::string &prefix = guard_.prefix, &suffix = guard_.suffix;
+  if (guard_.literal) return text == prefix;
+  if (text.size() < prefix.size() + suffix.size() || text.compare(0, prefix.size(), prefix) != 0 ||
+      text.compare(text.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return false;
+  return re2::RE2::FullMatch(text, *re_);
+}
 
 bool EcmaRegex::full_match(const std::string& text, std::vector<std::string>* groups) const {
   std::vector<re2::StringPiece> m(static_cast<size_t>(re_->NumberOfCapturingGroups()) + 1);
