@@ -10,5 +10,9 @@ if(TARGET re2::re2)
 else()
   find_package(PkgConfig REQUIRED)
   pkg_check_modules(SHARDPLAN_RE2 REQUIRED IMPORTED_TARGET re2)
+  # Its Cflags' -pthread defines _REENTRANT, which would make every target
+  # linking it refuse the precompiled header (cmake/ShardplanPch.cmake);
+  # threads come with the link flags.
+  set_property(TARGET PkgConfig::SHARDPLAN_RE2 PROPERTY INTERFACE_COMPILE_OPTIONS "")
   add_library(shardplan::re2 ALIAS PkgConfig::SHARDPLAN_RE2)
 endif()

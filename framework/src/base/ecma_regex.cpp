@@ -308,99 +308,113 @@ std::string shown(const std::string& text) {
   return "'" + text.substr(0, kShown) + "...' (" + std::to_string(text.size()) + " characters)";
 }
 
+namespace {
+
+// One pass over an ECMAScript pattern, writing RE2 syntax as it goes.
+class Translator {
+ public:
+  explicit Translator(const std::string& p) : p_(p) {}
+
+  Translated run() {
+    while (i_ < p_.size()) step();
+    if (!open_.empty()) refuse("unbalanced '(' or ')': the '(' " + column(open_at_.back()) + " is never closed");
+    Translated t;
+    t.syntax = std::move(out_);
+    if (alternation_) return t;
+    size_t lead = 0, tail = top_.size();
+    while (lead < top_.size() && top_[lead] >= 0) t.prefix += static_cast<char>(top_[lead++]);
+    t.literal = lead == top_.size();
+    while (!t.literal && tail > lead && top_[tail - 1] >= 0) --tail;
+    for (size_t k = tail; !t.literal && k < top_.size(); ++k) t.suffix += static_cast<char>(top_[k]);
+    return t;
+  }
+
+ private:
+  void step() {
+    const char c = p_[i_];
+    const size_t at = i_;
+    if (c == '*' || c == '+' || c == '?' || c == '{') return quantify(c, at);
+    repeated_ = false;
+    if (c == '\\') {
+      const Escape e = escape(p_, i_, false);
+      if (e.kind == Escape::kWordBoundary || e.kind == Escape::kNotWordBoundary)
+        return assertion(e.kind == Escape::kWordBoundary ? "\\b" : "\\B", -1);
+      return e.kind == Escape::kClass ? atom(class_syntax(e.set), -1) : atom(literal(e.c), e.c);
+    }
+    if (c == '(') {
+      open_.push_back(out_.size());
+      open_at_.push_back(at);
+      out_ += group_open(p_, i_);
+      atom_ = kNone;
+      return;
+    }
+    if (c == '[') return atom(class_syntax(bracket(p_, at, i_)), -1);
+    ++i_;
+    if (c == ')') return close(at);
+    if (c == '|') alternation_ |= open_.empty();
+    // A full match starts and ends where '^' first and '$' last assert.
+    if (c == '|' || c == '^' || c == '$')
+      return assertion(std::string(1, c), (c == '^' && at == 0) || (c == '$' && i_ == p_.size()) ? -2 : -1);
+    // ECMAScript's '.' takes neither line terminator.
+    if (c == '.') return atom("[^\\x0a\\x0d]", -1);
+    atom(literal(static_cast<unsigned char>(c)), static_cast<unsigned char>(c));
+  }
+
+  void quantify(char c, size_t at) {
+    const std::string q = quantifier(p_, i_);
+    if (atom_ == kNone)
+      refuse(std::string("'") + c + "' " + (at == 0 ? std::string("at the start") : column(at)) +
+             " has nothing to repeat");
+    // ECMAScript stacks quantifiers ("a+*"); RE2 wants each on a group.
+    if (repeated_) {
+      out_.insert(atom_, "(?:");
+      out_ += ')';
+    }
+    out_ += q;
+    if (open_.empty() && !top_.empty()) top_.back() = -1;
+    repeated_ = true;
+  }
+
+  // `byte`: the literal byte it stands for, or -1.
+  void atom(const std::string& syntax, int byte) {
+    atom_ = out_.size();
+    out_ += syntax;
+    if (open_.empty()) top_.push_back(byte);
+  }
+
+  // Nothing to repeat after it; `byte` -2 when it constrains no full match.
+  void assertion(const std::string& syntax, int byte) {
+    out_ += syntax;
+    if (open_.empty() && byte != -2) top_.push_back(-1);
+    atom_ = kNone;
+  }
+
+  void close(size_t at) {
+    if (open_.empty()) refuse("unbalanced '(' or ')': the ')' " + column(at) + " closes no group");
+    out_ += ')';
+    atom_ = open_.back();
+    open_.pop_back();
+    open_at_.pop_back();
+    if (open_.empty()) top_.push_back(-1);
+  }
+
+  const std::string& p_;
+  size_t i_ = 0;
+  std::string out_;
+  std::vector<size_t> open_, open_at_;  // per open group: where it starts in out_, its column
+  size_t atom_ = kNone;                 // where the last repeatable atom starts in out_
+  bool repeated_ = false;               // that atom has a quantifier already
+  std::vector<int> top_;                // the top level's atoms: a literal byte, or -1
+  bool alternation_ = false;            // at the top level
+};
+
+}  // namespace
+
 Translated translate(const std::string& p) {
   if (p.size() > kMaxPatternLength)
     refuse("the pattern is " + std::to_string(p.size()) + " characters long (at most " +
            std::to_string(kMaxPatternLength) + ")");
-  std::string out;
-  std::vector<size_t> open;  // per open group: where it starts in `out`, and its column
-  std::vector<size_t> open_at;
-  size_t atom = kNone;  // where the last repeatable atom starts in `out`
-  bool repeated = false;
-  std::vector<int> top;  // the top level's atoms: a literal byte, or -1
-  bool alternation = false;
-  auto top_atom = [&](int c) {
-    if (open.empty()) top.push_back(c);
-  };
-  for (size_t i = 0; i < p.size();) {
-    const char c = p[i];
-    const size_t at = i;
-    if (c == '*' || c == '+' || c == '?' || c == '{') {
-      const std::string q = quantifier(p, i);
-      if (atom == kNone)
-        refuse(std::string("'") + c + "' " + (at == 0 ? std::string("at the start") : column(at)) +
-               " has nothing to repeat");
-      // ECMAScript stacks quantifiers ("a+*"); RE2 wants each on a group.
-      if (repeated) {
-        out.insert(atom, "(?:");
-        out += ')';
-      }
-      out += q;
-      if (open.empty() && !top.empty()) top.back() = -1;
-      repeated = true;
-      continue;
-    }
-    repeated = false;
-    if (c == '\\') {
-      const Escape e = escape(p, i, false);
-      if (e.kind == Escape::kWordBoundary || e.kind == Escape::kNotWordBoundary) {
-        out += e.kind == Escape::kWordBoundary ? "\\b" : "\\B";
-        top_atom(-1);
-        atom = kNone;
-        continue;
-      }
-      atom = out.size();
-      out += e.kind == Escape::kClass ? class_syntax(e.set) : literal(e.c);
-      top_atom(e.kind == Escape::kClass ? -1 : e.c);
-      continue;
-    }
-    if (c == '(') {
-      open.push_back(out.size());
-      open_at.push_back(at);
-      out += group_open(p, i);
-      atom = kNone;
-      continue;
-    }
-    if (c == '[') {
-      atom = out.size();
-      out += class_syntax(bracket(p, at, i));
-      top_atom(-1);
-      continue;
-    }
-    ++i;
-    if (c == ')') {
-      if (open.empty()) refuse("unbalanced '(' or ')': the ')' " + column(at) + " closes no group");
-      out += ')';
-      atom = open.back();
-      open.pop_back();
-      open_at.pop_back();
-      top_atom(-1);
-    } else if (c == '|' || c == '^' || c == '$') {
-      out += c;
-      alternation |= c == '|' && open.empty();
-      // A full match starts and ends where '^' first and '$' last assert.
-      if (!(c == '^' && at == 0) && !(c == '$' && i == p.size())) top_atom(-1);
-      atom = kNone;
-    } else if (c == '.') {
-      atom = out.size();
-      out += "[^\\x0a\\x0d]";  // ECMAScript's '.' takes neither line terminator
-      top_atom(-1);
-    } else {
-      atom = out.size();
-      out += literal(static_cast<unsigned char>(c));
-      top_atom(static_cast<unsigned char>(c));
-    }
-  }
-  if (!open.empty()) refuse("unbalanced '(' or ')': the '(' " + column(open_at.back()) + " is never closed");
-  Translated t;
-  t.syntax = std::move(out);
-  if (alternation) return t;
-  size_t lead = 0, tail = top.size();
-  while (lead < top.size() && top[lead] >= 0) t.prefix += static_cast<char>(top[lead++]);
-  t.literal = lead == top.size();
-  while (!t.literal && tail > lead && top[tail - 1] >= 0) --tail;
-  for (size_t k = tail; !t.literal && k < top.size(); ++k) t.suffix += static_cast<char>(top[k]);
-  return t;
+  return Translator(p).run();
 }
 
 EcmaRegex::EcmaRegex(const std::string& pattern, int64_t max_mem) {
