@@ -588,7 +588,7 @@ TEST(PlanErrors, InvalidRegex) {
        "invalid regex '(.*)*\\1x': back-reference \\1 at column 6 of the pattern: back-references are not supported "
        "(no linear-time matcher can run them)"},
       {"blocks\\.\\d+\\.(?=attn)\\w+",
-       "invalid regex 'blocks\\.\\d+\\.(?=attn)\\w+': lookahead '(?=' at column 13 of the pattern: lookahead is not "
+       "invalid regex 'blocks\\.\\d+\\.(?=attn)\\w+': lookahead '(?=' at column 14 of the pattern: lookahead is not "
        "supported"},
       {".*(?!bias)", "lookahead '(?!' at column 3 of the pattern"},
       {"(?<name>a)", "'(?' at column 1 of the pattern is neither a group '(?:' nor a lookahead"},
@@ -600,9 +600,9 @@ TEST(PlanErrors, InvalidRegex) {
   for (const auto& [pattern, text] : refused)
     EXPECT_PLAN_ERROR("mesh: {model: 2}\nrules:\n  - {match: '" + pattern + "', layout: []}\n", 3, 13, text);
   EXPECT_PLAN_ERROR("mesh: {model: 2}\nrules:\n  - match: 'fc\\d(?=\\.)'\n    layout: []\n", 3, 12,
-                    "lookahead '(?=' at column 4 of the pattern");
+                    "lookahead '(?=' at column 5 of the pattern");
   // The same refusals in the other places a plan holds patterns.
-  EXPECT_PLAN_ERROR("mesh: {model: 2}\nrules: []\ndata_parallel: {ignore: ['(a)\\1']}\n", 3, 25,
+  EXPECT_PLAN_ERROR("mesh: {model: 2}\nrules: []\ndata_parallel: {ignore: ['(a)\\1']}\n", 3, 26,
                     "back-reference \\1 at column 4 of the pattern");
   EXPECT_PLAN_ERROR("mesh: {model: 2}\nrules: []\ndivide:\n  'a(?=b)': [n_head]\n", 4, 3,
                     "lookahead '(?=' at column 2 of the pattern");
