@@ -10,6 +10,7 @@ PACKAGES=(
   libgloo-dev             # gloo communication plugin
   libyaml-cpp-dev         # plan parser
   nlohmann-json3-dev      # safetensors headers and indexes (weights)
+  libre2-dev              # plan patterns and weight renames: linear-time regexes (base/ecma_regex.h)
   libboost-dev            # Boost.DLL plugin loading (header-only with std::filesystem)
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin

@@ -3,7 +3,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <regex>
 #include <stdexcept>
 #include <string>
 
@@ -11,6 +10,7 @@
 #include "models/model.h"
 #include "models/options.h"
 #include "models/train_checks.h"
+#include "shardplan/weights.h"
 
 namespace shardplan {
 namespace examples {
@@ -129,12 +129,10 @@ void check_args(Args& a, const std::string& program, const std::string& only) {
     usage(program, only, "--load and --load-weights both set the model: give one");
   if (a.load_weights.empty() && (!a.rename_weights.empty() || a.lenient_weights))
     usage(program, only, "--rename-weights and --lenient-weights take effect with --load-weights only");
-  for (const auto& [pattern, replacement] : a.rename_weights) {
-    try {
-      std::regex check(pattern);
-    } catch (const std::regex_error& e) {
-      usage(program, only, "--rename-weights: '" + pattern + "' is not a regular expression (" + e.what() + ")");
-    }
+  try {
+    shardplan::check_rename_rules(a.rename_weights);
+  } catch (const std::exception& e) {
+    usage(program, only, std::string("--rename-weights: ") + e.what());
   }
   // As SHARDPLAN_NUM_THREADS: a larger count is a typo, not a machine.
   if (a.ranks > 4096 || a.threads > 4096) usage(program, only, "--ranks and --threads must be at most 4096");

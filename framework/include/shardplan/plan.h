@@ -30,7 +30,7 @@ struct RuleOption {
   SourceLoc loc;
 };
 
-class Matcher;  // compiled pattern (plan.cpp)
+class Matcher;  // compiled pattern (plan_regex.cpp)
 
 struct Rule {
   size_t index = 0;        // position in the plan, 0-based

@@ -28,9 +28,13 @@ class World;
 
 struct WeightsOptions {
   // Names in the file -> names in the model: each (regex, replacement) pair
-  // is applied in order with std::regex_replace (ECMAScript; $1 for groups)
-  // to every name in the file, e.g. {"^transformer\\.", ""} or
-  // {"\\.gamma$", ".weight"}. Names are matched after all rules ran.
+  // is applied in order to every name in the file, each match replaced as
+  // std::regex_replace does (ECMAScript; $1 for groups, $& the match), e.g.
+  // {"^transformer\\.", ""} or {"\\.gamma$", ".weight"}. Names are matched
+  // after all rules ran. RE2 runs the patterns (time linear in the name);
+  // back-references, lookahead, a $N the pattern lacks, more than 1000 rules,
+  // more than 256 matches of a rule in one name, or a name grown past 1 MiB
+  // are errors (docs/WEIGHTS.md).
   std::vector<std::pair<std::string, std::string>> rename;
   // Strict: any model parameter the file lacks, or any file tensor the model
   // lacks, is an error listing all of them, and nothing is loaded. Not
@@ -42,6 +46,14 @@ struct WeightsOptions {
   // shard from it (what a loader without shard-on-load does).
   bool whole_then_slice = false;
 };
+
+// Throws Error naming the first rule of a WeightsOptions::rename that is
+// refused (load_weights checks the same before it changes anything).
+void check_rename_rules(const std::vector<std::pair<std::string, std::string>>& rename);
+
+// The model name a file's tensor `name` is matched under: options.rename
+// applied as load_weights applies it. Throws Error as load_weights would.
+std::string renamed_weight_name(const WeightsOptions& options, const std::string& name);
 
 struct WeightsReport {
   std::vector<std::string> loaded;      // model names, in model order (a tie group once)

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cctype>
 #include <map>
-#include <regex>
 #include <set>
 #include <sstream>
 
@@ -42,6 +41,24 @@ std::string generalized(const std::string& path) {
     } else {
       out += escape(std::string(1, path[i]));
       ++i;
+    }
+  }
+  return out;
+}
+
+// "blocks.0.fc1 of blocks.0" -> "blocks.N.fc1 of blocks.N": a block index
+// between dots after a word character (what std::regex_replace did with
+// (\w)\.\d+\. -> $1.N., as one scan: paths may come from a model file).
+std::string numbered_blocks(const std::string& text) {
+  auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  std::string out;
+  for (size_t i = 0; i < text.size(); ++i) {
+    out += text[i];
+    size_t j = i + 2;
+    while (j < text.size() && std::isdigit(static_cast<unsigned char>(text[j]))) ++j;
+    if (word(text[i]) && i + 1 < text.size() && text[i + 1] == '.' && j > i + 2 && j < text.size() && text[j] == '.') {
+      out += ".N.";
+      i = j;
     }
   }
   return out;
@@ -138,10 +155,12 @@ Plan write_plan(const std::vector<const AutoPlanRule*>& specs, std::vector<std::
   }
   std::vector<Out> rules;
   for (Out& o : outs) {
-    const std::regex re(o.pattern);
+    Rule rule;
+    rule.pattern = o.pattern;
+    rule.matcher = plan_detail::compile(o.pattern, SourceLoc{"<auto_plan>"});
     bool exact = true;
     for (const auto& path : universe)
-      if (std::regex_match(path, re) != (o.members.count(path) > 0)) exact = false;
+      if (rule.matches(path) != (o.members.count(path) > 0)) exact = false;
     if (exact) {
       rules.push_back(o);
       continue;
@@ -161,10 +180,8 @@ Plan write_plan(const std::vector<const AutoPlanRule*>& specs, std::vector<std::
   }
   Plan p = parse_plan(y.str(), "<auto_plan>");
   // A rule for several blocks speaks of block N, not of the first.
-  static const std::regex block_index(R"((\w)\.\d+\.)");
   for (size_t i = 0; i < rules.size(); ++i)
-    p.rules[i].comment = rules[i].members.size() > 1 ? std::regex_replace(rules[i].spec->why, block_index, "$1.N.")
-                                                     : rules[i].spec->why;
+    p.rules[i].comment = rules[i].members.size() > 1 ? numbered_blocks(rules[i].spec->why) : rules[i].spec->why;
   return p;
 }
 

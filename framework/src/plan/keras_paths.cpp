@@ -2,7 +2,8 @@
 
 #include <algorithm>
 #include <numeric>
-#include <regex>
+
+#include "base/ecma_regex.h"
 
 namespace shardplan {
 namespace detail {
@@ -62,13 +63,13 @@ KerasName keras_name(const std::string& module_type, const std::string& module_p
     // weight_ih_l0 -> kernel, weight_hh_l1 -> layer_1/recurrent_kernel,
     // bias_ih_l0_reverse -> backward/bias (Keras's Bidirectional names its
     // second layer backward_...; one prefix keeps the regexes simple).
-    static const std::regex gate(R"((weight|bias)_(ih|hh)_l(\d+)(_reverse)?)");
-    std::smatch m;
-    if (std::regex_match(param, m, gate)) {
+    static const regex_detail::EcmaRegex gate(R"((weight|bias)_(ih|hh)_l(\d+)(_reverse)?)", 1 << 20);
+    std::vector<std::string> m;
+    if (gate.full_match(param, &m)) {
       std::string prefix = module;
-      if (m[4].matched) prefix = join(prefix, "backward");
-      if (m[3].str() != "0") prefix = join(prefix, "layer_" + m[3].str());
-      const bool weight = m[1].str() == "weight", input = m[2].str() == "ih";
+      if (!m[4].empty()) prefix = join(prefix, "backward");
+      if (m[3] != "0") prefix = join(prefix, "layer_" + m[3]);
+      const bool weight = m[1] == "weight", input = m[2] == "ih";
       const std::string leaf = weight ? (input ? "kernel" : "recurrent_kernel") : (input ? "bias" : "recurrent_bias");
       return {join(prefix, leaf), weight ? kernel_order(rank) : identity(rank)};
     }

@@ -11,7 +11,6 @@
 #include <map>
 #include <optional>
 #include <mutex>
-#include <regex>
 
 #include "script_decide.h"
 #include "script_internal.h"
@@ -29,6 +28,23 @@ using torch::jit::Graph;
 using torch::jit::Module;
 using torch::jit::Node;
 using torch::jit::Value;
+
+// Type names come from the file: a plain scan, where std::regex_replace
+// recursed once per character of the name.
+std::string script_detail::unmangled_type_name(const std::string& name) {
+  static const std::string kMangle = "___torch_mangle_";
+  std::string out;
+  size_t copied = 0;
+  for (size_t at = name.find(kMangle); at != std::string::npos; at = name.find(kMangle, at + 1)) {
+    size_t end = at + kMangle.size();
+    while (end < name.size() && name[end] >= '0' && name[end] <= '9') ++end;
+    if (end == at + kMangle.size() || end >= name.size() || name[end] != '.') continue;
+    out.append(name, copied, at - copied);
+    copied = end + 1;
+    at = end;
+  }
+  return out.append(name, copied, std::string::npos);
+}
 
 std::mutex& script_detail::jit_mutex() {
   static std::mutex m;
@@ -49,10 +65,8 @@ std::pair<std::string, std::string> owner_and_name(const std::string& path) {
   return {path.substr(0, dot), path.substr(dot + 1)};
 }
 
-// "__torch__.torch.nn.modules.linear.___torch_mangle_3.Linear" -> "...linear.Linear"
 std::string type_name(const Module& m) {
-  static const std::regex mangle(R"(___torch_mangle_\d+\.)");
-  return std::regex_replace(m.type()->name()->qualifiedName(), mangle, "");
+  return script_detail::unmangled_type_name(m.type()->name()->qualifiedName());
 }
 
 Module clone_unrun(const Module& module) {

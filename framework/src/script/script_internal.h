@@ -42,6 +42,9 @@ std::vector<torch::jit::Node*> all_nodes(torch::jit::Block* b);
 // The dotted path of a value reached from `self` through prim::GetAttr only
 // ("blocks.0.attn.q.weight"; "" for self), or nullopt for any other value.
 std::optional<std::string> attr_path(torch::jit::Value* v, torch::jit::Value* self);
+// A class's qualified name without TorchScript's mangling:
+// "__torch__.x.___torch_mangle_3.Linear" -> "__torch__.x.Linear".
+std::string unmangled_type_name(const std::string& qualified_name);
 // "file:line:col" of the Python source a node came from, or "<unknown source>".
 std::string where(const torch::jit::Node* n);
 // "file:line" of a node the tracer recorded, or nullopt when `g` has none.

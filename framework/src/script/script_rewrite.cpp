@@ -4,7 +4,6 @@
 #include <ATen/ATen.h>
 
 #include <map>
-#include <regex>
 
 #include "script_decide.h"
 #include "script_internal.h"
@@ -89,10 +88,9 @@ void global_sizes(const Param& p) {
 // walk of named_modules() per parameter made the report quadratic (about 1 s
 // of parallelize_script for 1000 parameters, benchmarks/script).
 std::map<std::string, std::string> module_types(const torch::jit::Module& clone) {
-  static const std::regex mangle(R"(___torch_mangle_\d+\.)");
   std::map<std::string, std::string> out;
   for (const auto& nm : clone.named_modules())
-    out.emplace(nm.name, std::regex_replace(nm.value.type()->name()->qualifiedName(), mangle, ""));
+    out.emplace(nm.name, script_detail::unmangled_type_name(nm.value.type()->name()->qualifiedName()));
   return out;
 }
 

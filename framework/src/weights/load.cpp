@@ -14,7 +14,6 @@
 #include <torch/nn/module.h>
 
 #include <map>
-#include <regex>
 #include <set>
 
 #include "base/shape_text.h"
@@ -24,6 +23,7 @@
 #include "shardplan/nn/deferred_init.h"
 #include "shardplan/shard.h"
 #include "shardplan/weights.h"
+#include "weights/rename.h"
 #include "weights/weights_internal.h"
 
 namespace shardplan {
@@ -57,20 +57,6 @@ std::vector<Target> targets_of(torch::nn::Module& model, const ParallelReport& r
 
 std::string file_name(const SourceTensor& s) { return s.file ? s.file->path() : std::string("?"); }
 
-using Rules = std::vector<std::pair<std::regex, std::string>>;
-
-Rules compile(const WeightsOptions& options) {
-  Rules rules;
-  for (const auto& r : options.rename) {
-    try {
-      rules.emplace_back(std::regex(r.first, std::regex::ECMAScript), r.second);
-    } catch (const std::regex_error& e) {
-      throw Error("WeightsOptions::rename: '" + r.first + "' is not a valid regex (" + e.what() + ")");
-    }
-  }
-  return rules;
-}
-
 std::string joined(const std::vector<std::string>& names) {
   std::string out;
   for (const auto& n : names) out += (out.empty() ? "'" : ", '") + n + "'";
@@ -84,11 +70,10 @@ void match(std::vector<Target>& targets, const std::vector<SourceTensor>& source
   std::map<std::string, size_t> by_name;
   for (size_t i = 0; i < targets.size(); ++i)
     for (const auto& n : targets[i].names) by_name.emplace(n, i);
-  const Rules rules = compile(options);
+  const weights_detail::Renames renames(options.rename);
   std::map<std::string, std::string> renamed_from;  // model name -> file name
   for (const auto& s : sources) {
-    std::string name = s.name;
-    for (const auto& r : rules) name = std::regex_replace(name, r.first, r.second);
+    const std::string name = renames.apply(s.name, path);
     auto prev = renamed_from.emplace(name, s.name);
     if (!prev.second)
       throw Error("weights '" + path + "': tensors '" + prev.first->second + "' and '" + s.name +
