@@ -45,22 +45,12 @@ std::string worst_of(const StateMap& got, const StateMap& want) {
 // A batch of 3 sequences of 5 steps of 12 features, one per step.
 std::vector<torch::Tensor> sequences(int steps) { return float_inputs({3, 5, 12}, steps); }
 
-}  // namespace
-
-class ScriptRnn : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
-
-// Before the fix, every rnn.* gradient was undefined on every rank (the
-// forward read the clone's tensors in _flat_weights) and Adam moved tensors
-// the forward never read: the parameters after three steps differed by 1e-2.
-TEST_P(ScriptRnn, TrainsLikeTheUnshardedModule) {
-  REQUIRE_MODELS();
-  const auto& [kind, ranks] = GetParam();
-  const std::string file = kind + "_net.pt";
-  torch::jit::Module reference = load(dir, file);
-  const std::vector<torch::Tensor> inputs = sequences(3);  // seeded: made once, not by racing ranks
-  const Trace want = train(reference, one_per_step(inputs), true);
-  ASSERT_EQ(want.grads.size(), reference.named_parameters().size());
-  const torch::jit::Module original = load(dir, file);
+// Trains `original` sharded by kRnnPlan on `ranks` thread ranks with Adam,
+// one step per input, and expects every parameter to get a gradient, step
+// 1's collected gradients to be `want.grads` and the parameters after the
+// last step `want.final_state` (float64, 1e-10).
+void expect_trains_like(const torch::jit::Module& original, const std::vector<torch::Tensor>& inputs,
+                        const Trace& want, int ranks) {
   const Plan plan = parse_plan(kRnnPlan, "rnn.yaml");
   std::mutex mu;
   std::vector<std::string> missing;
@@ -92,6 +82,45 @@ TEST_P(ScriptRnn, TrainsLikeTheUnshardedModule) {
     EXPECT_LT(grad_diff[r], 1e-10) << "rank " << r << ": " << grad_worst[r];
     EXPECT_LT(param_diff[r], 1e-10) << "rank " << r;
   }
+}
+
+}  // namespace
+
+class ScriptRnn : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
+
+// Before the fix, every rnn.* gradient was undefined on every rank (the
+// forward read the clone's tensors in _flat_weights) and Adam moved tensors
+// the forward never read: the parameters after three steps differed by 1e-2.
+TEST_P(ScriptRnn, TrainsLikeTheUnshardedModule) {
+  REQUIRE_MODELS();
+  const auto& [kind, ranks] = GetParam();
+  const std::string file = kind + "_net.pt";
+  torch::jit::Module reference = load(dir, file);
+  const std::vector<torch::Tensor> inputs = sequences(3);  // seeded: made once, not by racing ranks
+  const Trace want = train(reference, one_per_step(inputs), true);
+  ASSERT_EQ(want.grads.size(), reference.named_parameters().size());
+  expect_trains_like(load(dir, file), inputs, want, ranks);
+}
+
+// PyTorch's own run (make_models.py's <kind>_train.pt: its three inputs,
+// step 1's gradients and the parameters after three Adam steps, eager, in
+// the module's parameter order), so the sharded module trains as the model
+// Python trained, not only as the same graph run twice here.
+TEST_P(ScriptRnn, TrainsLikePyTorch) {
+  REQUIRE_MODELS();
+  const auto& [kind, ranks] = GetParam();
+  const torch::jit::Module original = load(dir, kind + "_net.pt");
+  const std::vector<torch::Tensor> saved = load_saved_tensors(dir + "/" + kind + "_train.pt");
+  std::vector<std::string> names;
+  for (const auto& p : original.named_parameters()) names.push_back(p.name);
+  const size_t n = names.size();
+  ASSERT_EQ(saved.size(), 3 + 2 * n);
+  Trace want;
+  for (size_t i = 0; i < n; ++i) {
+    want.grads[names[i]] = saved[3 + i];
+    want.final_state[names[i]] = saved[3 + n + i];
+  }
+  expect_trains_like(original, {saved.begin(), saved.begin() + 3}, want, ranks);
 }
 
 // The shared parity harness too: outputs, this rank's gradients, parameters.

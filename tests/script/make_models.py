@@ -8,6 +8,7 @@ Each model keeps the parts a rewrite must get right distinct: a hidden width
 that differs from the input's, head counts read as attributes, a bias on
 every linear that has one in real models.
 """
+import copy
 import math
 import os
 import sys
@@ -441,6 +442,27 @@ def perturb_norms(model):
     return model
 
 
+def save_rnn_training(m, path):
+    """PyTorch's own training of an RNN net, for tests/test_script_rnn.cpp to
+    match sharded: a list of the three inputs, the gradients of step 1 and the
+    parameters after three Adam steps, in the module's parameter order. The
+    loss is script_test_util.h's loss_of; a generator of its own leaves the
+    other models' draws as they were."""
+    g = torch.Generator().manual_seed(3)
+    xs = [torch.randn(3, 5, 12, dtype=torch.float64, generator=g) for _ in range(3)]
+    opt = torch.optim.Adam(m.parameters(), lr=1e-2, eps=1e-6)
+    grads = None
+    for x in xs:
+        opt.zero_grad()
+        y = m(x)
+        w = torch.sin(torch.arange(y.numel(), dtype=y.dtype).reshape(y.shape) * 0.37) + 0.5
+        (torch.tanh(y) * w).sum().backward()
+        if grads is None:
+            grads = [p.grad.detach().clone() for p in m.parameters()]
+        opt.step()
+    torch.save(xs + grads + [p.detach().clone() for p in m.parameters()], path)
+
+
 def main(out):
     torch.manual_seed(0)
     os.makedirs(out, exist_ok=True)
@@ -475,8 +497,9 @@ def main(out):
                            (gpt, torch.randint(V, (3, T)), "gpt_io.pt"), (tied, torch.randint(V, (3, T)), "tied_io.pt")):
             torch.save((x, m(x)), os.path.join(out, name))
     save(TwoMethods().double(), "two_methods.pt")
-    for kind in ("gru", "lstm", "rnn"):
-        save(RNNNet(kind).double(), kind + "_net.pt")
+    rnns = {kind: RNNNet(kind).double() for kind in ("gru", "lstm", "rnn")}
+    for kind, m in rnns.items():
+        save(m, kind + "_net.pt")
     save(CachedWeight().double(), "cached_weight.pt")
     save(Einsum().double(), "einsum.pt")
     save(DividedMLP().double(), "divided_mlp.pt")
@@ -485,6 +508,8 @@ def main(out):
     for cls in (AttnSep, AttnFused):   # head count inlined into the graph
         cls.__constants__ = ["n_head", "head_dim"]
     save(gpt, "gpt_const.pt")
+    for kind, m in rnns.items():
+        save_rnn_training(copy.deepcopy(m), os.path.join(out, kind + "_train.pt"))
 
 
 if __name__ == "__main__":
