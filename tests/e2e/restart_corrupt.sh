@@ -33,8 +33,17 @@ for pid in $(descendants "$LPID"); do
   [[ -n $r ]] && rank_pid[$r]=$pid
 done
 [[ -n ${rank_pid[0]:-} && -n ${rank_pid[1]:-} ]] || fail "ranks 0 and 1 not found among the launcher's children"
-kill -STOP "${rank_pid[0]}" "${rank_pid[1]}"
-sleep 0.2
+# Both ranks stopped inside a save (a *.partial beside the checkpoint) would
+# finish it after the damage and replace the damaged checkpoint with a good
+# one: then let them go on a moment and stop them again.
+for ((i = 0; ; i++)); do
+  kill -STOP "${rank_pid[0]}" "${rank_pid[1]}"
+  sleep 0.2
+  compgen -G "$WORK/run*.partial" >/dev/null || break
+  ((i < 100)) || fail "the ranks were inside a save each of 100 times they were stopped"
+  kill -CONT "${rank_pid[0]}" "${rank_pid[1]}"
+  sleep 0.01
+done
 # Whatever the newest is now; written as a new file (not in place), so a
 # kept copy that still shares its inode (a save stopped midway) stays intact.
 f=$WORK/run/rank-00000.bin
