@@ -217,6 +217,12 @@ TEST(HfConfigText, HugeValuesAreRefusedNotOverflowed) {
     shardplan::examples::read_hf_config_text(R"({"head_dim": 9223372036854775807, "hidden_size": 1, "num_attention_heads": 2})",
                                              "c.json", "llama");
   }, {"c.json", "head_dim 9223372036854775807"});
+  // A float size reached get<long long> (UBSan, hf_config_fuzzer): now the key check names it.
+  expect_error([] {
+    shardplan::examples::read_hf_config_text(
+        R"({"head_dim": 92233720364775807, "hidden_size": 44444444444444444444444444444444444444444441, "num_attention_heads": 2})",
+        "c.json", "llama");
+  }, {"c.json", "hidden_size is 4.4"});
   const std::string deep = "{\"a\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
   expect_error([&] { shardplan::examples::read_hf_config_text(deep, "c.json", "llama"); },
                {"c.json", "nests values more than 32 levels deep"});

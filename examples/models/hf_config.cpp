@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "shardplan/error.h"
@@ -37,6 +38,13 @@ std::string number_text(const json& v) {
   return s.str();
 }
 
+// The value as an int64, or nullopt: a float, or an unsigned past INT64_MAX.
+std::optional<long long> int64_of(const json& v) {
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<unsigned long long>() > INT64_MAX))
+    return std::nullopt;
+  return v.get<long long>();
+}
+
 // What the example does not do must not be ignored: its weights would load
 // and compute something else.
 void refuse_unsupported(const std::string& path, const json& j) {
@@ -48,10 +56,12 @@ void refuse_unsupported(const std::string& path, const json& j) {
     bad(path, "hidden_act is " + j["hidden_act"].dump() + "; the example's MLP is SwiGLU (silu)");
   if (j.contains("head_dim") && !j["head_dim"].is_null() && j.contains("hidden_size") &&
       j.contains("num_attention_heads")) {
-    const auto hidden = j["hidden_size"].get<long long>(), heads = j["num_attention_heads"].get<long long>();
-    // Divided, not multiplied: a head_dim near 2^63 would overflow.
-    if (!j["head_dim"].is_number_integer() || heads <= 0 || hidden % heads != 0 ||
-        j["head_dim"].get<long long>() != hidden / heads)
+    // Sizes that are not whole int64 numbers are named by the key check
+    // after this (get<long long> of 4e43 is undefined behaviour). Divided,
+    // not multiplied: a head_dim near 2^63 would overflow.
+    const auto hidden = int64_of(j["hidden_size"]), heads = int64_of(j["num_attention_heads"]);
+    const auto head_dim = int64_of(j["head_dim"]);
+    if (hidden && heads && (!head_dim || *heads <= 0 || *hidden % *heads != 0 || *head_dim != *hidden / *heads))
       bad(path, "head_dim " + j["head_dim"].dump() + " is not hidden_size / num_attention_heads; the example's is");
   }
 }
