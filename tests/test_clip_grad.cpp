@@ -28,6 +28,7 @@
 #include "shardplan/nn/layer_norm.h"
 #include "shardplan/nn/linear.h"
 #include "shardplan/parallelize.h"
+#include "shardplan/replicas.h"
 #include "shardplan/plan.h"
 #include "shardplan/tensor_parallel.h"
 #include "shardplan/tied.h"
@@ -270,6 +271,24 @@ TEST(ClipGrad, TensorParallelWrapperCountsEachElementOnce) {
       expect_same(got, want, 1e-12, "wrapper at " + std::to_string(world));
     }
   }
+}
+
+// The wrapper exposes one copy of each replicated parameter and its other
+// ranks take that copy before computing, so its replicas cannot drift: the
+// check does what a forward would (the sync) and then passes.
+TEST(ClipGrad, TensorParallelWrapperReplicasCannotDrift) {
+  const Case c = mlp_case();
+  shardplan::TensorParallel tp(c.model->clone(), c.plan, {"cpu", "cpu"},
+                               [](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
+                                 return dynamic_cast<ReadmeMlpImpl&>(m).forward(in[0]);
+                               });
+  EXPECT_NO_THROW(shardplan::check_replicas(*tp));
+  {
+    torch::NoGradGuard no_grad;  // rank 1's copy of a replica, changed behind the wrapper's back
+    tp->replica(1)->named_parameters()["fc2.bias"].add_(1.0);
+  }
+  EXPECT_NO_THROW(shardplan::check_replicas(*tp));
+  EXPECT_TRUE(at::equal(tp->replica(1)->named_parameters()["fc2.bias"], tp->replica(0)->named_parameters()["fc2.bias"]));
 }
 
 // ------------------------------------------------------------ non-finite
