@@ -73,15 +73,11 @@ double pieces_norm(const std::vector<GradPiece>& pieces, Communicator* comm, dou
   std::vector<at::Tensor> parts;
   for (const auto& p : pieces) {
     if (!p.counts || !p.grad.defined() || p.grad.numel() == 0) continue;
-    const at::Tensor a = p.grad.detach().abs().to(at::kDouble);
-    if (max)
-      parts.push_back(a.max());
-    else if (norm_type == 1)
-      parts.push_back(a.sum());
-    else if (norm_type == 2)
-      parts.push_back(a.mul(a).sum());
-    else
-      parts.push_back(a.pow(norm_type).sum());
+    const at::Tensor g = p.grad.detach();
+    // torch's own per-tensor norm (clip_grad_norm_'s), accumulated in float64
+    // without a float64 copy of the gradient.
+    parts.push_back(max ? g.abs().max().to(at::kDouble)
+                        : at::linalg_vector_norm(g, norm_type, c10::nullopt, false, at::kDouble).pow(norm_type));
   }
   at::Tensor local = parts.empty() ? at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device))
                                    : (max ? at::stack(parts).max() : at::stack(parts).sum());
