@@ -74,10 +74,14 @@ double pieces_norm(const std::vector<GradPiece>& pieces, Communicator* comm, dou
   for (const auto& p : pieces) {
     if (!p.counts || !p.grad.defined() || p.grad.numel() == 0) continue;
     const at::Tensor g = p.grad.detach();
-    // torch's own per-tensor norm (clip_grad_norm_'s), accumulated in float64
-    // without a float64 copy of the gradient.
+    // Per tensor torch's own norm (its clip_grad_norm_'s), in float32 at
+    // least (half gradients would overflow); across tensors and ranks in
+    // float64. A float64 copy of float32 gradients would cost 5x the norm.
+    const auto dtype = g.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     parts.push_back(max ? g.abs().max().to(at::kDouble)
-                        : at::linalg_vector_norm(g, norm_type, c10::nullopt, false, at::kDouble).pow(norm_type));
+                        : at::linalg_vector_norm(g, norm_type, c10::nullopt, false, dtype)
+                              .to(at::kDouble)
+                              .pow(norm_type));
   }
   at::Tensor local = parts.empty() ? at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device))
                                    : (max ? at::stack(parts).max() : at::stack(parts).sum());
