@@ -288,7 +288,8 @@ TEST(ClipGrad, TensorParallelWrapperReplicasCannotDrift) {
     tp->replica(1)->named_parameters()["fc2.bias"].add_(1.0);
   }
   EXPECT_NO_THROW(shardplan::check_replicas(*tp));
-  EXPECT_TRUE(at::equal(tp->replica(1)->named_parameters()["fc2.bias"], tp->replica(0)->named_parameters()["fc2.bias"]));
+  EXPECT_TRUE(at::equal(tp->replica(1)->named_parameters()["fc2.bias"],
+                        tp->replica(0)->named_parameters()["fc2.bias"]));
 }
 
 // ------------------------------------------------------------ non-finite

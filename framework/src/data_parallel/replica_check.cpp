@@ -47,7 +47,7 @@ int64_t piece_on(const ReportRow* row, const std::string& axis) {
   return -1;
 }
 
-std::string causes() {
+std::string drift_causes() {
   return ". A drift usually comes from torch::nn::utils::clip_grad_norm_ on a rank's shards (each rank clips by "
          "the norm of its own shards: use shardplan::clip_grad_norm_, shardplan/clip_grad.h, which counts every "
          "element once), a rank-local random stream (draw from shardplan's RngTracker, shardplan/random.h), or a "
@@ -84,7 +84,7 @@ void check_replica_params(const std::vector<std::pair<std::string, at::Tensor>>&
           first = "replica check: parameter '" + params[compared[k]].first +
                   "' differs across the ranks of mesh axis '" + axis.name + "' (world rank " +
                   std::to_string(group->ranks()[r]) + " holds other values than world rank " +
-                  std::to_string(group->ranks()[q]) + "): the replicas have drifted" + causes();
+                  std::to_string(group->ranks()[q]) + "): the replicas have drifted" + drift_causes();
       }
   }
   // Only the ranks of the group that differs saw it: pass the word along
@@ -99,7 +99,7 @@ void check_replica_params(const std::vector<std::pair<std::string, at::Tensor>>&
   if (const int64_t r = reporter.item<int64_t>(); r > 0)
     throw Error("replica check: world rank " + std::to_string(r - 1) +
                 " found a parameter that differs across its replicas (its error names it): the replicas have "
-                "drifted" + causes());
+                "drifted" + drift_causes());
 }
 
 }  // namespace shardplan
