@@ -14,26 +14,34 @@
 namespace shardplan {
 namespace {
 
-// Replicas must be bit-identical, so any difference must change the sum. A
-// 64-bit word at a time (the check's cost is this loop): each step is a
-// bijection of the running value for a given word (xor, odd multiply,
-// xorshift), so one differing word always changes the result, and the
-// xorshift carries high bits down so that two differences rarely cancel.
+// Replicas must be bit-identical, so any difference must change the sum.
+// Each step is a bijection of a lane's running value for a given word (xor,
+// odd multiply, xorshift), so one differing word always changes the result,
+// and the xorshift carries high bits down so that two differences rarely
+// cancel. Four independent lanes of 64-bit words: the check's cost is this
+// loop, and one lane waits on its multiply's latency.
+uint64_t mix(uint64_t h, uint64_t w) {
+  h = (h ^ w) * 1099511628211ull;
+  return h ^ (h >> 29);
+}
+
 int64_t checksum(const at::Tensor& t) {
   at::Tensor c = t.detach().contiguous().cpu();
   const auto* p = static_cast<const unsigned char*>(c.data_ptr());
   const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h[4] = {1469598103934665603ull, 1, 2, 3};
   size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    h = (h ^ w) * 1099511628211ull;
-    h ^= h >> 29;
-  }
-  for (; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  for (; i + 32 <= n; i += 32)
+    for (int k = 0; k < 4; ++k) {
+      uint64_t w;
+      std::memcpy(&w, p + i + 8 * k, 8);
+      h[k] = mix(h[k], w);
+    }
+  for (; i < n; ++i) h[0] = mix(h[0], p[i]);
+  uint64_t all = h[0];
+  for (int k = 1; k < 4; ++k) all = mix(all, h[k]);
   int64_t out;
-  std::memcpy(&out, &h, sizeof out);
+  std::memcpy(&out, &all, sizeof out);
   return out;
 }
 
