@@ -243,34 +243,39 @@ TEST(ClipGrad, GradNormChangesNothing) {
 
 // ------------------------------------------------------------ in-process wrapper
 
+// The wrapper's own training: clip_grad_norm_(*tp) on tp->parameters().
+void expect_wrapper_equals_torch(const Case& c, int world, double tol, const std::string& what) {
+  const Trial want = unsharded(c);
+  expect_clips(want, c.max_norm, what);
+  // Every replica computes the step's loss; the wrapper needs a forward of
+  // tensors, so the step rides along as one.
+  auto loss = c.loss;
+  shardplan::TensorParallel tp(c.model->clone(), c.plan, std::vector<std::string>(world, "cpu"),
+                               [loss](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
+                                 return loss(m, static_cast<int>(in[0].item<int64_t>()));
+                               });
+  auto opt = sgd(tp->parameters());
+  Trial got;
+  for (int s = 0; s < c.steps; ++s) {
+    opt->zero_grad();
+    tp->forward(torch::full({}, s, torch::kLong)).backward();
+    got.norms.push_back(shardplan::clip_grad_norm_(*tp, c.max_norm, c.norm_type));
+    opt->step();
+  }
+  for (const auto& kv : tp->state_dict()) got.params[kv.key()] = kv.value();
+  expect_same(got, want, tol, what + " at " + std::to_string(world));
+}
+
 TEST(ClipGrad, TensorParallelWrapperCountsEachElementOnce) {
-  for (int world : {2, 4}) {
+  for (int world : {2, 4})
     for (double p : {2.0, kInf}) {
       Case c = mlp_case();
       c.norm_type = p;
       c.max_norm = p == 2 ? 0.5 : 0.2;
-      const Trial want = unsharded(c);
-      expect_clips(want, c.max_norm, "wrapper");
-      // The step's loss is computed by every replica; the wrapper needs it as
-      // a forward of tensors, so the step rides along as one.
-      auto loss = c.loss;
-      shardplan::TensorParallel tp(c.model->clone(), c.plan, std::vector<std::string>(world, "cpu"),
-                                   [loss](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
-                                     return loss(m, static_cast<int>(in[0].item<int64_t>()));
-                                   });
-      std::vector<at::Tensor> params = tp->parameters();
-      auto opt = sgd(params);
-      Trial got;
-      for (int s = 0; s < c.steps; ++s) {
-        opt->zero_grad();
-        tp->forward(torch::full({}, s, torch::kLong)).backward();
-        got.norms.push_back(shardplan::clip_grad_norm_(*tp, c.max_norm, p));
-        opt->step();
-      }
-      for (const auto& kv : tp->state_dict()) got.params[kv.key()] = kv.value();
-      expect_same(got, want, 1e-12, "wrapper at " + std::to_string(world));
+      expect_wrapper_equals_torch(c, world, 1e-12, "wrapper mlp");
     }
-  }
+  // 2 kv heads over 4 ranks: the wrapper exposes each shared head once.
+  expect_wrapper_equals_torch(llama_case("llama", 2), 4, 1e-10, "wrapper llama kv 2");
 }
 
 // The wrapper exposes one copy of each replicated parameter and its other
