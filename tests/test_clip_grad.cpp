@@ -25,6 +25,8 @@
 #include "shardplan/checkpoint.h"
 #include "shardplan/clip_grad.h"
 #include "shardplan/error.h"
+#include "shardplan/nn/cross_entropy.h"
+#include "shardplan/nn/embedding.h"
 #include "shardplan/nn/layer_norm.h"
 #include "shardplan/nn/linear.h"
 #include "shardplan/parallelize.h"
@@ -217,6 +219,50 @@ TEST(ClipGrad, LlamaSequenceParallelNormsAreReplicas) {
   // their gradients are summed over the axis in backward
   // (sequence_parallel_param), so every rank holds the whole one.
   check(llama_case("llama_sp", 4), {2, 4}, 1e-10, "llama_sp");
+}
+
+// A tied weight (token embedding = LM head, vocab-parallel on both) is one
+// tensor under two paths: counted and scaled once.
+struct TiedLmImpl : torch::nn::Cloneable<TiedLmImpl> {
+  TiedLmImpl() { reset(); }
+  void reset() override {
+    emb = register_module("emb", shardplan::nn::Embedding(16, 8));
+    ln = register_module("ln", shardplan::nn::LayerNorm(std::vector<int64_t>{8}));
+    head = register_module("head", shardplan::nn::Linear(torch::nn::LinearOptions(8, 16).bias(false)));
+    loss = register_module("loss", shardplan::nn::CrossEntropyLoss());
+    tie();
+  }
+  void tie() { head->weight = shardplan::tie_parameter(*head, "weight", emb->weight); }
+  std::shared_ptr<torch::nn::Module> clone(const c10::optional<torch::Device>& device = c10::nullopt) const override {
+    auto copy = torch::nn::Cloneable<TiedLmImpl>::clone(device);  // unties: tie again
+    std::dynamic_pointer_cast<TiedLmImpl>(copy)->tie();
+    return copy;
+  }
+  shardplan::nn::Embedding emb{nullptr};
+  shardplan::nn::LayerNorm ln{nullptr};
+  shardplan::nn::Linear head{nullptr};
+  shardplan::nn::CrossEntropyLoss loss{nullptr};
+};
+TORCH_MODULE(TiedLm);
+
+TEST(ClipGrad, TiedWeightCountsOnce) {
+  torch::manual_seed(2);
+  Case c{TiedLm().ptr(),
+         shardplan::parse_plan("mesh: {model: auto}\nrules:\n"
+                               "  - {match: 'emb\\.weight', layout: [model, null]}\n"
+                               "  - {match: 'head\\.weight', layout: [model, null], output: sharded}\n"
+                               "  - {match: 'loss', layout: [null, model]}\n",
+                               "tied.yaml"),
+         nullptr};
+  c.model->to(torch::kDouble);
+  const auto ids = torch::randint(16, {4, 5}), targets = torch::randint(16, {4, 5});
+  c.loss = [ids, targets](torch::nn::Module& m, int) {
+    auto& lm = dynamic_cast<TiedLmImpl&>(m);
+    const auto logits = lm.head(lm.ln(lm.emb(ids)));
+    return lm.loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+  };
+  c.max_norm = 0.05;
+  check(c, {1, 2, 4}, 1e-12, "tied");
 }
 
 TEST(ClipGrad, Float32IsCloseToTheUnshardedFloat32Run) {
