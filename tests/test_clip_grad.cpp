@@ -113,6 +113,7 @@ Trial sharded(const Case& c, int world) {
       c.loss(m, s).backward();
       norms[w.rank()].push_back(shardplan::clip_grad_norm_(m, report, w, c.max_norm, c.norm_type));
       opt->step();
+      shardplan::check_replicas(m, report, w);  // replicas (shared kv heads too) stay identical
     }
     auto full = shardplan::collect_state_dict(m, report, w, 0);
     std::lock_guard<std::mutex> lock(mu);
