@@ -1,0 +1,393 @@
+// Mixed precision (shardplan/mixed_precision.h): float32 master weights and
+// float32 gradient accumulation under shardplan::Optimizer, plain and ZeRO-1,
+// against a one-process master-weights loop written here; the reduce dtype
+// plan key; the loss scaler's skip decision across ranks.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "shardplan/data_parallel.h"
+#include "shardplan/error.h"
+#include "shardplan/mixed_precision.h"
+#include "shardplan/nn/linear.h"
+#include "shardplan/optimizer.h"
+#include "shardplan/plan.h"
+#include "shardplan/training.h"
+#include "shardplan/world.h"
+
+namespace test_mixed_precision {
+
+using shardplan::DataParallel;
+using shardplan::MixedPrecision;
+
+struct MlpImpl : torch::nn::Cloneable<MlpImpl> {
+  MlpImpl() { reset(); }
+  void reset() override {
+    fc1 = register_module("fc1", shardplan::nn::Linear(6, 16));
+    fc2 = register_module("fc2", shardplan::nn::Linear(16, 8));
+    fc3 = register_module("fc3", shardplan::nn::Linear(8, 3));
+  }
+  torch::Tensor loss(const torch::Tensor& x, const torch::Tensor& y) {
+    auto h = fc3->forward(torch::relu(fc2->forward(torch::relu(fc1->forward(x)))));
+    return (h - y).pow(2).mean();  // mse_loss has no bfloat16 CPU kernel in libtorch 1.13
+  }
+  shardplan::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+const char* const kMlpRules = R"(
+rules:
+  - match: 'fc1\.weight'
+    layout: [model, null]
+    output: sharded
+  - match: 'fc1\.bias'
+    layout: [model]
+  - match: 'fc2\.weight'
+    layout: [null, model]
+    input: sharded
+)";
+
+constexpr int kSteps = 4;
+constexpr int64_t kBatch = 8;
+
+struct Data {
+  Mlp model{nullptr};  // bfloat16
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+};
+
+Data make_data() {
+  torch::manual_seed(5);
+  Data d;
+  d.model = Mlp();
+  d.model->to(torch::kBFloat16);
+  for (int i = 0; i < kSteps; ++i)
+    d.batches.emplace_back(torch::randn({kBatch, 6}).to(torch::kBFloat16), torch::randn({kBatch, 3}).to(torch::kBFloat16));
+  return d;
+}
+
+std::unique_ptr<torch::optim::Optimizer> adam(std::vector<torch::Tensor> p) {
+  return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(1e-2));
+}
+
+struct Ref {
+  std::vector<torch::Tensor> params, masters;  // named_parameters() order
+};
+
+// One process's master-weights loop, in the very order of operations the
+// data-parallel run performs: each of D ranks adds its micro-batches'
+// bfloat16 gradients, times 1/D, into a float32 buffer; the buffers are
+// summed over the ranks (one reduction per step, or per backward when every
+// backward synchronises: the rounds' averages are then added).
+Ref reference(const Data& data, int ranks, int micro, bool every_syncs) {
+  auto model = std::dynamic_pointer_cast<MlpImpl>(data.model->clone());
+  std::vector<torch::Tensor> params = model->parameters(), masters;
+  for (const auto& p : params) masters.push_back(p.detach().to(torch::kFloat).clone().requires_grad_(true));
+  auto opt = adam(masters);
+  for (const auto& [x, y] : data.batches) {
+    const int64_t per_rank = kBatch / ranks, n = per_rank / micro;
+    std::vector<torch::Tensor> total(params.size());
+    for (int k = 0; k < (every_syncs ? micro : 1); ++k) {
+      std::vector<std::vector<torch::Tensor>> acc(ranks, std::vector<torch::Tensor>(params.size()));
+      for (int r = 0; r < ranks; ++r)
+        for (int m = every_syncs ? k : 0; m < (every_syncs ? k + 1 : micro); ++m) {
+          const int64_t lo = r * per_rank + m * n;
+          auto loss = model->loss(x.narrow(0, lo, n), y.narrow(0, lo, n)) / micro;
+          auto grads = torch::autograd::grad({loss}, params);
+          for (size_t i = 0; i < params.size(); ++i) {
+            if (!acc[r][i].defined()) acc[r][i] = torch::zeros(params[i].sizes(), torch::kFloat);
+            acc[r][i].add_(grads[i], 1.0 / ranks);
+          }
+        }
+      for (size_t i = 0; i < params.size(); ++i) {
+        torch::Tensor sum = acc[0][i].clone();
+        for (int r = 1; r < ranks; ++r) sum.add_(acc[r][i]);  // D <= 2 here: the order is immaterial
+        total[i] = total[i].defined() ? sum.add_(total[i]) : sum;
+      }
+    }
+    for (size_t i = 0; i < params.size(); ++i) masters[i].mutable_grad() = total[i];
+    opt->step();
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) params[i].copy_(masters[i]);
+  }
+  Ref r;
+  for (size_t i = 0; i < params.size(); ++i) {
+    r.params.push_back(params[i].detach().clone());
+    r.masters.push_back(masters[i].detach().clone());
+  }
+  return r;
+}
+
+double max_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
+}
+
+struct Case {
+  std::string plan;
+  int world = 2, ranks = 2, micro = 2;  // ranks: the batch axis' size
+  bool every_syncs = false;
+};
+
+// The same loop on thread ranks with shardplan::Optimizer and float32
+// masters: every rank's bfloat16 parameters and float32 masters must equal
+// the reference's bit for bit.
+void expect_like_reference(const Case& c) {
+  const Data data = make_data();
+  const Ref ref = reference(data, c.ranks, c.micro, c.every_syncs);
+  const auto plan = shardplan::parse_plan(c.plan, "mixed.yaml");
+  std::vector<std::shared_ptr<torch::nn::Module>> replicas;
+  for (int r = 0; r < c.world; ++r) replicas.push_back(data.model->clone());
+  std::mutex mu;
+  std::vector<std::string> problems;
+  shardplan::run_ranks_in_threads(c.world, [&](shardplan::World& w) {
+    auto& model = dynamic_cast<MlpImpl&>(*replicas[w.rank()]);
+    auto t = shardplan::parallelize_for_training(model, plan, w);
+    DataParallel& dp = *t.data_parallel;
+    MixedPrecision mp;
+    mp.master_dtype = torch::kFloat;
+    shardplan::Optimizer opt(dp, adam, mp);
+    EXPECT_TRUE(opt.masters());
+    for (const auto& [gx, gy] : data.batches) {
+      opt.zero_grad();
+      const auto x = t.local_batch(gx), y = t.local_batch(gy);
+      const int64_t n = x.size(0) / c.micro;
+      for (int m = 0; m < c.micro; ++m) {
+        auto loss = model.loss(x.narrow(0, m * n, n), y.narrow(0, m * n, n)) / c.micro;
+        if (m + 1 < c.micro && !c.every_syncs) {
+          DataParallel::NoSync no_sync(dp);
+          loss.backward();
+        } else {
+          loss.backward();
+        }
+      }
+      opt.step();
+    }
+    std::vector<torch::Tensor> masters;
+    if (opt.zero())
+      for (const auto& kv : opt.zero()->gather_masters()) masters.push_back(kv.second);
+    else
+      masters = opt.step_tensors();
+    const auto params = model.parameters();
+    std::lock_guard<std::mutex> lock(mu);
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_EQ(params[i].scalar_type(), torch::kBFloat16);
+      if (max_diff(params[i], ref.params[i]) != 0)
+        problems.push_back("rank " + std::to_string(w.rank()) + " parameter " + std::to_string(i) + " differs by " +
+                           std::to_string(max_diff(params[i], ref.params[i])));
+    }
+    ASSERT_EQ(masters.size(), params.size());
+    // ZeRO's buckets pack parameters in reverse: match masters by shape order.
+    for (size_t i = 0; i < masters.size(); ++i) {
+      const size_t j = opt.zero() ? masters.size() - 1 - i : i;
+      EXPECT_EQ(masters[i].scalar_type(), torch::kFloat);
+      if (max_diff(masters[i], ref.masters[j]) != 0)
+        problems.push_back("rank " + std::to_string(w.rank()) + " master " + std::to_string(j) + " differs by " +
+                           std::to_string(max_diff(masters[i], ref.masters[j])));
+    }
+  });
+  for (const auto& p : problems) ADD_FAILURE() << p;
+}
+
+TEST(MixedPrecision, MastersPlainEqualReferenceLoop) {
+  expect_like_reference({"version: 1\nmesh: {data: 2}\nrules: []\n"});
+}
+
+TEST(MixedPrecision, MastersEveryBackwardSyncsEqualReferenceLoop) {
+  Case c{"version: 1\nmesh: {data: 2}\nrules: []\n"};
+  c.every_syncs = true;
+  expect_like_reference(c);
+}
+
+TEST(MixedPrecision, MastersZeroEqualReferenceLoop) {
+  expect_like_reference({"version: 1\nmesh: {data: 2}\ndata_parallel: {zero: true}\nrules: []\n"});
+}
+
+TEST(MixedPrecision, MastersWithoutBatchAxisEqualReferenceLoop) {
+  // Every training loop builds a DataParallel, of size 1 here: the float32
+  // accumulation must not depend on a batch axis. (No rules: the layers'
+  // tensor-parallel forms at size 1 round their bfloat16 sums otherwise.)
+  Case c{"version: 1\nmesh: {model: 1}\nrules: []\n"};
+  c.world = c.ranks = 1;
+  c.micro = 4;
+  expect_like_reference(c);
+}
+
+TEST(MixedPrecision, ReduceDtypeBfloat16RoundsTheAverage) {
+  // data_parallel.reduce_dtype: bfloat16 rounds the float32 buckets for the
+  // all-reduce: the masters then differ from the float32 reduction's, by
+  // about bfloat16's precision, and are identical on both ranks.
+  const Data data = make_data();
+  std::map<std::string, std::vector<torch::Tensor>> got;
+  std::mutex mu;
+  for (const std::string dtype : {"float32", "bfloat16"}) {
+    const auto plan = shardplan::parse_plan(
+        "version: 1\nmesh: {data: 2}\ndata_parallel: {reduce_dtype: " + dtype + "}\nrules: []\n", "r.yaml");
+    EXPECT_EQ(plan.data_parallel.reduce_dtype, dtype);
+    std::vector<std::shared_ptr<torch::nn::Module>> replicas{data.model->clone(), data.model->clone()};
+    shardplan::run_ranks_in_threads(2, [&](shardplan::World& w) {
+      auto& model = dynamic_cast<MlpImpl&>(*replicas[w.rank()]);
+      auto t = shardplan::parallelize_for_training(model, plan, w);
+      MixedPrecision mp;
+      mp.master_dtype = torch::kFloat;
+      shardplan::Optimizer opt(*t.data_parallel, adam, mp);
+      const auto& [x, y] = data.batches[0];
+      model.loss(t.local_batch(x), t.local_batch(y)).backward();
+      auto grads = opt.step_grads();
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto& g : grads) got[dtype + std::to_string(w.rank())].push_back(g.clone());
+    });
+  }
+  const Ref ref = reference(data, 2, 1, false);  // only for the parameter count
+  ASSERT_EQ(got["float320"].size(), ref.params.size());
+  double worst = 0;
+  for (size_t i = 0; i < got["float320"].size(); ++i) {
+    const auto& f = got["float320"][i];
+    const auto& b = got["bfloat160"][i];
+    EXPECT_EQ(max_diff(b, got["bfloat161"][i]), 0);
+    EXPECT_EQ(max_diff(b, b.to(torch::kBFloat16)), 0) << "a bfloat16 all-reduce leaves bfloat16 values";
+    EXPECT_LE(max_diff(f, b), f.abs().max().item<double>() * std::ldexp(1.0, -7));
+    worst = std::max(worst, max_diff(f, b));
+  }
+  EXPECT_GT(worst, 0) << "the float32 reduction's gradients were bfloat16 values already";
+}
+
+TEST(MixedPrecision, ReduceDtypeBadValueNamesTheLine) {
+  try {
+    shardplan::parse_plan("version: 1\nmesh: {data: 2}\ndata_parallel:\n  reduce_dtype: int8\nrules: []\n", "p.yaml");
+    FAIL() << "no error";
+  } catch (const shardplan::PlanError& e) {
+    EXPECT_NE(std::string(e.what()).find("p.yaml:4:17"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("reduce_dtype"), std::string::npos) << e.what();
+  }
+  const auto plan =
+      shardplan::parse_plan("version: 1\nmesh: {data: 2}\ndata_parallel: {reduce_dtype: bfloat16}\nrules: []\n", "p.yaml");
+  EXPECT_NE(plan.to_yaml().find("reduce_dtype: bfloat16"), std::string::npos) << plan.to_yaml();
+}
+
+TEST(LossScaler, GrowsAndBacksOffAsGradScaler) {
+  shardplan::LossScalerOptions o;
+  o.growth_interval = 2;
+  shardplan::LossScaler s(o);
+  EXPECT_EQ(s.scale(), 65536.0);
+  EXPECT_EQ(s.scale_loss(torch::ones({1})).item<float>(), 65536.0f);
+  s.update(false);
+  EXPECT_EQ(s.scale(), 65536.0);
+  EXPECT_EQ(s.growth_tracker(), 1);
+  s.update(false);
+  EXPECT_EQ(s.scale(), 131072.0);
+  EXPECT_EQ(s.growth_tracker(), 0);
+  s.update(false);
+  s.update(true);
+  EXPECT_EQ(s.scale(), 65536.0);
+  EXPECT_EQ(s.growth_tracker(), 0);
+  s.update(false);
+  const auto state = s.state();
+  EXPECT_EQ(state.at("loss_scale"), "65536");
+  EXPECT_EQ(state.at("loss_scale_growth_tracker"), "1");
+  shardplan::LossScaler t;
+  t.load_state(state);
+  EXPECT_EQ(t.scale(), 65536.0);
+  EXPECT_EQ(t.growth_tracker(), 1);
+  // A bad value names its key and changes nothing.
+  for (const auto& bad : std::vector<std::map<std::string, std::string>>{
+           {{"loss_scale", "12x"}}, {{"loss_scale", "-1"}}, {{"loss_scale", "inf"}},
+           {{"loss_scale", "8"}, {"loss_scale_growth_tracker", "-2"}}}) {
+    try {
+      t.load_state(bad);
+      ADD_FAILURE() << "no error for " << bad.begin()->second;
+    } catch (const shardplan::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("loss_scale"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(t.scale(), 65536.0);
+    EXPECT_EQ(t.growth_tracker(), 1);
+  }
+  o.backoff_factor = 1.5;
+  EXPECT_THROW(shardplan::LossScaler{o}, shardplan::Error);
+}
+
+TEST(LossScaler, Float16WithoutScalerIsRefusedWhereTheOptimizerIsBuilt) {
+  Mlp model;
+  model->to(torch::kHalf);
+  const auto plan = shardplan::parse_plan(std::string("version: 1\nmesh: {model: 1}\n") + kMlpRules, "h.yaml");
+  shardplan::run_ranks_in_threads(1, [&](shardplan::World& w) {
+    auto t = shardplan::parallelize_for_training(*model, plan, w);
+    MixedPrecision mp;
+    mp.master_dtype = torch::kFloat;
+    try {
+      shardplan::Optimizer opt(*t.data_parallel, adam, mp);
+      ADD_FAILURE() << "no error";
+    } catch (const shardplan::Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("float16"), std::string::npos) << what;
+      EXPECT_NE(what.find("loss_scaler"), std::string::npos) << what;
+      EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+    }
+    // Nothing changed: the same DataParallel takes an optimizer with a scaler.
+    mp.loss_scaler = shardplan::LossScalerOptions{};
+    shardplan::Optimizer opt(*t.data_parallel, adam, mp);
+    EXPECT_TRUE(opt.masters());
+    EXPECT_EQ(opt.scale_loss(torch::ones({1})).item<float>(), 65536.0f);
+  });
+}
+
+// An inf in one rank's gradients (a shard under tensor parallelism, a slice
+// under ZeRO-1: no other rank sees it) must make every rank skip, and the
+// scale back off alike; the next clean step updates everywhere.
+void expect_skip_everywhere(const std::string& plan_text, bool masters) {
+  const Data data = make_data();
+  const auto plan = shardplan::parse_plan(plan_text, "inf.yaml");
+  std::vector<std::shared_ptr<torch::nn::Module>> replicas{data.model->clone(), data.model->clone()};
+  shardplan::run_ranks_in_threads(2, [&](shardplan::World& w) {
+    auto& model = dynamic_cast<MlpImpl&>(*replicas[w.rank()]);
+    if (!masters) model.to(torch::kFloat);
+    auto t = shardplan::parallelize_for_training(model, plan, w);
+    MixedPrecision mp;
+    if (masters) mp.master_dtype = torch::kFloat;
+    mp.loss_scaler = shardplan::LossScalerOptions{};
+    shardplan::Optimizer opt(*t.data_parallel, adam, mp);
+    std::vector<torch::Tensor> before;
+    for (const auto& p : model.parameters()) before.push_back(p.detach().clone());
+    for (int step = 0; step < 2; ++step) {
+      opt.zero_grad();
+      const auto& [x, y] = data.batches[step];
+      auto xl = t.local_batch(x.to(model.fc1->weight.scalar_type()));
+      auto yl = t.local_batch(y.to(model.fc1->weight.scalar_type()));
+      opt.scale_loss(model.loss(xl, yl)).backward();
+      if (step == 0 && w.rank() == 1) {
+        auto grads = opt.step_grads();
+        ASSERT_FALSE(grads.empty());
+        grads.back().view(-1)[0] = std::numeric_limits<float>::infinity();
+      }
+      opt.step();
+      const auto params = model.parameters();
+      double moved = 0;
+      for (size_t i = 0; i < params.size(); ++i) moved = std::max(moved, max_diff(params[i], before[i]));
+      if (step == 0) {
+        EXPECT_TRUE(opt.last_step_skipped()) << "rank " << w.rank();
+        EXPECT_EQ(moved, 0) << "rank " << w.rank();
+        EXPECT_EQ(opt.loss_scaler()->scale(), 32768.0) << "rank " << w.rank();
+      } else {
+        EXPECT_FALSE(opt.last_step_skipped()) << "rank " << w.rank();
+        EXPECT_GT(moved, 0) << "rank " << w.rank();
+        EXPECT_EQ(opt.loss_scaler()->scale(), 32768.0);
+        EXPECT_EQ(opt.loss_scaler()->growth_tracker(), 1);
+      }
+    }
+  });
+}
+
+TEST(LossScaler, InfInOneTensorParallelShardSkipsEveryRank) {
+  expect_skip_everywhere(std::string("version: 1\nmesh: {model: 2}\n") + kMlpRules, false);
+}
+
+TEST(LossScaler, InfInOneZeroSliceSkipsEveryRank) {
+  expect_skip_everywhere("version: 1\nmesh: {data: 2}\ndata_parallel: {zero: true}\nrules: []\n", true);
+}
+
+}  // namespace test_mixed_precision
