@@ -150,7 +150,6 @@ void Optimizer::unscale_() {
 
 void Optimizer::step() {
   DataParallel::Impl& d = *dp_.impl_;
-  if (d.no_sync > 0) throw Error("shardplan::Optimizer::step() inside DataParallel::NoSync: leave the scope first");
   unscale_();
   complete_grads();
   skipped_ = scaler_ && found_inf_;
