@@ -16,6 +16,7 @@
 #include "shardplan/data_parallel.h"
 #include "shardplan/error.h"
 #include "shardplan/mixed_precision.h"
+#include "shardplan/nn/cross_entropy.h"
 #include "shardplan/nn/linear.h"
 #include "shardplan/optimizer.h"
 #include "shardplan/plan.h"
@@ -388,6 +389,38 @@ TEST(LossScaler, InfInOneTensorParallelShardSkipsEveryRank) {
 
 TEST(LossScaler, InfInOneZeroSliceSkipsEveryRank) {
   expect_skip_everywhere("version: 1\nmesh: {data: 2}\ndata_parallel: {zero: true}\nrules: []\n", true);
+}
+
+TEST(MixedPrecision, CrossEntropyOfHalfLogitsIsFloat32ShardedAndUnsharded) {
+  // As Megatron's logits.float(): the loss of bfloat16 / float16 logits is
+  // computed and returned in float32, vocab-parallel and unsharded alike,
+  // and the logits' gradient keeps their dtype.
+  torch::manual_seed(6);
+  const auto logits = torch::randn({6, 8}) * 4;
+  const auto target = torch::randint(8, {6}, torch::kLong);
+  for (const auto dtype : {torch::kBFloat16, torch::kHalf}) {
+    const auto x = logits.to(dtype);
+    const double want = torch::nn::functional::cross_entropy(x.to(torch::kDouble), target).item<double>();
+    shardplan::nn::CrossEntropyLoss unsharded;
+    auto xu = x.clone().requires_grad_(true);
+    auto lu = unsharded(xu, target);
+    EXPECT_EQ(lu.scalar_type(), torch::kFloat);
+    EXPECT_NEAR(lu.item<double>(), want, 1e-6 * want);
+    lu.backward();
+    EXPECT_EQ(xu.grad().scalar_type(), dtype);
+    const auto whole_grad = xu.grad().to(torch::kDouble);
+    shardplan::run_ranks_in_threads(2, [&](shardplan::World& w) {
+      auto mine = x.narrow(1, 4 * w.rank(), 4).clone().requires_grad_(true);
+      auto loss = shardplan::vocab_parallel_cross_entropy(mine, target, w.comm());
+      EXPECT_EQ(loss.scalar_type(), torch::kFloat);
+      EXPECT_NEAR(loss.item<double>(), want, 1e-6 * want);
+      loss.backward();
+      EXPECT_EQ(mine.grad().scalar_type(), dtype);
+      // Both gradients are float32 values rounded once to the logits' dtype.
+      const auto diff = (mine.grad().to(torch::kDouble) - whole_grad.narrow(1, 4 * w.rank(), 4)).abs().max();
+      EXPECT_LE(diff.item<double>(), std::ldexp(1.0, -8) * whole_grad.abs().max().item<double>());
+    });
+  }
 }
 
 }  // namespace test_mixed_precision
