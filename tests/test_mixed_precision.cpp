@@ -237,6 +237,10 @@ TEST(MixedPrecision, ReduceDtypeBfloat16RoundsTheAverage) {
       MixedPrecision mp;
       mp.master_dtype = torch::kFloat;
       shardplan::Optimizer opt(*t.data_parallel, adam, mp);
+      const std::string described = t.data_parallel->describe();
+      EXPECT_NE(described.find("reduced in " + std::string(dtype == "float32" ? "Float" : "BFloat16")),
+                std::string::npos) << described;
+      EXPECT_NE(described.find("gradients accumulate in Float"), std::string::npos) << described;
       const auto& [x, y] = data.batches[0];
       model.loss(t.local_batch(x), t.local_batch(y)).backward();
       auto grads = opt.step_grads();

@@ -28,12 +28,14 @@ namespace ex = shardplan::examples;
 const ex::Overrides kSmall = {{"vocab", "32"}, {"context", "8"}, {"embed", "32"},
                               {"heads", "4"},  {"layers", "2"},  {"mlp", "64"}};
 
-std::string gpt_plan() {
-  std::ifstream in(std::string(SHARDPLAN_SOURCE_DIR) + "/plans/gpt.yaml");
+std::string read_plan(const std::string& name) {
+  std::ifstream in(std::string(SHARDPLAN_SOURCE_DIR) + "/plans/" + name);
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
 }
+
+std::string gpt_plan() { return read_plan("gpt.yaml"); }
 
 struct GptRun {
   int world = 1;
@@ -125,6 +127,16 @@ TEST(MixedPrecisionGpt, Bfloat16TensorParallelFollowsUnshardedWithinItsSpread) {
     tp.plan = gpt_plan();
     const auto got = train(tp);
     EXPECT_EQ(first_outside(l64, l16, got, world == 2 ? "tp2" : "tp4"), -1) << world << " ranks";
+  }
+  // {data: 2, model: 2}, the float32 gradients averaged over `data`, plain
+  // and ZeRO-1 (float32 master slices).
+  for (const char* zero : {"{bucket_mb: 25}", "{zero: true}"}) {
+    GptRun two_d;
+    two_d.world = 4;
+    two_d.plan = read_plan("gpt_2d.yaml");
+    two_d.plan.replace(two_d.plan.find("{bucket_mb: 25}"), 15, zero);
+    const auto got = train(two_d);
+    EXPECT_EQ(first_outside(l64, l16, got, zero[1] == 'z' ? "2d zero" : "2d"), -1) << zero;
   }
   // The check can fail: a run whose update is off (twice the learning
   // rate, as a gradient summed where it should be averaged does with SGD)

@@ -362,6 +362,10 @@ std::string DataParallel::describe() const {
     << step_bytes() << " bytes handed to collectives, " << wire_bytes()
     << " bytes on the wire per rank (ring); theoretical minimum 2(D-1)/D x gradient bytes = " << min_wire_bytes()
     << "\n";
+  if (d.main())
+    s << "  gradients accumulate in " << c10::toString(d.main_dtype) << " in the buckets (master weights)\n";
+  if (d.wire_dtype != at::ScalarType::Undefined)
+    s << "  reduced in " << c10::toString(d.wire_dtype) << " (data_parallel.reduce_dtype)\n";
   return s.str();
 }
 
