@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "mlp_model.h"
 #include "shardplan/data_parallel.h"
 #include "shardplan/error.h"
 #include "shardplan/mixed_precision.h"
@@ -28,32 +29,9 @@ namespace test_mixed_precision {
 using shardplan::DataParallel;
 using shardplan::MixedPrecision;
 
-struct MlpImpl : torch::nn::Cloneable<MlpImpl> {
-  MlpImpl() { reset(); }
-  void reset() override {
-    fc1 = register_module("fc1", shardplan::nn::Linear(6, 16));
-    fc2 = register_module("fc2", shardplan::nn::Linear(16, 8));
-    fc3 = register_module("fc3", shardplan::nn::Linear(8, 3));
-  }
-  torch::Tensor loss(const torch::Tensor& x, const torch::Tensor& y) {
-    auto h = fc3->forward(torch::relu(fc2->forward(torch::relu(fc1->forward(x)))));
-    return (h - y).pow(2).mean();  // mse_loss has no bfloat16 CPU kernel in libtorch 1.13
-  }
-  shardplan::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
-};
-TORCH_MODULE(Mlp);
-
-const char* const kMlpRules = R"(
-rules:
-  - match: 'fc1\.weight'
-    layout: [model, null]
-    output: sharded
-  - match: 'fc1\.bias'
-    layout: [model]
-  - match: 'fc2\.weight'
-    layout: [null, model]
-    input: sharded
-)";
+using mlp_model::kMlpRules;
+using mlp_model::Mlp;
+using mlp_model::MlpImpl;
 
 constexpr int kSteps = 4;
 constexpr int64_t kBatch = 8;
