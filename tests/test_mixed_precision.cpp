@@ -251,6 +251,12 @@ TEST(MixedPrecision, ReduceDtypeBadValueNamesTheLine) {
   const auto plan =
       shardplan::parse_plan("version: 1\nmesh: {data: 2}\ndata_parallel: {reduce_dtype: bfloat16}\nrules: []\n", "p.yaml");
   EXPECT_NE(plan.to_yaml().find("reduce_dtype: bfloat16"), std::string::npos) << plan.to_yaml();
+  // The plan fuzzer's seed with every data_parallel key reads back from its canonical form.
+  const auto seed = shardplan::load_plan(std::string(SHARDPLAN_SOURCE_DIR) + "/tests/fuzz/plans/data_parallel.yaml");
+  const auto again = shardplan::parse_plan(seed.to_yaml(), "again.yaml");
+  EXPECT_EQ(again.data_parallel.reduce_dtype, "bfloat16");
+  EXPECT_TRUE(again.data_parallel.zero);
+  EXPECT_EQ(again.to_yaml(), seed.to_yaml());
 }
 
 TEST(LossScaler, GrowsAndBacksOffAsGradScaler) {
