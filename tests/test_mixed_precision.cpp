@@ -300,6 +300,27 @@ TEST(LossScaler, GrowsAndBacksOffAsGradScaler) {
   EXPECT_THROW(shardplan::LossScaler{o}, shardplan::Error);
 }
 
+TEST(LossScaler, WhatTrainerFlagsAskFor) {
+  EXPECT_EQ(shardplan::dtype_from_name("bfloat16", "--dtype"), torch::kBFloat16);
+  EXPECT_EQ(shardplan::dtype_from_name("fp16", "--dtype"), torch::kHalf);
+  try {
+    shardplan::dtype_from_name("bf15", "--master");
+    ADD_FAILURE() << "no error";
+  } catch (const shardplan::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--master: unknown dtype 'bf15'"), std::string::npos) << e.what();
+  }
+  auto mp = shardplan::mixed_precision_for(torch::kBFloat16, torch::kFloat);
+  EXPECT_EQ(mp.master_dtype, torch::kFloat);
+  EXPECT_FALSE(mp.loss_scaler);
+  mp = shardplan::mixed_precision_for(torch::kBFloat16, torch::kBFloat16);
+  EXPECT_FALSE(mp.master_dtype);
+  mp = shardplan::mixed_precision_for(torch::kHalf, torch::kFloat);
+  EXPECT_EQ(mp.master_dtype, torch::kFloat);
+  ASSERT_TRUE(mp.loss_scaler);
+  EXPECT_EQ(mp.loss_scaler->init_scale, 65536.0);
+  EXPECT_EQ(mp.loss_scaler->growth_interval, 2000);
+}
+
 TEST(LossScaler, Float16WithoutScalerIsRefusedWhereTheOptimizerIsBuilt) {
   Mlp model;
   model->to(torch::kHalf);

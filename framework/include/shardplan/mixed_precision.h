@@ -84,4 +84,10 @@ struct MixedPrecision {
   std::optional<LossScalerOptions> loss_scaler;
 };
 
+// What a trainer's `--dtype MODEL --master MASTER` ask for: masters in
+// `master` when it differs from `model`, and a loss scaler with
+// GradScaler's defaults when `model` is float16. E.g. (bfloat16, float32):
+// masters; (bfloat16, bfloat16): pure bfloat16; (float32, float32): nothing.
+MixedPrecision mixed_precision_for(at::ScalarType model, at::ScalarType master);
+
 }  // namespace shardplan

@@ -23,6 +23,13 @@ at::ScalarType dtype_from_name(const std::string& name, const std::string& what)
   return it->second;
 }
 
+MixedPrecision mixed_precision_for(at::ScalarType model, at::ScalarType master) {
+  MixedPrecision mp;
+  if (master != model) mp.master_dtype = master;
+  if (model == at::kHalf) mp.loss_scaler = LossScalerOptions{};
+  return mp;
+}
+
 LossScaler::LossScaler(const LossScalerOptions& options) : options_(options), scale_(options.init_scale) {
   auto bad = [](const char* name, double v, const char* want) {
     throw Error(std::string("LossScalerOptions::") + name + " must be " + want + ", got " + std::to_string(v));
