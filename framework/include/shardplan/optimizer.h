@@ -71,13 +71,15 @@ class Optimizer {
   // (over the world) whether they hold an inf or NaN. For reading or
   // clipping gradients before step(); a no-op without a scaler.
   void unscale_();
-  // The gradients step() updates with, the averaging completed (collective
-  // when it completes it): the masters' (float32), ZeRO's slices', or the
-  // model's .grad. What clipping scales. Valid until the next backward.
-  std::vector<at::Tensor> step_grads();
-  // The tensors those gradients belong to (the inner optimizer's), and for
-  // each the model parameter it is (a copy of) or, with ZeRO, a slice of.
+  // The tensors step() updates, in a fixed order: the model's unique
+  // parameters (registration order, a tied tensor once), or their masters in
+  // that order, or with ZeRO-1 its slices' segments (ZeroOptimizer::layout()
+  // order: per bucket, per segment, each a piece of Bucket::members[member]).
   std::vector<at::Tensor> step_tensors();
+  // Their gradients, one per tensor (undefined where none), the averaging
+  // completed (collective when it completes it): what clipping scales. Valid
+  // until the next backward.
+  std::vector<at::Tensor> step_grads();
   bool masters() const;           // float32 (or other) master weights kept
   LossScaler* loss_scaler();      // nullptr without
   bool last_step_skipped() const; // the last step() found an inf/NaN and did not update

@@ -110,20 +110,22 @@ std::vector<at::Tensor> Optimizer::step_grads() {
   complete_grads();
   if (zero_) return zero_->slice_grads();
   std::vector<at::Tensor> out;
-  for (const auto& group : plain_->param_groups())
-    for (const auto& p : group.params()) out.push_back(p.grad());
+  for (const auto& t : step_tensors()) out.push_back(t.grad());
   return out;
 }
 
+// Not the inner optimizer's param_groups(): a factory may group its tensors
+// in any order (e.g. weight decay apart).
 std::vector<at::Tensor> Optimizer::step_tensors() {
   std::vector<at::Tensor> out;
   if (zero_) {
     for (const auto& b : zero_->layout())
       for (const auto& s : b.segments) out.push_back(s.tensor);
-    return out;
+  } else if (masters_) {
+    out = masters_->copies;
+  } else {
+    for (const auto& [name, p] : dp_.impl_->unique) out.push_back(p);
   }
-  for (const auto& group : plain_->param_groups())
-    for (const auto& p : group.params()) out.push_back(p);
   return out;
 }
 
