@@ -91,6 +91,7 @@ class Optimizer {
   // The torch optimizer stepping: over the parameters, or ZeRO's slices.
   torch::optim::Optimizer& inner();
   ZeroOptimizer* zero() const;  // nullptr without ZeRO-1
+  DataParallel& data_parallel() const { return dp_; }
   int64_t state_bytes() const;  // optimizer state this rank holds
   // CheckpointOptions with `optimizer` or `zero` set, whichever this is,
   // the masters (saved as the parameters, float32), and the loss scaler's

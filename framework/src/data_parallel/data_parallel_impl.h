@@ -43,7 +43,6 @@ struct DataParallel::Impl {
   int size = 1, rank = 0;
   bool zero = false, overlap = true;
   std::shared_ptr<Communicator> group;
-  std::shared_ptr<Communicator> world_comm;  // when the mesh is the world: a loss scaler's agreement
   std::vector<std::shared_ptr<Communicator>> axis_groups;  // every mesh axis, for check_replicas
   std::vector<std::string> axis_names;
   std::vector<std::vector<std::string>> axis_split;  // per axis: paths split over it
@@ -53,6 +52,11 @@ struct DataParallel::Impl {
   std::vector<std::string> averaged, ignored, split, warnings;
   std::vector<std::string> ignored_as;  // per ignored parameter, the name its ignore entry matched
   std::vector<std::pair<std::string, at::Tensor>> unique;  // every unique parameter, registration order
+  std::vector<ReportRow> unique_rows;  // the report's row of each (a default one where it has none)
+  // For clip_grad.h: who counts which gradient, and the world to add the parts over.
+  Mesh mesh;
+  int world_rank = 0;
+  std::shared_ptr<Communicator> world;
   int no_sync = 0;
   size_t next_launch = 0;
   double wait_seconds = 0;

@@ -84,6 +84,9 @@ void Optimizer::init(const Factory& make, const MixedPrecision& mixed) {
 Optimizer::~Optimizer() = default;
 
 // The averaging completed, and the masters' gradients the buckets' sums.
+// The averaging completed, and the masters' gradients the buckets' sums.
+// Idempotent until step() (unscale_ and clipping scale them in place
+// between calls): a master gradient already set is left as it is.
 void Optimizer::complete_grads() {
   if (zero_) {
     zero_->slice_grads();
@@ -94,16 +97,15 @@ void Optimizer::complete_grads() {
   DataParallel::Impl& d = *dp_.impl_;
   for (size_t k = 0; k < masters_->copies.size(); ++k) {
     at::Tensor& grad = masters_->copies[k].mutable_grad();
+    if (grad.defined()) continue;
     const long i = masters_->entry[k];
     if (i >= 0) {
+      // A parameter no rank used since the last step keeps none.
       if (static_cast<size_t>(i) < d.zero_used.size() && d.zero_used[i]) grad = d.main_grad(i);
-      // else: a step that already took it, or no rank used it: leave as is
-    } else {
-      const at::Tensor& g = masters_->params[k].grad();
-      grad = g.defined() ? g.detach().to(masters_->copies[k].scalar_type()) : at::Tensor();
+    } else if (const at::Tensor& g = masters_->params[k].grad(); g.defined()) {
+      grad = g.detach().to(masters_->copies[k].scalar_type());
     }
   }
-  std::fill(d.zero_used.begin(), d.zero_used.end(), false);
 }
 
 std::vector<at::Tensor> Optimizer::step_grads() {
@@ -145,7 +147,8 @@ void Optimizer::unscale_() {
   // One rank's inf must stop every rank: a tensor-parallel shard's overflow
   // is the whole model's, and replicas must stay identical.
   at::Tensor flag = at::full({1}, inf ? 1.0f : 0.0f, at::TensorOptions().dtype(at::kFloat).device(device));
-  if (Communicator* c = dp_.impl_->world_comm.get(); c && c->size() > 1) c->all_reduce(flag, ReduceOp::Max);
+  const DataParallel::Impl& d = *dp_.impl_;
+  if (d.world && d.world->size() > 1 && d.mesh.size() == d.world->size()) d.world->all_reduce(flag, ReduceOp::Max);
   found_inf_ = flag.item<float>() > 0;
   unscaled_ = true;
 }
@@ -175,6 +178,7 @@ void Optimizer::step() {
   d.finished = false;
   if (d.main() && !zero_) {
     d.main_unconsumed = false;
+    std::fill(d.zero_used.begin(), d.zero_used.end(), false);
     if (masters_)
       for (auto& m : masters_->copies) m.mutable_grad() = at::Tensor();
   }
