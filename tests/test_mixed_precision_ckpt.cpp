@@ -231,7 +231,7 @@ TEST(MixedPrecisionCheckpoint, Bfloat16CheckpointIntoMastersIsRefusedAndChangesN
     masters.bad_load = dir;
     const Result got = run(init, masters);
     EXPECT_NE(got.load_error.find("bfloat16 in the checkpoint"), std::string::npos) << got.load_error;
-    EXPECT_NE(got.load_error.find("master"), std::string::npos) << got.load_error;
+    EXPECT_NE(got.load_error.find("keeps float32 master weights"), std::string::npos) << got.load_error;
     EXPECT_EQ(got.load_error.find('\n'), std::string::npos) << got.load_error;
     EXPECT_EQ(got.moved_by_bad_load, 0) << plan;
   }

@@ -244,6 +244,15 @@ void install_optimizer_states(torch::optim::Optimizer& optimizer, const std::vec
 
 namespace {
 
+const char* master_dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return "float64";
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    default: return "float32";
+  }
+}
+
 int64_t dtype_bytes(const std::string& name) {
   if (name == "float64") return 8;
   if (name == "float32") return 4;
@@ -273,7 +282,7 @@ void use_masters(std::vector<Item>& items, const CheckpointOptions& options, con
       if (const ckpt::TensorEntry* e = loading->find(item.name);
           e && dtype_bytes(e->dtype) < static_cast<int64_t>(master.element_size()))
         throw Error("'" + item.name + "' is " + e->dtype + " in the checkpoint but the optimizer keeps " +
-                    c10::toString(master.scalar_type()) +
+                    master_dtype_name(master.scalar_type()) +
                     " master weights: it was saved without them; load it without MixedPrecision::master_dtype "
                     "(or save it from a model with masters)");
     item.model = item.local;
