@@ -22,6 +22,7 @@
 #include "models/memory.h"
 #include "models/model.h"
 #include "models/ranks.h"
+#include "models/schedule.h"
 #include "models/train_args.h"
 #include "models/train_checks.h"
 #include "shardplan/auto_plan.h"
@@ -378,6 +379,7 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
     zero = std::make_unique<ZeroOptimizer>(dp, make_optimizer);
   else
     opt = make_optimizer(unique_parameters(*m.module));
+  Schedule schedule(schedule_settings(a));
 
   // The same data stream on every rank.
   auto gen = at::make_generator<at::CPUGeneratorImpl>(a.seed + 1);
@@ -403,6 +405,7 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
     const auto it = attributes->find("step");
     if (it == attributes->end()) throw Error("checkpoint '" + from + "' records no step");
     start = std::stoi(it->second) + 1;
+    if (start <= a.steps) schedule.resume(*attributes, a.override_schedule, from);  // else no lr is used
     for (int s = 1; s < start; ++s) m.model->sample(gen, a.batch, corpus);
     if (lead) std::printf("resumed from %s at step %d\n", from.c_str(), start - 1);
   }
@@ -411,6 +414,7 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
     o.optimizer = opt.get();
     o.zero = zero.get();
     o.attributes = {{"step", std::to_string(step)}, {"model", a.model}, {"config", m.model->config_str()}};
+    schedule.save(o.attributes);
     history.save(world, step, [&](const std::string& dir) { save_checkpoint(dir, *m.module, report, world, o); });
     if (lead) std::printf("saved %s at step %d\n", a.save.c_str(), step);
   };
@@ -447,10 +451,12 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
       }
     }
     dp.finish();
+    const double lr = schedule.apply(zero ? zero->inner() : *opt);
     if (zero)
       zero->step();
     else
       opt->step();
+    schedule.advance();
     if (step == start) {
       first = world.total_stats();
       if (lead && world.size() > 1) {
@@ -474,8 +480,8 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
       const double secs = std::chrono::duration<double>(now - since).count();
       const double rate = (step - since_step) * static_cast<double>(items) / std::max(secs, 1e-9);
       // One batch's loss is noisy; the mean since the last line shows the trend.
-      std::printf("step %4d  loss %.8f  mean %.4f  %s/s %.0f\n", step, value, loss_sum / (step - since_step),
-                  m.model->items_name().c_str(), rate);
+      std::printf("step %4d  loss %.8f  mean %.4f  %s/s %.0f  lr %.3e\n", step, value, loss_sum / (step - since_step),
+                  m.model->items_name().c_str(), rate, lr);
       std::fflush(stdout);
       since = now;
       since_step = step;
