@@ -49,6 +49,7 @@ class Optimizer {
   // The torch optimizer stepping: over the parameters, or ZeRO's slices.
   torch::optim::Optimizer& inner();
   ZeroOptimizer* zero() const;  // nullptr without ZeRO-1
+  DataParallel& data_parallel() const { return dp_; }
   int64_t state_bytes() const;  // optimizer state this rank holds
   // CheckpointOptions with `optimizer` or `zero` set, whichever this is.
   CheckpointOptions checkpoint_options() const;

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "data_parallel_impl.h"
+#include "replica_check.h"
 #include "shardplan/error.h"
 #include "shardplan/world.h"
 
@@ -20,19 +21,6 @@ bool has_axis(const ReportRow& row, const std::string& axis) {
   for (const auto& s : row.splits)
     if (s.axis == axis) return true;
   return false;
-}
-
-// FNV-1a over the tensor's bytes: replicas must be bit-identical, so any
-// difference at all must change it.
-int64_t checksum(const at::Tensor& t) {
-  at::Tensor c = t.detach().contiguous().cpu();
-  const auto* p = static_cast<const unsigned char*>(c.data_ptr());
-  const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  int64_t out;
-  std::memcpy(&out, &h, sizeof out);
-  return out;
 }
 
 std::string mib(int64_t bytes) {
@@ -194,6 +182,9 @@ DataParallel::DataParallel(const std::vector<std::pair<std::string, at::Tensor>>
     d.axis_groups.push_back(n > 1 && report.mesh.size() == world.size() ? world.group(report.mesh, name) : nullptr);
     d.axis_split.emplace_back();
   }
+  d.mesh = report.mesh;
+  d.world_rank = world.rank();
+  d.world = world.comm_ptr();
   if (!d.axis.empty()) {
     d.group = world.group(report.mesh, d.axis);
     d.size = d.group->size();
@@ -211,6 +202,7 @@ DataParallel::DataParallel(const std::vector<std::pair<std::string, at::Tensor>>
     if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // a tied tensor: reduced once
     d.unique.emplace_back(key, p);
     const auto it = rows.find(key);
+    d.unique_rows.push_back(it != rows.end() ? *it->second : ReportRow{});
     for (size_t a = 0; a < d.axis_names.size(); ++a)
       if (it != rows.end() && has_axis(*it->second, d.axis_names[a])) d.axis_split[a].push_back(key);
     if (d.axis.empty()) continue;
@@ -498,40 +490,14 @@ DataParallel::NoSync::~NoSync() {
 
 void DataParallel::check_replicas() const {
   const Impl& d = *impl_;
-  std::set<std::string> ignored(d.ignored.begin(), d.ignored.end());
-  // Every axis' exchange happens before any rank throws, so a rank that
-  // finds a difference never leaves another waiting in a collective.
-  std::string first;
+  std::vector<ReplicaAxis> axes;
   for (size_t a = 0; a < d.axis_names.size(); ++a) {
-    const auto& group = d.axis_groups[a];
-    if (!group || group->size() == 1) continue;
-    const std::set<std::string> split(d.axis_split[a].begin(), d.axis_split[a].end());
-    std::vector<const std::pair<std::string, at::Tensor>*> params;
-    for (const auto& p : d.unique)
-      if (!split.count(p.first) && !(d.axis_names[a] == d.axis && ignored.count(p.first))) params.push_back(&p);
-    at::Tensor sums = at::zeros({static_cast<int64_t>(params.size()) + 1}, at::kLong);
-    for (size_t i = 0; i < params.size(); ++i) sums[i] = checksum(params[i]->second);
-    at::Tensor all = group->all_gather(sums, 0).view({group->size(), sums.numel()});
-    for (size_t i = 0; i < params.size() && first.empty(); ++i)
-      for (int r = 1; r < group->size() && first.empty(); ++r)
-        if (all[r][i].item<int64_t>() != all[0][i].item<int64_t>())
-          first = "replica check: parameter '" + params[i]->first + "' differs across the ranks of mesh axis '" +
-                  d.axis_names[a] + "' (world rank " + std::to_string(group->ranks()[r]) +
-                  " holds other values than world rank " + std::to_string(group->ranks()[0]) +
-                  "): the replicas have drifted";
+    axes.push_back(ReplicaAxis{d.axis_names[a], d.axis_groups[a], {}});
+    if (d.axis_names[a] == d.axis) axes.back().skip.insert(d.ignored.begin(), d.ignored.end());
   }
-  // Only the ranks of the group that differs saw it: pass the word along
-  // every axis in turn (which reaches the whole mesh), so every rank throws.
-  int me = -1;
-  for (const auto& group : d.axis_groups)
-    if (group) me = group->ranks()[group->rank()];
-  at::Tensor reporter = at::full({1}, first.empty() ? int64_t{0} : int64_t{me} + 1, at::kLong);
-  for (const auto& group : d.axis_groups)
-    if (group && group->size() > 1) group->all_reduce(reporter, ReduceOp::Max);
-  if (!first.empty()) throw Error(first);
-  if (const int64_t r = reporter.item<int64_t>(); r > 0)
-    throw Error("replica check: world rank " + std::to_string(r - 1) +
-                " found a parameter that differs across its replicas (its error names it): the replicas have drifted");
+  std::vector<const ReportRow*> rows;
+  for (const auto& r : d.unique_rows) rows.push_back(&r);
+  check_replica_params(d.unique, rows, axes);
 }
 
 int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer) {

@@ -47,6 +47,11 @@ struct DataParallel::Impl {
   std::vector<std::string> averaged, ignored, split, warnings;
   std::vector<std::string> ignored_as;  // per ignored parameter, the name its ignore entry matched
   std::vector<std::pair<std::string, at::Tensor>> unique;  // every unique parameter, registration order
+  std::vector<ReportRow> unique_rows;  // the report's row of each (a default one where it has none)
+  // For clip_grad.h: who counts which gradient, and the world to add the parts over.
+  Mesh mesh;
+  int world_rank = 0;
+  std::shared_ptr<Communicator> world;
   int no_sync = 0;
   size_t next_launch = 0;
   double wait_seconds = 0;
