@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 
+#include "base/shape_text.h"
 #include "clip_grad_internal.h"
 #include "data_parallel/data_parallel_impl.h"
 #include "grad_norm_internal.h"
@@ -20,12 +21,6 @@
 
 namespace shardplan {
 namespace {
-
-std::string shape_str(at::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
 
 // ZeRO-1: the reduced slices of the buckets, cut at the parameters' edges so
 // that each part takes its parameter's ownership on the model axes (the
