@@ -60,6 +60,20 @@ if(TARGET train_gpt AND TARGET shardplan_cli)
   set_tests_properties(e2e_clip_ours_passes_replica_check_threads2 PROPERTIES
     PASS_REGULAR_EXPRESSION "step +60 " FAIL_REGULAR_EXPRESSION "error" TIMEOUT 120 LABELS clip)
 
+  # The Llama: kv heads shared by 2 ranks each at 4 ranks (counted once),
+  # and sequence parallelism (its RMSNorm gradients summed in backward).
+  if(TARGET train_model)
+    set(_llama $<TARGET_FILE:train_model> --model llama --steps 4 --log-every 1 --batch 4 --dtype float64
+      --optimizer sgd --lr 0.5 --config context=16,embed=32,layers=1 --clip ${_clip})
+    add_test(NAME e2e_clip_llama_shared_kv_threads4_f64 COMMAND ${_e2e} 1e-10 --norms-above ${_clip}
+      -- ${_llama} --clip-with torch -- ${_llama} --ranks 4 --plan ${PROJECT_SOURCE_DIR}/plans/llama.yaml --check-replicas 1)
+    add_test(NAME e2e_clip_llama_sp_threads2_f64 COMMAND ${_e2e} 1e-10 --norms-above ${_clip}
+      -- ${_llama} --clip-with torch -- ${_llama} --ranks 2 --plan ${PROJECT_SOURCE_DIR}/plans/llama_sp.yaml
+      --check-replicas 1)
+    set_tests_properties(e2e_clip_llama_shared_kv_threads4_f64 e2e_clip_llama_sp_threads2_f64 PROPERTIES
+      TIMEOUT 120 LABELS clip)
+  endif()
+
   # train_mlp: {fc1, fc2, fc3} column/row/column-parallel (plans/mlp.yaml).
   if(TARGET train_mlp)
     set(_mlp $<TARGET_FILE:train_mlp> --steps 10 --dtype float64 --optimizer sgd --clip 0.05)
