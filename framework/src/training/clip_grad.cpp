@@ -44,21 +44,66 @@ std::vector<GradPiece> zero_pieces(const DataParallel::Impl& d) {
   return pieces;
 }
 
-std::vector<GradPiece> data_parallel_pieces(DataParallel& dp) {
-  dp.finish();  // nothing to do when backward's end averaged already
+const DataParallel::Impl& checked_impl(DataParallel& dp) {
   const DataParallel::Impl& d = dp.impl();
   if (d.mesh.size() != d.world->size())
     throw Error("grad_norm: the DataParallel's mesh " + d.mesh.str() + " has " + std::to_string(d.mesh.size()) +
                 " ranks but the world has " + std::to_string(d.world->size()));
+  return d;
+}
+
+std::vector<GradPiece> data_parallel_pieces(DataParallel& dp) {
+  dp.finish();  // nothing to do when backward's end averaged already
+  const DataParallel::Impl& d = checked_impl(dp);
   if (d.zero) return zero_pieces(d);
+  // Mixed precision's float32 gradients live in the buckets (the masters'
+  // .grad is a view of them), the model's .grad is dropped.
+  std::map<const void*, size_t> entry_of;
+  if (d.main())
+    for (size_t k = 0; k < d.entries.size(); ++k) entry_of[d.entries[k].param.unsafeGetTensorImpl()] = k;
   const std::set<std::string> ignored(d.ignored.begin(), d.ignored.end());
   std::vector<GradPiece> pieces;
   for (size_t i = 0; i < d.unique.size(); ++i) {
-    const at::Tensor& g = d.unique[i].second.grad();
+    const auto e = entry_of.find(d.unique[i].second.unsafeGetTensorImpl());
+    at::Tensor g = d.unique[i].second.grad();
+    if (e != entry_of.end()) g = e->second < d.zero_used.size() && d.zero_used[e->second] ? d.main_grad(e->second)
+                                                                                         : at::Tensor();
     if (!g.defined()) continue;
     // An ignored parameter is not averaged: each rank's gradient is its own.
     const bool own = ignored.count(d.unique[i].first) > 0;
     pieces.push_back({g, counts_on_this_rank(d.unique_rows[i], d.mesh, d.world_rank, own ? d.axis : "")});
+  }
+  return pieces;
+}
+
+// What a shardplan::Optimizer steps with, as its step_tensors() lists them:
+// with masters their float32 gradients, with ZeRO-1 its slices' segments
+// (the batch axis' slices are disjoint: every rank counts its own); with a
+// loss scaler unscaled first, as GradScaler.unscale_ before clipping.
+std::vector<GradPiece> optimizer_pieces(Optimizer& opt) {
+  opt.unscale_();
+  if (!opt.zero() && !opt.masters()) return data_parallel_pieces(opt.data_parallel());
+  const std::vector<at::Tensor> grads = opt.step_grads();
+  const DataParallel::Impl& d = checked_impl(opt.data_parallel());
+  std::vector<GradPiece> pieces;
+  if (opt.zero()) {
+    std::map<const void*, const ReportRow*> rows;
+    for (size_t i = 0; i < d.unique.size(); ++i) rows[d.unique[i].second.unsafeGetTensorImpl()] = &d.unique_rows[i];
+    size_t k = 0;
+    for (const auto& b : opt.zero()->layout())
+      for (const auto& s : b.segments) {
+        const at::Tensor& g = grads[k++];
+        if (!g.defined()) continue;
+        const ReportRow& row = *rows.at(b.members[s.member].first.unsafeGetTensorImpl());
+        pieces.push_back({g, counts_on_this_rank(row, d.mesh, d.world_rank, d.axis)});
+      }
+    return pieces;
+  }
+  const std::set<std::string> ignored(d.ignored.begin(), d.ignored.end());
+  for (size_t i = 0; i < d.unique.size(); ++i) {  // the masters, in the same order
+    if (!grads[i].defined()) continue;
+    const bool own = ignored.count(d.unique[i].first) > 0;
+    pieces.push_back({grads[i], counts_on_this_rank(d.unique_rows[i], d.mesh, d.world_rank, own ? d.axis : "")});
   }
   return pieces;
 }
@@ -164,11 +209,15 @@ double clip_grad_norm_(DataParallel& dp, double max_norm, double norm_type, bool
 }
 
 double grad_norm(Optimizer& opt, double norm_type, bool error_if_nonfinite) {
-  return grad_norm(opt.data_parallel(), norm_type, error_if_nonfinite);
+  check_norm_type(norm_type, "grad_norm");
+  const auto pieces = optimizer_pieces(opt);
+  return pieces_norm(pieces, opt.data_parallel().impl().world.get(), norm_type, error_if_nonfinite);
 }
 
 double clip_grad_norm_(Optimizer& opt, double max_norm, double norm_type, bool error_if_nonfinite) {
-  return clip_grad_norm_(opt.data_parallel(), max_norm, norm_type, error_if_nonfinite);
+  check_clip_args(max_norm, norm_type, "clip_grad_norm_");
+  const auto pieces = optimizer_pieces(opt);
+  return clip(pieces, opt.data_parallel().impl().world.get(), max_norm, norm_type, error_if_nonfinite);
 }
 
 double grad_norm(TensorParallelImpl& tp, double norm_type, bool error_if_nonfinite) {
