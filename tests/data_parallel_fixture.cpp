@@ -1,5 +1,7 @@
 #include "data_parallel_fixture.h"
 
+#include "mlp_model.h"
+
 #include <mutex>
 
 #include "models/gpt.h"
@@ -18,35 +20,13 @@ namespace {
 
 namespace ex = shardplan::examples;
 
-struct MlpImpl : torch::nn::Cloneable<MlpImpl> {
-  MlpImpl() { reset(); }
-  void reset() override {
-    fc1 = register_module("fc1", shardplan::nn::Linear(6, 16));
-    fc2 = register_module("fc2", shardplan::nn::Linear(16, 8));
-    fc3 = register_module("fc3", shardplan::nn::Linear(8, 3));
-  }
-  torch::Tensor loss(const torch::Tensor& x, const torch::Tensor& y) {
-    auto h = fc3->forward(torch::relu(fc2->forward(torch::relu(fc1->forward(x)))));
-    return torch::mse_loss(h, y);
-  }
-  shardplan::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
-};
-TORCH_MODULE(Mlp);
+using mlp_model::Mlp;
+using mlp_model::MlpImpl;
 
 }  // namespace
 
 
-const char* const kMlpRules = R"(
-rules:
-  - match: 'fc1\.weight'
-    layout: [model, null]
-    output: sharded
-  - match: 'fc1\.bias'
-    layout: [model]
-  - match: 'fc2\.weight'
-    layout: [null, model]
-    input: sharded
-)";
+const char* const kMlpRules = mlp_model::kMlpRules;
 
 const char* const kGptRules = R"(
 rules:

@@ -1,6 +1,6 @@
 # The example trainers' lr schedule (--warmup, --lr-min; examples/models/schedule.h).
 if(TARGET train_gpt)
-  # Issue 34, item 4: {data: 2, model: 2}, ZeRO-1, --micro-batches 2, saved
+  # Issue 34, item 4: {data: 2, model: 2}, ZeRO-1, --micro-batches 2, --clip, saved
   # and resumed mid-warmup and mid-decay: the uninterrupted run's losses
   # (1e-12, float64) and lrs; other settings refused unless overridden.
   add_test(NAME e2e_schedule_resume_2d_zero

@@ -176,7 +176,7 @@ TEST(DataParallel, BadPlanKeysAreErrorsAtTheirLine) {
   expect_plan_error("mesh: {data: 2, model: 2}\nbatch_axis: dta\nrules: []",
                     "p.yaml:2:13: batch_axis 'dta' is not a mesh axis; mesh axes are: data, model");
   expect_plan_error("mesh: {data: 2}\ndata_parallel: {zro: true}\nrules: []",
-                    "p.yaml:2:17: unknown key 'zro' in data_parallel (expected ignore, bucket_mb, overlap, zero)");
+                    "p.yaml:2:17: unknown key 'zro' in data_parallel (expected ignore, bucket_mb, overlap, zero, reduce_dtype)");
   expect_plan_error("mesh: {data: 2}\ndata_parallel: {bucket_mb: 0}\nrules: []",
                     "p.yaml:2:28: data_parallel.bucket_mb must be a positive number of MiB, got '0'");
   expect_plan_error("mesh: {data: 2}\ndata_parallel: {zero: maybe}\nrules: []",

@@ -43,7 +43,7 @@ const Defaults kDefaults[] = {
                "       [--optimizer adam|adamw|sgd|rmsprop|adagrad] [--dtype float32|float64]\n"
                "       [--seed N] [--threads N] [--log-every N] [--data TEXT_FILE] [--report]\n"
                "       [--save DIR [--save-every N] [--keep K] [--resume auto]] [--load DIR] [--micro-batches N]\n"
-               "       [--check-replicas N] [--load-weights PATH [--rename-weights REGEX=REPLACEMENT]...\n"
+               "       [--check-replicas N] [--clip X [--clip-with shardplan|torch]] [--load-weights PATH [--rename-weights REGEX=REPLACEMENT]...\n"
                "       [--lenient-weights]] [--save-weights PATH] [--dump-logits FILE.safetensors [--prompt TEXT]]\n"
                "       [--generate N [--prompt TEXT] [--temperature X] [--top-k K] [--samples S]]\n"
                "--save writes a sharded checkpoint (model, optimizer, step) to DIR after the last step, and\n"
@@ -65,7 +65,11 @@ const Defaults kDefaults[] = {
                "--plan auto plans the model by itself (shardplan::auto_plan, docs/AUTO_PLAN.md; --report shows it)\n"
                "--batch is the global batch: a plan with a batch axis (mesh {data: 2, model: 2}) gives each\n"
                "data rank its slice; --micro-batches accumulates gradients over N slices of it per step;\n"
-               "--check-replicas N compares every replicated parameter across its groups every N steps\n"
+               "--check-replicas N compares every replicated parameter across its groups every N steps (default 50;\n"
+               "0: never); --clip X scales the gradients to a total norm of at most X before each step (the norm\n"
+               "of the unsharded model's gradient, shardplan::clip_grad_norm_) and prints the norm; --clip-with torch\n"
+               "uses torch::nn::utils::clip_grad_norm_ on this rank's own parameters instead (one process only:\n"
+               "on shards the replicas drift, and the replica check stops the run)\n"
                "--generate N (gpt, llama): after training, S samples (default 3) of N new bytes each after --prompt\n"
                "(default \"From fairest creatures\"), temperature X (default 0.8; 0: greedy) over the top K\n"
                "(default 20; 0: all), with a key/value cache split by heads; prompt + N must fit the context,\n"
@@ -101,6 +105,7 @@ void check_args(Args& a, const std::string& program, const std::string& only) {
   if (a.save_every < 0 || (a.save_every > 0 && a.save.empty()))
     usage(program, only, "--save-every needs --save DIR and a positive step count");
   if (a.keep_given && a.save.empty()) usage(program, only, "--keep takes effect with --save DIR only");
+  if (a.clip_with_given && a.clip == 0) usage(program, only, "--clip-with takes effect with --clip X only");
   if (a.micro_batches < 1 || a.check_replicas < 0)
     usage(program, only, "--micro-batches must be at least 1, --check-replicas not negative");
   if (a.generate < 0 || a.samples < 1)
@@ -229,7 +234,15 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
         a.micro_batches = count_option_int(k, value(), 1);
       else if (k == "--check-replicas")
         a.check_replicas = count_option_int(k, value(), 0);
-      else if (k == "--dump-logits")
+      else if (k == "--clip")
+        a.clip = clip_option(value());
+      else if (k == "--clip-with") {
+        const std::string with = value();
+        if (with != "shardplan" && with != "torch")
+          usage(program, only, "--clip-with takes shardplan or torch, got '" + with + "'");
+        a.clip_with_torch = with == "torch";
+        a.clip_with_given = true;
+      } else if (k == "--dump-logits")
         a.dump_logits = value();
       else if (k == "--generate")
         a.generate = count_option_int(k, value(), 0);

@@ -45,7 +45,18 @@ struct Args {
   int keep = 2;
   bool keep_given = false;
   int micro_batches = 1;   // gradient accumulation: micro-batches per step
-  int check_replicas = 0;  // every N steps (0: never)
+  // The replica check every N steps (0: never): on by default, since a
+  // drift (torch's clip_grad_norm_ on shards, a rank-local random stream)
+  // is otherwise silent; its cost at N = 50 is in docs/BENCHMARKS.md.
+  int check_replicas = 50;
+  // --clip X: gradients scaled to a total norm of at most X (0: no clipping)
+  // by shardplan::clip_grad_norm_, every element of the unsharded model
+  // counted once; --clip-with torch: by torch::nn::utils::clip_grad_norm_
+  // over this rank's own parameters instead (right for one unsharded
+  // process, the reference; on shards the replicas drift).
+  double clip = 0;
+  bool clip_with_torch = false;
+  bool clip_with_given = false;
   // After training, rank 0 writes the logits of one forward over --prompt,
   // the vocabulary whole, as a safetensors file (gpt, llama): how
   // tests/e2e/llama_logits.sh compares them with PyTorch's.

@@ -37,8 +37,11 @@ int TrainCheckpoints::resume(at::Generator& gen) {
 void TrainCheckpoints::maybe_save(int step) {
   const Args& a = r_.a;
   if (a.save.empty() || !(step == a.steps || (a.save_every > 0 && step % a.save_every == 0))) return;
+  // Added to the optimizer's own attributes (a loss scaler's state).
   CheckpointOptions o = opt_.checkpoint_options();
-  o.attributes = {{"step", std::to_string(step)}, {"model", a.model}, {"config", r_.m.model->config_str()}};
+  o.attributes["step"] = std::to_string(step);
+  o.attributes["model"] = a.model;
+  o.attributes["config"] = r_.m.model->config_str();
   schedule_.save(o.attributes);
   history_.save(r_.world, step,
                 [&](const std::string& dir) { save_checkpoint(dir, *r_.m.module, r_.report, r_.world, o); });

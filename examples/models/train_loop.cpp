@@ -53,7 +53,7 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
   for (int step = start; step <= a.steps; ++step) {
     // Every rank draws the global batch and trains on its data rank's slice.
     const StepResult s = train_step(r, dp, *opt, schedule, r.m.model->sample(gen, a.batch, corpus));
-    if (a.check_replicas > 0 && step % a.check_replicas == 0) dp.check_replicas();
+    if (a.check_replicas > 0 && step % a.check_replicas == 0) check_replicas_at(step, dp);
     log.after_step(step, s);
     checkpoints.maybe_save(step);
   }
@@ -87,6 +87,7 @@ int train_main(int argc, char** argv, const std::string& program, const std::str
     }
     run_ranks(a.ranks > 0 ? a.ranks : 1, [&](World& w, int in_process) { train(a, w, corpus.get(), in_process); });
   } catch (const std::exception& e) {
+    std::fflush(stdout);  // the error on a line of its own after what the ranks printed
     std::fprintf(stderr, "%s: error: %s\n", program.c_str(), e.what());
     return 1;
   }

@@ -1,13 +1,16 @@
 // One step of the example driver and its log line (models/train_step.h).
 #include "models/train_step.h"
 
-#include <ATen/ATen.h>
+#include <torch/nn/utils/clip_grad.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <string>
 
+#include "shardplan/clip_grad.h"
 #include "shardplan/data_parallel.h"
+#include "shardplan/error.h"
+#include "shardplan/tied.h"
 
 namespace shardplan {
 namespace examples {
@@ -16,6 +19,15 @@ namespace {
 std::string stem(const std::string& path) {
   std::string base = path.substr(path.find_last_of('/') + 1);
   return base.substr(0, base.find('.'));
+}
+
+// --clip after the gradients are averaged, before the step: the norm of
+// what the optimizer steps with (ZeRO-1: its reduced slices), every element
+// of the unsharded model counted once; --clip-with torch: torch's over this
+// rank's own parameters (a tied tensor once, as PyTorch's parameters()).
+double clip(const TrainRank& r, Optimizer& opt) {
+  if (r.a.clip_with_torch) return torch::nn::utils::clip_grad_norm_(unique_parameters(*r.m.module), r.a.clip);
+  return clip_grad_norm_(opt, r.a.clip);
 }
 
 }  // namespace
@@ -42,11 +54,21 @@ StepResult train_step(const TrainRank& r, DataParallel& dp, Optimizer& opt, Sche
   dp.finish();
   StepResult out;
   out.lr = schedule.apply(opt.inner());
+  if (r.a.clip > 0) out.norm = clip(r, opt);
   opt.step();
-  schedule.advance();
+  // Megatron's: a step a loss scaler skipped does not move the schedule.
+  if (!opt.last_step_skipped()) schedule.advance();
   out.comm = r.world.total_stats();
   out.loss = dp.average(local_loss);
   return out;
+}
+
+void check_replicas_at(int step, const DataParallel& dp) {
+  try {
+    dp.check_replicas();
+  } catch (const Error& e) {
+    throw Error("step " + std::to_string(step) + ": " + e.what());
+  }
 }
 
 StepLog::StepLog(const TrainRank& r, int start)
@@ -82,8 +104,11 @@ void StepLog::after_step(int step, const StepResult& s) {
   const double secs = std::chrono::duration<double>(now - since_).count();
   const double rate = (step - since_step_) * static_cast<double>(items_) / std::max(secs, 1e-9);
   // One batch's loss is noisy; the mean since the last line shows the trend.
-  std::printf("step %4d  loss %.8f  mean %.4f  %s/s %.0f  lr %.3e\n", step, s.loss, loss_sum_ / (step - since_step_),
-              r_.m.model->items_name().c_str(), rate, s.lr);
+  // float64 runs are compared with an unsharded run to 1e-10 and better.
+  std::printf("step %4d  loss %.*f", step, r_.dtype == at::kDouble ? 12 : 8, s.loss);
+  if (a.clip > 0) std::printf("  norm %.12e", s.norm);
+  std::printf("  mean %.4f  %s/s %.0f  lr %.3e\n", loss_sum_ / (step - since_step_), r_.m.model->items_name().c_str(),
+              rate, s.lr);
   std::fflush(stdout);
   since_ = now;
   since_step_ = step;

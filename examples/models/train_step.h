@@ -1,7 +1,7 @@
 #pragma once
 // One training step of the example driver (train_loop.cpp) and its log
 // line: the global batch's slice for this data rank in micro-batches,
-// backward, the optimizer step, the global batch's mean loss.
+// backward, --clip, the optimizer step, the global batch's mean loss.
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -16,6 +16,8 @@ namespace examples {
 
 struct StepResult {
   double loss = 0;  // the global batch's mean, the same on every rank
+  // With --clip: the total gradient norm before clipping (NaN without).
+  double norm = std::nan("");
   double lr = 0;    // the lr the optimizer stepped with (models/schedule.h)
   // This rank's communication since the world's reset, up to the optimizer
   // step (the loss' average not counted: step 1's line is the model's).
@@ -25,6 +27,11 @@ struct StepResult {
 // Trains one step on `batch`, the global batch every rank drew alike, at
 // the schedule's lr.
 StepResult train_step(const TrainRank& r, DataParallel& dp, Optimizer& opt, Schedule& schedule, Batch batch);
+
+// --check-replicas: every replicated parameter compared across its ranks
+// (DataParallel::check_replicas, every mesh axis); a drift stops the run
+// with an error naming the step.
+void check_replicas_at(int step, const DataParallel& dp);
 
 // What rank 0 prints about the steps: once, step 1's communication against
 // the model's stated minimum; then every --log-every steps (and the first

@@ -81,6 +81,15 @@ struct CheckpointOptions {
   // them into this rank's slices. So either kind loads into the other, at
   // any batch-axis size. Its inner optimizer must be SGD, Adam or AdamW.
   ZeroOptimizer* zero = nullptr;
+  // Master weights (shardplan::Optimizer with MixedPrecision::master_dtype;
+  // its checkpoint_options() sets them): (model parameter, its master). The
+  // masters are saved as the parameters' values, in their dtype, and the
+  // optimizer state is keyed by them (`optimizer` is built over them);
+  // loading fills the masters and rounds them into the model. A checkpoint
+  // whose parameters have a narrower dtype than the masters (saved without
+  // masters) is refused. With `zero`, its masters (ZeroOptimizer::masters())
+  // are handled the same way and this stays empty.
+  std::vector<std::pair<at::Tensor, at::Tensor>> masters;
   // Free-form values kept in the metadata (e.g. "step": "200").
   std::map<std::string, std::string> attributes;
 };

@@ -78,7 +78,12 @@ double clip_grad_norm_(torch::jit::Module& model, const ParallelReport& report, 
 double grad_norm(DataParallel& dp, double norm_type = 2.0, bool error_if_nonfinite = false);
 double clip_grad_norm_(DataParallel& dp, double max_norm, double norm_type = 2.0, bool error_if_nonfinite = false);
 
-// What a shardplan::Optimizer steps with (plain or ZeRO-1).
+// What a shardplan::Optimizer steps with (plain or ZeRO-1): with float32
+// master weights (shardplan/mixed_precision.h) the masters' float32
+// gradients, and with a loss scaler unscaled first (Optimizer::unscale_, as
+// torch's GradScaler.unscale_ before clipping; step() then does not unscale
+// again). With ZeRO-1 and a loss scaler use this overload, not the
+// DataParallel one: the slices it scales are the ones step() reads.
 double grad_norm(Optimizer& opt, double norm_type = 2.0, bool error_if_nonfinite = false);
 double clip_grad_norm_(Optimizer& opt, double max_norm, double norm_type = 2.0, bool error_if_nonfinite = false);
 

@@ -150,6 +150,9 @@ class DataParallel {
   std::string describe() const;       // the bucket plan and the traffic, several lines
 
   struct Impl;
+  // The state behind it (data_parallel_impl.h), for the framework's own
+  // sources only (clip_grad.h reads the buckets).
+  Impl& impl() const { return *impl_; }
 
  private:
   // Both kinds of model come here with their parameters by path (a tied

@@ -89,6 +89,10 @@ struct DataParallelSpec {
   std::string bucket_mb = "25";             // as written, for to_yaml
   bool overlap = true;         // start each bucket's reduction during backward
   bool zero = false;           // ZeRO-1: optimizer state sharded over the batch axis
+  // `reduce_dtype`: the dtype the batch axis' collectives run in (float32,
+  // bfloat16, float16, float64); "": the gradient buckets' own.
+  std::string reduce_dtype;
+  SourceLoc reduce_dtype_loc;
   SourceLoc loc;               // the data_parallel map
 };
 

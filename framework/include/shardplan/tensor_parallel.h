@@ -149,6 +149,8 @@ class TensorParallelImpl : public torch::nn::Module {
   void pretty_print(std::ostream& stream) const override;
 
   struct Runtime;  // threads, worlds, replicas and shard maps (src/parallel/tensor_parallel_internal.h)
+  // shardplan/replicas.h: checks every rank's replica on its own thread.
+  friend void check_replicas(TensorParallelImpl& tp);
 
  private:
   std::shared_ptr<Runtime> rt_;

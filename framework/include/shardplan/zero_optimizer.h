@@ -41,6 +41,20 @@ class ZeroOptimizer {
   void step();
   // Clears the model's gradients and the slices'.
   void zero_grad();
+  // step() in halves, for a loss scaler or clipping in between: the
+  // gradients of the inner optimizer's tensors (this rank's slices, the
+  // averaging completed; undefined for a parameter no rank used), then
+  // step() updates with them. Collective when it completes the averaging.
+  std::vector<at::Tensor> slice_grads();
+  // Consumes the gradients without updating anything (a loss scaler's
+  // skipped step; every rank of the batch axis must skip alike).
+  void skip_step();
+  // Whether the slices are master weights in another dtype than the model
+  // (shardplan::Optimizer with MixedPrecision::master_dtype).
+  bool masters() const;
+  // Every parameter's master value, whole, in the masters' dtype (the model
+  // parameter -> its value): all-gathered over the batch axis, collective.
+  std::vector<std::pair<at::Tensor, at::Tensor>> gather_masters();
   torch::optim::Optimizer& inner();
   // Bytes of optimizer state this rank holds (0 before the first step for
   // optimizers whose state is created lazily).
@@ -72,6 +86,8 @@ class ZeroOptimizer {
   std::unique_ptr<torch::optim::Optimizer> inner_;
   std::vector<at::Tensor> shards_;  // per bucket: this rank's slice of the parameters
   std::vector<std::vector<Segment>> segments_;  // per bucket
+  bool prepared_ = false;  // slice_grads() ran since the last step
+  void prepare();
 };
 
 }  // namespace shardplan

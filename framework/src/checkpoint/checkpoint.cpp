@@ -91,7 +91,7 @@ std::vector<Item> inventory(const ModelTensors& model, const ParallelReport& rep
   const auto rows = rows_by_path(report);
   std::vector<Item> items;
   for (const auto& [name, value] : model.parameters) {
-    Item it{name, value.detach(), value, value.sizes().vec(), {}, ""};
+    Item it{name, value.detach(), value, value.sizes().vec(), {}, "", false, at::Tensor()};
     auto r = rows.find(name);
     if (r != rows.end()) {
       it.global_shape = r->second->global_shape;
@@ -101,7 +101,7 @@ std::vector<Item> inventory(const ModelTensors& model, const ParallelReport& rep
     items.push_back(it);
   }
   for (const auto& [name, value] : model.buffers)
-    items.push_back(Item{name, value.detach(), at::Tensor(), value.sizes().vec(), {}, "", true});
+    items.push_back(Item{name, value.detach(), at::Tensor(), value.sizes().vec(), {}, "", true, at::Tensor()});
   return items;
 }
 
@@ -221,6 +221,7 @@ void ckpt_detail::save_model_checkpoint(const std::string& dir, const ModelTenso
   };
   try {
     items = inventory(model, report);
+    ckpt_detail::use_masters(items, options, nullptr);
     add_optimizer_items(items, options, &attributes);
     // Rank 0 prepares the staging directory; a stale one from a crashed save
     // is discarded (the target is never touched until the final rename).
@@ -328,7 +329,8 @@ std::map<std::string, std::string> ckpt_detail::load_model_checkpoint(const std:
   try {
     optimizer = optimizer_of(options);
     meta = read_meta(target);
-    const std::vector<Item> items = inventory(model, report);
+    std::vector<Item> items = inventory(model, report);
+    ckpt_detail::use_masters(items, options, &meta);
     for (const auto& item : items) {
       const ckpt::TensorEntry* e = meta.find(item.name);
       if (!e) throw Error("the checkpoint has no tensor '" + item.name + "' (it has " +
@@ -340,11 +342,17 @@ std::map<std::string, std::string> ckpt_detail::load_model_checkpoint(const std:
     for (const auto& item : items) {
       at::Tensor full = assemble(*meta.find(item.name), target).to(item.local.scalar_type());
       copies.emplace_back(item.local, take_splits(full, item.splits));
+      if (item.model.defined()) copies.emplace_back(item.model, copies.back().second);
     }
 
     if (optimizer) {
       opt_loads = ckpt_detail::read_optimizer_states(*optimizer, options, meta, target, items);
-      if (options.zero) zero_install.emplace(*options.zero, opt_loads);
+      if (options.zero) {
+        std::map<const void*, at::Tensor> values;  // masters, loaded in their dtype
+        for (const auto& item : items)
+          if (item.model.defined()) values[item.param.unsafeGetTensorImpl()] = item.local;
+        zero_install.emplace(*options.zero, opt_loads, std::move(values));
+      }
     }
   } catch (const std::exception& e) {
     err = e.what();

@@ -47,6 +47,7 @@ struct Item {
   std::vector<ShardSplit> splits;    // how `local` was cut; empty: whole
   std::string layout;
   bool buffer = false;
+  at::Tensor model;  // with master weights: the model's parameter, `local` being its master
 };
 
 // The report's rows by path: how each tensor of the model was cut.
@@ -126,6 +127,13 @@ std::vector<ParamState> read_optimizer_states(torch::optim::Optimizer& optimizer
                                               const ckpt::Meta& meta, const std::filesystem::path& target,
                                               const std::vector<Item>& items);
 void install_optimizer_states(torch::optim::Optimizer& optimizer, const std::vector<ParamState>& loads);
+// Master weights (CheckpointOptions::masters, or a ZeroOptimizer's): each
+// parameter item's `local` becomes its master (saving: the values to write;
+// loading: where the loaded values go, `model` then gets them rounded) and,
+// for a plain optimizer, `param` the master (its state's key). Loading
+// refuses a checkpoint tensor narrower than its master. Saving with ZeRO is
+// collective over the batch axis (the masters are gathered).
+void use_masters(std::vector<Item>& items, const CheckpointOptions& options, const ckpt::Meta* loading);
 
 // ZeRO-1 (checkpoint_zero.cpp). The state of every parameter `zero` updates,
 // whole over the batch axis: each slice's owner contributes it, and the
@@ -139,10 +147,14 @@ std::vector<ParamState> gather_zero_state(ZeroOptimizer& zero);
 // (its segments are the optimizer's tensors). Throws before changing anything.
 class ZeroInstall {
  public:
-  ZeroInstall(ZeroOptimizer& zero, const std::vector<ParamState>& states);  // checks and cuts
+  // `values`: the parameters' new values by parameter (masters loaded in
+  // their dtype); a parameter not in it is read from the model.
+  ZeroInstall(ZeroOptimizer& zero, const std::vector<ParamState>& states,
+              std::map<const void*, at::Tensor> values = {});  // checks and cuts
   void apply();                                                             // cannot fail
  private:
   ZeroOptimizer& zero_;
+  std::map<const void*, at::Tensor> values_;
   struct Slice {
     std::vector<std::pair<std::string, at::Tensor>> fields;  // empty: no state
     std::optional<int64_t> step;

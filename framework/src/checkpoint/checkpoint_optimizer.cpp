@@ -25,6 +25,7 @@
 #include "shardplan/checkpoint.h"
 #include "shardplan/error.h"
 #include "shardplan/zero_optimizer.h"
+#include "shardplan/checkpoint_meta.h"
 
 namespace shardplan::ckpt_detail {
 
@@ -238,6 +239,55 @@ void install_optimizer_states(torch::optim::Optimizer& optimizer, const std::vec
       for (auto& t : targets)
         if (t.first == f.first) *t.second = f.second;
     if (step && load.step) *step = *load.step;
+  }
+}
+
+namespace {
+
+const char* master_dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return "float64";
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    default: return "float32";
+  }
+}
+
+int64_t dtype_bytes(const std::string& name) {
+  if (name == "float64") return 8;
+  if (name == "float32") return 4;
+  return 2;  // float16, bfloat16
+}
+
+}  // namespace
+
+void use_masters(std::vector<Item>& items, const CheckpointOptions& options, const ckpt::Meta* loading) {
+  const bool zero_masters = options.zero && options.zero->masters();
+  if (options.masters.empty() && !zero_masters) return;
+  std::map<const void*, at::Tensor> masters;  // model parameter -> master
+  if (!options.masters.empty())
+    for (const auto& [param, master] : options.masters) masters[param.unsafeGetTensorImpl()] = master;
+  else if (!loading)
+    for (const auto& [param, value] : options.zero->gather_masters()) masters[param.unsafeGetTensorImpl()] = value;
+  else  // loaded into these, then cut into the slices (ZeroInstall)
+    for (const auto& b : options.zero->layout())
+      for (const auto& m : b.members)
+        masters[m.first.unsafeGetTensorImpl()] = at::empty(m.first.sizes(), b.slice.options().requires_grad(false));
+  for (Item& item : items) {
+    if (!item.param.defined()) continue;
+    const auto it = masters.find(item.param.unsafeGetTensorImpl());
+    if (it == masters.end()) continue;
+    const at::Tensor& master = it->second;
+    if (loading)
+      if (const ckpt::TensorEntry* e = loading->find(item.name);
+          e && dtype_bytes(e->dtype) < static_cast<int64_t>(master.element_size()))
+        throw Error("'" + item.name + "' is " + e->dtype + " in the checkpoint but the optimizer keeps " +
+                    master_dtype_name(master.scalar_type()) +
+                    " master weights: it was saved without them; load it without MixedPrecision::master_dtype "
+                    "(or save it from a model with masters)");
+    item.model = item.local;
+    item.local = master.detach();
+    if (!options.zero) item.param = master;
   }
 }
 

@@ -101,7 +101,7 @@ StateDict collect_state_dict(const StateDict& local, const ParallelReport& repor
   const auto rows = rows_by_path(report);
   std::vector<ckpt_detail::Item> items;
   for (const auto& [name, t] : local) {
-    ckpt_detail::Item it{name, t.detach(), t, t.sizes().vec(), {}, ""};
+    ckpt_detail::Item it{name, t.detach(), t, t.sizes().vec(), {}, "", false, at::Tensor()};
     auto r = rows.find(name);
     if (r != rows.end() && !r->second->splits.empty()) {
       it.global_shape = r->second->global_shape;

@@ -91,7 +91,9 @@ std::vector<ParamState> gather_zero_state(ZeroOptimizer& zero) {
   return out;
 }
 
-ZeroInstall::ZeroInstall(ZeroOptimizer& zero, const std::vector<ParamState>& states) : zero_(zero) {
+ZeroInstall::ZeroInstall(ZeroOptimizer& zero, const std::vector<ParamState>& states,
+                         std::map<const void*, at::Tensor> values)
+    : zero_(zero), values_(std::move(values)) {
   std::map<const void*, const ParamState*> by_param;
   for (const auto& s : states) by_param[s.param.unsafeGetTensorImpl()] = &s;
   DataParallel& dp = zero.data_parallel();
@@ -138,7 +140,10 @@ void ZeroInstall::apply() {
     // The slice's values are the optimizer's copy of the parameters: the
     // model's just-loaded ones.
     at::Tensor flat = at::zeros({b.padded}, b.slice.options().requires_grad(false));
-    for (const auto& [param, offset] : b.members) flat.narrow(0, offset, param.numel()).copy_(param.reshape(-1));
+    for (const auto& [param, offset] : b.members) {
+      const auto v = values_.find(param.unsafeGetTensorImpl());
+      flat.narrow(0, offset, param.numel()).copy_((v == values_.end() ? param : v->second).reshape(-1));
+    }
     const int64_t n = b.padded / dp.size();
     b.slice.detach().copy_(flat.narrow(0, dp.rank() * n, n));
     for (size_t k = 0; k < b.segments.size(); ++k) {

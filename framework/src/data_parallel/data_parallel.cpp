@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "data_parallel_impl.h"
+#include "replica_check.h"
 #include "shardplan/error.h"
 #include "shardplan/world.h"
 
@@ -20,19 +21,6 @@ bool has_axis(const ReportRow& row, const std::string& axis) {
   for (const auto& s : row.splits)
     if (s.axis == axis) return true;
   return false;
-}
-
-// FNV-1a over the tensor's bytes: replicas must be bit-identical, so any
-// difference at all must change it.
-int64_t checksum(const at::Tensor& t) {
-  at::Tensor c = t.detach().contiguous().cpu();
-  const auto* p = static_cast<const unsigned char*>(c.data_ptr());
-  const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  int64_t out;
-  std::memcpy(&out, &h, sizeof out);
-  return out;
 }
 
 std::string mib(int64_t bytes) {
@@ -50,22 +38,9 @@ void DataParallel::Impl::on_grad(size_t index, const at::Tensor& grad) {
   std::lock_guard<std::mutex> lock(mu);
   finished = false;  // the gradients change: a later finish() must average them
   if (no_sync > 0) return;
-  if (!round_open) {
-    open_round();
-    // Completed when this backward ends, as DDP finalizes its buckets: the
-    // loop needs no finish(), and an optimizer stepping right after
-    // backward sees averaged gradients. A weak reference: the callback may
-    // outlive this DataParallel.
-    torch::autograd::Engine::get_default_engine().queue_callback([weak = self] {
-      if (auto impl = weak.lock()) impl->complete();
-    });
-  }
+  open_round_until_backward_ends();
   if (!overlap) return;
-  Entry& e = entries[index];
-  if (e.ready)
-    throw Error("data parallel: the gradient of '" + e.path +
-                "' arrived twice in one reduction round (a backward re-entered from a hook?); accumulate "
-                "micro-batches inside DataParallel::NoSync");
+  Entry& e = arriving(index);
   Bucket& b = buckets[e.bucket];
   at::Tensor slot = b.flat.narrow(0, e.offset, e.param.numel());
   // The hook runs before autograd adds `grad` to .grad: the bucket needs the
@@ -90,6 +65,27 @@ void DataParallel::Impl::on_grad(size_t index, const at::Tensor& grad) {
   if (--b.pending == 0) launch_ready();
 }
 
+void DataParallel::Impl::open_round_until_backward_ends() {
+  if (round_open) return;
+  open_round();
+  // Completed when this backward ends, as DDP finalizes its buckets: the
+  // loop needs no finish(), and an optimizer stepping right after
+  // backward sees averaged gradients. A weak reference: the callback may
+  // outlive this DataParallel.
+  torch::autograd::Engine::get_default_engine().queue_callback([weak = self] {
+    if (auto impl = weak.lock()) impl->complete();
+  });
+}
+
+DataParallel::Impl::Entry& DataParallel::Impl::arriving(size_t index) {
+  Entry& e = entries[index];
+  if (e.ready)
+    throw Error("data parallel: the gradient of '" + e.path +
+                "' arrived twice in one reduction round (a backward re-entered from a hook?); accumulate "
+                "micro-batches inside DataParallel::NoSync");
+  return e;
+}
+
 // Buckets start in index order only, so every rank issues the same
 // collectives in the same order whatever order its gradients arrive in.
 void DataParallel::Impl::launch_ready() {
@@ -99,10 +95,15 @@ void DataParallel::Impl::launch_ready() {
 void DataParallel::Impl::launch(Bucket& b) {
   b.launched = true;
   if (!group || (size == 1 && !zero)) return;
+  if (wire_dtype != at::ScalarType::Undefined && wire_dtype != b.flat.scalar_type()) {
+    b.wire = b.flat.to(wire_dtype);
+    if (zero) b.wire_shard = at::empty(b.shard.sizes(), b.wire.options());
+  }
+  at::Tensor& in = b.wire.defined() ? b.wire : b.flat;
   if (zero)
-    b.work = group->reduce_scatter_async(b.flat, b.shard);
+    b.work = group->reduce_scatter_async(in, b.wire.defined() ? b.wire_shard : b.shard);
   else
-    b.work = group->all_reduce_async(b.flat);
+    b.work = group->all_reduce_async(in);
 }
 
 // Parameters whose hook did not fire (overlap off, or no gradient this
@@ -114,6 +115,11 @@ void DataParallel::Impl::fill_and_launch_rest() {
     for (size_t i : b.entries) {
       Entry& e = entries[i];
       if (e.ready) continue;
+      if (main()) {  // every gradient went into the bucket already
+        if (!e.accumulated) b.flat.narrow(0, e.offset, e.param.numel()).zero_();
+        e.ready = true;
+        continue;
+      }
       at::Tensor slot = b.flat.narrow(0, e.offset, e.param.numel());
       const at::Tensor& scale = b.scale;
       const at::Tensor& g = e.param.grad();
@@ -194,6 +200,9 @@ DataParallel::DataParallel(const std::vector<std::pair<std::string, at::Tensor>>
     d.axis_groups.push_back(n > 1 && report.mesh.size() == world.size() ? world.group(report.mesh, name) : nullptr);
     d.axis_split.emplace_back();
   }
+  d.mesh = report.mesh;
+  d.world_rank = world.rank();
+  d.world = world.comm_ptr();
   if (!d.axis.empty()) {
     d.group = world.group(report.mesh, d.axis);
     d.size = d.group->size();
@@ -211,6 +220,7 @@ DataParallel::DataParallel(const std::vector<std::pair<std::string, at::Tensor>>
     if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // a tied tensor: reduced once
     d.unique.emplace_back(key, p);
     const auto it = rows.find(key);
+    d.unique_rows.push_back(it != rows.end() ? *it->second : ReportRow{});
     for (size_t a = 0; a < d.axis_names.size(); ++a)
       if (it != rows.end() && has_axis(*it->second, d.axis_names[a])) d.axis_split[a].push_back(key);
     if (d.axis.empty()) continue;
@@ -253,60 +263,15 @@ DataParallel::DataParallel(const std::vector<std::pair<std::string, at::Tensor>>
       d.warnings.push_back(spec.ignore[i].pattern_loc.str() + ": data_parallel.ignore '" +
                            spec.ignore[i].pattern + "' matches no parameter");
 
-  // Reverse registration order: backward produces the last layers' gradients
-  // first. One bucket per dtype and device at a time.
-  std::map<std::pair<int, std::string>, size_t> open;  // (dtype, device) -> bucket index
-  for (auto it = to_average.rbegin(); it != to_average.rend(); ++it) {
-    const at::Tensor& p = it->second;
-    const auto key = std::make_pair(static_cast<int>(p.scalar_type()), p.device().str());
-    auto o = open.find(key);
-    if (o == open.end() || d.buckets[o->second].info.bytes() >= spec.bucket_bytes) {
-      d.buckets.emplace_back();
-      d.buckets.back().info.dtype = p.scalar_type();
-      d.buckets.back().info.element_size = p.element_size();
-      o = open.insert_or_assign(key, d.buckets.size() - 1).first;
-    }
-    Impl::Bucket& b = d.buckets[o->second];
-    Impl::Entry e;
-    e.path = it->first;
-    e.param = p;
-    e.bucket = o->second;
-    e.offset = b.info.numel;
-    b.info.numel += p.numel();
-    b.info.params.push_back(e.path);
-    b.entries.push_back(d.entries.size());
-    d.entries.push_back(std::move(e));
-  }
-  for (auto& b : d.buckets) {
-    // Only a reduce-scatter needs D equal slices.
-    b.info.padded = d.zero ? (b.info.numel + d.size - 1) / d.size * d.size : b.info.numel;
-    const at::Tensor& first = d.entries[b.entries.front()].param;
-    b.flat = at::zeros({b.info.padded}, first.options().requires_grad(false));
-    if (d.zero) b.shard = at::zeros({b.info.padded / d.size}, b.flat.options());
-    b.scale = at::scalar_tensor(1.0 / d.size, b.flat.options());
-    b.pending = b.entries.size();
-    d.bucket_infos.push_back(b.info);
-  }
+  d.to_average = std::move(to_average);
+  d.bucket_bytes = spec.bucket_bytes;
+  d.wire_dtype = reduce_dtype_of(spec);
   d.self = impl_;
-  if (d.size > 1 || d.zero) {
-    std::weak_ptr<Impl> weak = impl_;
-    for (size_t i = 0; i < d.entries.size(); ++i) {
-      at::Tensor p = d.entries[i].param;
-      d.entries[i].hook = p.register_hook([weak, i](const at::Tensor& grad) {
-        if (auto impl = weak.lock()) impl->on_grad(i, grad);
-      });
-    }
-  }
+  d.build_buckets();
 }
 
 DataParallel::~DataParallel() {
-  for (auto& e : impl_->entries)
-    if (impl_->size > 1 || impl_->zero) {
-      try {
-        e.param.remove_hook(e.hook);
-      } catch (...) {
-      }
-    }
+  impl_->remove_hooks();
   // Waiting is the only safe end for a reduction still running into our buffers.
   for (auto& b : impl_->buckets)
     if (b.work) try {
@@ -335,21 +300,25 @@ int64_t DataParallel::grad_bytes() const {
   return n;
 }
 
+// The reduction runs in data_parallel.reduce_dtype when set; ZeRO's
+// all-gather of the parameters in the buckets' dtype.
 int64_t DataParallel::step_bytes() const {
   if (impl_->size == 1) return 0;
   int64_t n = 0;
   for (const auto& b : impl_->bucket_infos) {
-    const int64_t padded = b.padded * b.element_size;
-    n += impl_->zero ? padded + padded / impl_->size : b.bytes();
+    const int64_t reduced = impl_->zero ? b.padded : b.numel;
+    n += reduced * impl_->wire_size(b) + (impl_->zero ? b.padded / impl_->size * b.element_size : 0);
   }
   return n + impl_->flag_bytes();
 }
 
 int64_t DataParallel::wire_bytes() const {
   int64_t n = 0;
+  const int64_t d = impl_->size;
   for (const auto& b : impl_->bucket_infos)
-    n += 2 * (impl_->size - 1) * (impl_->zero ? b.padded : b.numel) * b.element_size / impl_->size;
-  return n + 2 * (impl_->size - 1) * impl_->flag_bytes() / impl_->size;
+    n += impl_->zero ? (d - 1) * b.padded * (impl_->wire_size(b) + b.element_size) / d
+                     : 2 * (d - 1) * b.numel * impl_->wire_size(b) / d;
+  return n + 2 * (d - 1) * impl_->flag_bytes() / d;
 }
 
 int64_t DataParallel::min_wire_bytes() const { return 2 * (impl_->size - 1) * grad_bytes() / impl_->size; }
@@ -384,6 +353,10 @@ std::string DataParallel::describe() const {
     << step_bytes() << " bytes handed to collectives, " << wire_bytes()
     << " bytes on the wire per rank (ring); theoretical minimum 2(D-1)/D x gradient bytes = " << min_wire_bytes()
     << "\n";
+  if (d.main())
+    s << "  gradients accumulate in " << c10::toString(d.main_dtype) << " in the buckets (master weights)\n";
+  if (d.wire_dtype != at::ScalarType::Undefined)
+    s << "  reduced in " << c10::toString(d.wire_dtype) << " (data_parallel.reduce_dtype)\n";
   return s.str();
 }
 
@@ -415,6 +388,7 @@ void DataParallel::Impl::open_round() {
   round_open = true;
   if (zero && zero_unconsumed)
     for (auto& b : buckets) b.carry = b.shard.clone();
+  keep_main_unconsumed();
 }
 
 void DataParallel::Impl::complete() {
@@ -431,12 +405,19 @@ void DataParallel::Impl::complete() {
     if (b.work) {
       b.work->wait();
       b.work.reset();
+      finish_wire(b);
     }
   const std::vector<bool> used = used_anywhere();
   wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::lock_guard<std::mutex> lock(mu);
   for (auto& b : buckets) {
-    if (!zero) {
+    if (main()) {
+      // The averages stay in the buckets, for the optimizer's masters; the
+      // model's .grad holds only the last backward's gradient in its dtype.
+      for (size_t i : b.entries) entries[i].param.mutable_grad().reset();
+      if (b.carry.defined()) (zero ? b.shard : b.flat).add_(b.carry);
+      b.carry.reset();
+    } else if (!zero) {
       // .grad becomes the averaged bucket's memory (DDP's
       // gradient_as_bucket_view): nothing to copy back after the wait, and
       // the next step's NoSync micro-batches accumulate straight into it.
@@ -461,7 +442,7 @@ void DataParallel::Impl::complete() {
         b.carry.reset();
       }
     }
-    for (size_t i : b.entries) entries[i].ready = entries[i].used = false;
+    for (size_t i : b.entries) entries[i].ready = entries[i].used = entries[i].accumulated = false;
     b.pending = b.entries.size();
     b.launched = false;
   }
@@ -469,8 +450,9 @@ void DataParallel::Impl::complete() {
   round_open = false;
   finished = true;
   zero_unconsumed = zero;
-  if (zero) {
-    // ZeroOptimizer::step leaves a parameter no rank used alone.
+  main_unconsumed = main() && !zero;
+  if (zero || main()) {
+    // The step leaves a parameter no rank used alone.
     zero_used.resize(entries.size(), false);
     for (size_t i = 0; i < entries.size(); ++i) zero_used[i] = zero_used[i] || used[i];
   }
@@ -479,7 +461,7 @@ void DataParallel::Impl::complete() {
 void DataParallel::finish() {
   Impl& d = *impl_;
   if (d.no_sync > 0) throw Error("data parallel: finish() inside NoSync; leave the scope for the last micro-batch");
-  if (d.size == 1 && !d.zero) return;
+  if (d.size == 1 && !d.zero && !d.main()) return;
   if (d.finished) return;  // the end of backward did it
   d.complete();
 }
@@ -498,40 +480,14 @@ DataParallel::NoSync::~NoSync() {
 
 void DataParallel::check_replicas() const {
   const Impl& d = *impl_;
-  std::set<std::string> ignored(d.ignored.begin(), d.ignored.end());
-  // Every axis' exchange happens before any rank throws, so a rank that
-  // finds a difference never leaves another waiting in a collective.
-  std::string first;
+  std::vector<ReplicaAxis> axes;
   for (size_t a = 0; a < d.axis_names.size(); ++a) {
-    const auto& group = d.axis_groups[a];
-    if (!group || group->size() == 1) continue;
-    const std::set<std::string> split(d.axis_split[a].begin(), d.axis_split[a].end());
-    std::vector<const std::pair<std::string, at::Tensor>*> params;
-    for (const auto& p : d.unique)
-      if (!split.count(p.first) && !(d.axis_names[a] == d.axis && ignored.count(p.first))) params.push_back(&p);
-    at::Tensor sums = at::zeros({static_cast<int64_t>(params.size()) + 1}, at::kLong);
-    for (size_t i = 0; i < params.size(); ++i) sums[i] = checksum(params[i]->second);
-    at::Tensor all = group->all_gather(sums, 0).view({group->size(), sums.numel()});
-    for (size_t i = 0; i < params.size() && first.empty(); ++i)
-      for (int r = 1; r < group->size() && first.empty(); ++r)
-        if (all[r][i].item<int64_t>() != all[0][i].item<int64_t>())
-          first = "replica check: parameter '" + params[i]->first + "' differs across the ranks of mesh axis '" +
-                  d.axis_names[a] + "' (world rank " + std::to_string(group->ranks()[r]) +
-                  " holds other values than world rank " + std::to_string(group->ranks()[0]) +
-                  "): the replicas have drifted";
+    axes.push_back(ReplicaAxis{d.axis_names[a], d.axis_groups[a], {}});
+    if (d.axis_names[a] == d.axis) axes.back().skip.insert(d.ignored.begin(), d.ignored.end());
   }
-  // Only the ranks of the group that differs saw it: pass the word along
-  // every axis in turn (which reaches the whole mesh), so every rank throws.
-  int me = -1;
-  for (const auto& group : d.axis_groups)
-    if (group) me = group->ranks()[group->rank()];
-  at::Tensor reporter = at::full({1}, first.empty() ? int64_t{0} : int64_t{me} + 1, at::kLong);
-  for (const auto& group : d.axis_groups)
-    if (group && group->size() > 1) group->all_reduce(reporter, ReduceOp::Max);
-  if (!first.empty()) throw Error(first);
-  if (const int64_t r = reporter.item<int64_t>(); r > 0)
-    throw Error("replica check: world rank " + std::to_string(r - 1) +
-                " found a parameter that differs across its replicas (its error names it): the replicas have drifted");
+  std::vector<const ReportRow*> rows;
+  for (const auto& r : d.unique_rows) rows.push_back(&r);
+  check_replica_params(d.unique, rows, axes);
 }
 
 int64_t optimizer_state_bytes(torch::optim::Optimizer& optimizer) {

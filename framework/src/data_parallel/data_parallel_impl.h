@@ -12,6 +12,9 @@
 
 namespace shardplan {
 
+// data_parallel.reduce_dtype as a ScalarType (Undefined when unset).
+at::ScalarType reduce_dtype_of(const DataParallelSpec& spec);
+
 struct DataParallel::Impl {
   struct Entry {
     std::string path;
@@ -20,6 +23,7 @@ struct DataParallel::Impl {
     int64_t offset = 0;  // in the bucket's flat buffer
     bool ready = false;  // its gradient of this step is in the bucket
     bool used = false;   // this rank had a gradient for it this step
+    bool accumulated = false;  // main grads: its slot holds this step's sum so far
     unsigned hook = 0;
   };
   struct Bucket {
@@ -28,7 +32,8 @@ struct DataParallel::Impl {
     at::Tensor flat;   // [padded] gradients, then their sum
     at::Tensor shard;  // ZeRO: [padded / D] this rank's slice of the sum
     at::Tensor scale;  // 1/D in the bucket's dtype: gradients enter divided
-    at::Tensor carry;  // ZeRO: a reduced slice no step consumed yet, added to the next one
+    at::Tensor carry;  // a reduced slice (ZeRO) or bucket (main grads) no step consumed yet, added to the next one
+    at::Tensor wire, wire_shard;  // data_parallel.reduce_dtype: the bucket (and slice) as the collective sees it
     size_t pending = 0;
     bool launched = false;
     std::unique_ptr<Work> work;
@@ -47,6 +52,11 @@ struct DataParallel::Impl {
   std::vector<std::string> averaged, ignored, split, warnings;
   std::vector<std::string> ignored_as;  // per ignored parameter, the name its ignore entry matched
   std::vector<std::pair<std::string, at::Tensor>> unique;  // every unique parameter, registration order
+  std::vector<ReportRow> unique_rows;  // the report's row of each (a default one where it has none)
+  // For clip_grad.h: who counts which gradient, and the world to add the parts over.
+  Mesh mesh;
+  int world_rank = 0;
+  std::shared_ptr<Communicator> world;
   int no_sync = 0;
   size_t next_launch = 0;
   double wait_seconds = 0;
@@ -58,17 +68,52 @@ struct DataParallel::Impl {
   // produced since: finish() has nothing to do.
   bool finished = false;
   bool zero_unconsumed = false;  // ZeRO: slices reduced but not stepped with yet
-  std::vector<bool> zero_used;   // ZeRO: per entry, used on some rank since the last step
+  std::vector<bool> zero_used;   // ZeRO and main grads: per entry, used on some rank since the last step
+  // Mixed precision (shardplan/mixed_precision.h): gradients accumulate in
+  // this dtype in the buckets themselves, across micro-batches and
+  // backwards (Megatron's main_grad), and the model's .grad is dropped as
+  // each arrives. Undefined: they accumulate in .grad, in the model's dtype.
+  at::ScalarType main_dtype = at::ScalarType::Undefined;
+  bool main_unconsumed = false;  // main grads, no ZeRO: the buckets hold averages no step used yet
+  // data_parallel.reduce_dtype: the collectives run in this dtype
+  // (Undefined: the buckets').
+  at::ScalarType wire_dtype = at::ScalarType::Undefined;
+  std::vector<std::pair<std::string, at::Tensor>> to_average;  // what the buckets hold, registration order
+  int64_t bucket_bytes = 0;
   std::weak_ptr<Impl> self;
   std::mutex mu;  // hooks may run on autograd's device threads
 
+  bool main() const { return main_dtype != at::ScalarType::Undefined; }
   void on_grad(size_t index, const at::Tensor& grad);
+  void on_main_grad(size_t index, const at::Tensor& grad);
+  // Packs `to_average` into buckets of their (or main_dtype's) dtype and
+  // hooks them (data_parallel_buckets.cpp).
+  void build_buckets();
+  void remove_hooks();
+  // Switches to main grads in `dtype`, rebuilding the buckets: before any
+  // backward. `all_trainable`: without a batch axis, every trainable parameter.
+  void use_main_grads(at::ScalarType dtype, const std::vector<std::pair<std::string, at::Tensor>>& all_trainable);
+  // The main grads' view of entry i, shaped like its parameter.
+  at::Tensor main_grad(size_t i) const;
+  // zero_grad() with main grads: drops what the buckets accumulated.
+  void discard_main_grads();
+  void finish_wire(Bucket& b);
+  // Main grads without ZeRO: averages no step used yet move aside before
+  // the buckets accumulate again, and are added back when they are averaged.
+  void keep_main_unconsumed();
   void open_round();
+  // Opens a round (unless open) completed by the end of the running backward.
+  void open_round_until_backward_ends();
+  // entries[index], whose gradient just arrived: an error if it did already this round.
+  Entry& arriving(size_t index);
   void complete();
   void launch_ready();
   void launch(Bucket& b);
   void fill_and_launch_rest();
   std::vector<bool> used_anywhere();
+  int64_t wire_size(const GradBucket& b) const {
+    return wire_dtype == at::ScalarType::Undefined ? b.element_size : static_cast<int64_t>(c10::elementSize(wire_dtype));
+  }
   // What used_anywhere() hands to the all-reduce each step: an int32 per parameter.
   int64_t flag_bytes() const { return size > 1 ? static_cast<int64_t>(entries.size()) * 4 : 0; }
 };

@@ -36,7 +36,8 @@ ZeroOptimizer::ZeroOptimizer(DataParallel& dp, const Factory& make) : dp_(dp) {
   for (auto& b : d.buckets) {
     std::vector<at::Tensor> parts;
     for (size_t i : b.entries) parts.push_back(d.entries[i].param.detach().reshape(-1));
-    at::Tensor flat = at::cat(parts);
+    // With master weights the buckets have the masters' dtype.
+    at::Tensor flat = at::cat(parts).to(b.flat.scalar_type());
     if (b.info.padded > b.info.numel) flat = at::cat({flat, at::zeros({b.info.padded - b.info.numel}, flat.options())});
     const int64_t n = b.info.padded / d.size, lo = d.rank * n;
     shards.push_back(flat.narrow(0, lo, n).clone());
@@ -87,6 +88,8 @@ std::vector<ZeroOptimizer::Bucket> ZeroOptimizer::layout() const {
 
 void ZeroOptimizer::zero_grad() {
   DataParallel::Impl& d = *dp_.impl_;
+  if (d.main()) d.discard_main_grads();
+  prepared_ = false;
   d.zero_unconsumed = false;
   for (auto& e : d.entries)
     if (e.param.grad().defined()) e.param.mutable_grad() = at::Tensor();
@@ -95,7 +98,8 @@ void ZeroOptimizer::zero_grad() {
   std::fill(d.zero_used.begin(), d.zero_used.end(), false);
 }
 
-void ZeroOptimizer::step() {
+void ZeroOptimizer::prepare() {
+  if (prepared_) return;
   DataParallel::Impl& d = *dp_.impl_;
   dp_.finish();  // nothing to do when backward's end averaged already
   d.zero_unconsumed = false;
@@ -108,6 +112,48 @@ void ZeroOptimizer::step() {
       s.tensor.mutable_grad() = used ? d.buckets[i].shard.narrow(0, s.begin, s.tensor.numel()).clone() : at::Tensor();
     }
   std::fill(d.zero_used.begin(), d.zero_used.end(), false);
+  prepared_ = true;
+}
+
+std::vector<at::Tensor> ZeroOptimizer::slice_grads() {
+  prepare();
+  std::vector<at::Tensor> out;
+  for (auto& b : segments_)
+    for (auto& s : b) out.push_back(s.tensor.grad());
+  return out;
+}
+
+void ZeroOptimizer::skip_step() {
+  prepare();
+  prepared_ = false;
+  for (auto& b : segments_)
+    for (auto& s : b) s.tensor.mutable_grad() = at::Tensor();
+}
+
+bool ZeroOptimizer::masters() const { return dp_.impl_->main(); }
+
+std::vector<std::pair<at::Tensor, at::Tensor>> ZeroOptimizer::gather_masters() {
+  DataParallel::Impl& d = *dp_.impl_;
+  std::vector<std::pair<at::Tensor, at::Tensor>> out;
+  for (size_t i = 0; i < d.buckets.size(); ++i) {
+    auto& b = d.buckets[i];
+    at::Tensor whole = at::empty({b.info.padded}, shards_[i].options().requires_grad(false));
+    if (d.group && d.size > 1)
+      d.group->all_gather_async(shards_[i].detach(), whole)->wait();
+    else
+      whole.copy_(shards_[i].detach());
+    for (size_t k : b.entries) {
+      auto& e = d.entries[k];
+      out.emplace_back(e.param, whole.narrow(0, e.offset, e.param.numel()).view(e.param.sizes()));
+    }
+  }
+  return out;
+}
+
+void ZeroOptimizer::step() {
+  DataParallel::Impl& d = *dp_.impl_;
+  prepare();
+  prepared_ = false;
   {
     torch::NoGradGuard no_grad;
     inner_->step();

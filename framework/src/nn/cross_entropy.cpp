@@ -14,6 +14,17 @@
 
 namespace shardplan {
 
+namespace {
+
+// A softmax over a vocabulary loses most of its digits in bfloat16 (8 bits
+// of mantissa) or float16: Megatron computes it in float32 (logits.float()).
+at::Tensor in_float32(const at::Tensor& logits) {
+  const auto t = logits.scalar_type();
+  return t == at::kBFloat16 || t == at::kHalf ? logits.to(at::kFloat) : logits;
+}
+
+}  // namespace
+
 namespace nn {
 
 CrossEntropyLossImpl::CrossEntropyLossImpl(const torch::nn::CrossEntropyLossOptions& options_) : options(options_) {
@@ -35,7 +46,8 @@ at::Tensor CrossEntropyLossImpl::forward(const at::Tensor& input, const at::Tens
   auto o = options;
   o.weight(weight);
   if (strategy_) return strategy_->forward(input, target, o);
-  return torch::nn::functional::cross_entropy(input, target, o);
+  // As vocab_parallel_cross_entropy: half-precision logits in float32.
+  return torch::nn::functional::cross_entropy(in_float32(input), target, o);
 }
 
 }  // namespace nn
@@ -195,7 +207,7 @@ struct VocabParallelCE : torch::autograd::Function<VocabParallelCE> {
 
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits_shard, const at::Tensor& target, Communicator& group,
                                         const torch::nn::CrossEntropyLossOptions& options) {
-  const at::Tensor& x = logits_shard;
+  const at::Tensor x = in_float32(logits_shard);
   if (x.dim() < 1) throw Error("vocab_parallel_cross_entropy: logits need a class dim, got a scalar");
   if (!x.is_floating_point()) throw Error("vocab_parallel_cross_entropy: logits must be floating point");
   if (target.is_floating_point())

@@ -28,7 +28,7 @@ void parse_batch_axis(const YAML::Node& value, const SourceLoc& value_loc, Plan&
 void parse_data_parallel(const YAML::Node& value, const SourceLoc& value_loc, Plan& plan) {
   DataParallelSpec& dp = plan.data_parallel;
   dp.loc = value_loc;
-  static const char* kKeys = "ignore, bucket_mb, overlap, zero";
+  static const char* kKeys = "ignore, bucket_mb, overlap, zero, reduce_dtype";
   if (!value.IsMap())
     throw PlanError(value_loc, std::string("data_parallel must be a map (keys: ") + kKeys +
                                    "), e.g. data_parallel: {ignore: ['.*\\.bias'], zero: true}");
@@ -72,6 +72,14 @@ void parse_data_parallel(const YAML::Node& value, const SourceLoc& value_loc, Pl
       if (!as_bool(v, dp.overlap)) throw PlanError(vloc, "data_parallel.overlap must be true or false");
     } else if (key == "zero") {
       if (!as_bool(v, dp.zero)) throw PlanError(vloc, "data_parallel.zero must be true or false");
+    } else if (key == "reduce_dtype") {
+      static const std::set<std::string> kDtypes = {"float32", "bfloat16", "float16", "float64"};
+      const std::string s = v.IsScalar() ? v.Scalar() : "";
+      if (!kDtypes.count(s))
+        throw PlanError(vloc, "data_parallel.reduce_dtype must be float32, bfloat16, float16 or float64, got '" +
+                                  (valid_utf8(s) ? s : std::string("<not UTF-8>")) + "'");
+      dp.reduce_dtype = s;
+      dp.reduce_dtype_loc = vloc;
     } else {
       throw PlanError(key_loc, "unknown key '" + key + "' in data_parallel (expected " + kKeys + ")");
     }
@@ -99,7 +107,7 @@ std::string data_parallel_yaml(const Plan& plan) {
   }
   const DataParallelSpec defaults;
   if (dp.ignore.empty() && dp.bucket_bytes == defaults.bucket_bytes && dp.overlap == defaults.overlap &&
-      dp.zero == defaults.zero)
+      dp.zero == defaults.zero && dp.reduce_dtype.empty())
     return y.str();
   YAML::Emitter e;
   e << YAML::Flow << YAML::BeginMap;
@@ -111,6 +119,7 @@ std::string data_parallel_yaml(const Plan& plan) {
   if (dp.bucket_bytes != defaults.bucket_bytes) e << YAML::Key << "bucket_mb" << YAML::Value << dp.bucket_mb;
   if (dp.overlap != defaults.overlap) e << YAML::Key << "overlap" << YAML::Value << (dp.overlap ? "true" : "false");
   if (dp.zero != defaults.zero) e << YAML::Key << "zero" << YAML::Value << (dp.zero ? "true" : "false");
+  if (!dp.reduce_dtype.empty()) e << YAML::Key << "reduce_dtype" << YAML::Value << dp.reduce_dtype;
   e << YAML::EndMap;
   y << "data_parallel: " << e.c_str() << "\n";
   return y.str();

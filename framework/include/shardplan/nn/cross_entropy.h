@@ -65,6 +65,10 @@ TORCH_MODULE(CrossEntropyLoss);
 //               the full [C] class weights (this rank reads a view of its
 //               range) or this rank's [C/n] slice.
 // Collective over `group`: every rank calls it with the same target.
+// bfloat16 and float16 logits are computed in float32 and the loss is
+// float32, as Megatron's language-model loss does (logits.float()); the
+// gradient reaching the logits has their dtype. CrossEntropyLoss does the
+// same unsharded, so the sharded and unsharded runs agree.
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits_shard, const at::Tensor& target,
                                         Communicator& group,
                                         const torch::nn::CrossEntropyLossOptions& options = {});

@@ -1,0 +1,170 @@
+// DataParallel's buckets: how gradients are packed and hooked, and the
+// float32 gradient accumulation of mixed precision (Megatron's main_grad):
+// the buckets themselves are the accumulation buffers.
+#include <torch/torch.h>
+
+#include <map>
+
+#include "data_parallel_impl.h"
+#include "shardplan/error.h"
+
+namespace shardplan {
+
+at::ScalarType reduce_dtype_of(const DataParallelSpec& spec) {
+  static const std::map<std::string, at::ScalarType> kDtypes = {
+      {"float32", at::kFloat}, {"bfloat16", at::kBFloat16}, {"float16", at::kHalf}, {"float64", at::kDouble}};
+  if (spec.reduce_dtype.empty()) return at::ScalarType::Undefined;
+  const auto it = kDtypes.find(spec.reduce_dtype);
+  if (it == kDtypes.end())  // the plan parser refuses these; a Plan built in code may not
+    throw PlanError(spec.reduce_dtype_loc, "data_parallel.reduce_dtype must be float32, bfloat16, float16 or "
+                                           "float64, got '" + spec.reduce_dtype + "'");
+  return it->second;
+}
+
+void DataParallel::Impl::build_buckets() {
+  entries.clear();
+  buckets.clear();
+  bucket_infos.clear();
+  // Reverse registration order: backward produces the last layers' gradients
+  // first. One bucket per dtype and device at a time.
+  std::map<std::pair<int, std::string>, size_t> open;  // (dtype, device) -> bucket index
+  for (auto it = to_average.rbegin(); it != to_average.rend(); ++it) {
+    const at::Tensor& p = it->second;
+    const at::ScalarType dtype = main() ? main_dtype : p.scalar_type();
+    const auto key = std::make_pair(static_cast<int>(dtype), p.device().str());
+    auto o = open.find(key);
+    if (o == open.end() || buckets[o->second].info.bytes() >= bucket_bytes) {
+      buckets.emplace_back();
+      buckets.back().info.dtype = dtype;
+      buckets.back().info.element_size = static_cast<int64_t>(c10::elementSize(dtype));
+      o = open.insert_or_assign(key, buckets.size() - 1).first;
+    }
+    Bucket& b = buckets[o->second];
+    Entry e;
+    e.path = it->first;
+    e.param = p;
+    e.bucket = o->second;
+    e.offset = b.info.numel;
+    b.info.numel += p.numel();
+    b.info.params.push_back(e.path);
+    b.entries.push_back(entries.size());
+    entries.push_back(std::move(e));
+  }
+  for (auto& b : buckets) {
+    // Only a reduce-scatter needs D equal slices.
+    b.info.padded = zero ? (b.info.numel + size - 1) / size * size : b.info.numel;
+    const at::Tensor& first = entries[b.entries.front()].param;
+    b.flat = at::zeros({b.info.padded}, first.options().dtype(b.info.dtype).requires_grad(false));
+    if (zero) b.shard = at::zeros({b.info.padded / size}, b.flat.options());
+    b.scale = at::scalar_tensor(1.0 / size, b.flat.options());
+    b.pending = b.entries.size();
+    bucket_infos.push_back(b.info);
+  }
+  // Main grads need the hooks without a batch axis too: they are what
+  // accumulates in float32.
+  if (size > 1 || zero || main()) {
+    std::weak_ptr<Impl> weak = self;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      at::Tensor p = entries[i].param;
+      entries[i].hook = p.register_hook([weak, i](const at::Tensor& grad) {
+        if (auto impl = weak.lock()) {
+          if (impl->main())
+            impl->on_main_grad(i, grad);
+          else
+            impl->on_grad(i, grad);
+        }
+      });
+    }
+  }
+}
+
+void DataParallel::Impl::remove_hooks() {
+  if (!(size > 1 || zero || main())) return;
+  for (auto& e : entries) {
+    try {
+      e.param.remove_hook(e.hook);
+    } catch (...) {
+    }
+  }
+}
+
+void DataParallel::Impl::use_main_grads(at::ScalarType dtype,
+                                        const std::vector<std::pair<std::string, at::Tensor>>& all_trainable) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (main()) {
+    if (dtype != main_dtype)
+      throw Error("data parallel: gradients already accumulate in " + std::string(c10::toString(main_dtype)) +
+                  " for another optimizer; build one optimizer per DataParallel");
+    return;
+  }
+  if (round_open || finished || zero_attached)
+    throw Error("data parallel: build the mixed-precision optimizer before the first backward");
+  remove_hooks();
+  main_dtype = dtype;
+  // Without a batch axis nothing is averaged, but every trainable parameter
+  // still accumulates in the main dtype.
+  if (axis.empty()) to_average = all_trainable;
+  build_buckets();
+}
+
+at::Tensor DataParallel::Impl::main_grad(size_t i) const {
+  // Not an autograd view of the bucket (libtorch 1.13's zero_grad()
+  // detach_()es .grad, which views refuse), as complete() does for .grad.
+  const Entry& e = entries[i];
+  const at::Tensor& flat = buckets[e.bucket].flat;
+  at::Tensor g = at::empty({0}, flat.options());
+  g.set_(flat.storage(), flat.storage_offset() + e.offset, e.param.sizes());
+  return g;
+}
+
+void DataParallel::Impl::discard_main_grads() {
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto& e : entries) {
+    e.accumulated = false;
+    if (e.param.grad().defined()) e.param.mutable_grad().reset();
+  }
+  for (auto& b : buckets) b.carry.reset();
+  main_unconsumed = false;
+  finished = false;
+  std::fill(zero_used.begin(), zero_used.end(), false);
+}
+
+void DataParallel::Impl::keep_main_unconsumed() {
+  if (!main_unconsumed || zero) return;
+  for (auto& b : buckets) b.carry = b.flat.clone();
+  main_unconsumed = false;
+}
+
+void DataParallel::Impl::finish_wire(Bucket& b) {
+  if (!b.wire.defined()) return;
+  if (zero)
+    b.shard.copy_(b.wire_shard);
+  else
+    b.flat.copy_(b.wire);
+  b.wire.reset();
+  b.wire_shard.reset();
+}
+
+// Every gradient, inside NoSync or not, is added into its bucket slot in the
+// main dtype (divided by D on the way in, as on_grad does), and the model's
+// .grad is dropped, so nothing accumulates in the model's dtype.
+void DataParallel::Impl::on_main_grad(size_t index, const at::Tensor& grad) {
+  std::lock_guard<std::mutex> lock(mu);
+  finished = false;
+  keep_main_unconsumed();
+  if (no_sync == 0) open_round_until_backward_ends();
+  Entry& e = arriving(index);
+  Bucket& b = buckets[e.bucket];
+  at::Tensor slot = b.flat.narrow(0, e.offset, e.param.numel());
+  if (!e.accumulated) slot.zero_();
+  slot.add_(grad.reshape(-1), 1.0 / size);
+  e.accumulated = e.used = true;
+  // Autograd then stores `grad` itself in .grad (no add): dropped at the
+  // end of the round.
+  e.param.mutable_grad().reset();
+  if (no_sync > 0 || !overlap) return;
+  e.ready = true;
+  if (--b.pending == 0) launch_ready();
+}
+
+}  // namespace shardplan
