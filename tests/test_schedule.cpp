@@ -1,6 +1,6 @@
 // The example trainers' lr schedule (examples/models/schedule.h): its
 // values against Megatron's formula worked by hand, the lr reaching every
-// param group and the optimizer ZeRO-1 steps (2 thread ranks against one
+// param group and the optimizer ZeRO-1 steps (2 and 4 thread ranks against one
 // process, float64, 1e-12), the checkpoint attributes and a resume with
 // the same, other and overridden settings, and the option checks.
 #include <gtest/gtest.h>
@@ -91,7 +91,7 @@ torch::nn::Sequential small_net() {
 }
 
 // ZeRO-1 steps an inner optimizer over slices: the schedule applied to
-// shardplan::Optimizer::inner() at 2 thread ranks trains as one process
+// shardplan::Optimizer::inner() at 2 and 4 thread ranks trains as one process
 // whose Adam gets each step's lr set by hand (1e-12), and not as a
 // constant lr would.
 TEST(Schedule, ZeroOnesInnerOptimizerTrainsAsOneProcess) {
@@ -114,33 +114,38 @@ TEST(Schedule, ZeroOnesInnerOptimizerTrainsAsOneProcess) {
   };
   const auto want = train_alone(true), constant = train_alone(false);
 
-  std::vector<torch::nn::Sequential> nets = {small_net(), small_net()};
-  const auto plan = shardplan::parse_plan("mesh: {data: 2}\ndata_parallel: {zero: true, bucket_mb: 0.0001}\nrules: []\n");
-  shardplan::run_ranks_in_threads(2, [&](shardplan::World& w) {
-    auto& net = nets[w.rank()];
-    auto t = shardplan::parallelize_for_training(*net, plan, w);
-    ASSERT_TRUE(t.data_parallel->zero());
-    shardplan::Optimizer opt(*t.data_parallel, [&](std::vector<torch::Tensor> p) {
-      return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(cfg.lr));
+  for (int world : {2, 4}) {
+    SCOPED_TRACE("data ranks " + std::to_string(world));
+    std::vector<torch::nn::Sequential> nets;
+    for (int r = 0; r < world; ++r) nets.push_back(small_net());
+    const auto plan = shardplan::parse_plan("mesh: {data: " + std::to_string(world) +
+                                            "}\ndata_parallel: {zero: true, bucket_mb: 0.0001}\nrules: []\n");
+    shardplan::run_ranks_in_threads(world, [&](shardplan::World& w) {
+      auto& net = nets[w.rank()];
+      auto t = shardplan::parallelize_for_training(*net, plan, w);
+      ASSERT_TRUE(t.data_parallel->zero());
+      shardplan::Optimizer opt(*t.data_parallel, [&](std::vector<torch::Tensor> p) {
+        return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(cfg.lr));
+      });
+      ex::Schedule s(cfg);
+      for (int k = 1; k <= 5; ++k) {
+        opt.zero_grad();
+        torch::mse_loss(net->forward(t.local_batch(batches[k - 1].first)), t.local_batch(batches[k - 1].second))
+            .backward();
+        s.apply(opt.inner());
+        opt.step();
+        s.advance();
+      }
     });
-    ex::Schedule s(cfg);
-    for (int k = 1; k <= 5; ++k) {
-      opt.zero_grad();
-      torch::mse_loss(net->forward(t.local_batch(batches[k - 1].first)), t.local_batch(batches[k - 1].second))
-          .backward();
-      s.apply(opt.inner());
-      opt.step();
-      s.advance();
+    for (auto& net : nets) {
+      const auto got = net->parameters(), ref = want->parameters(), other = constant->parameters();
+      double far = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_TRUE(torch::allclose(got[i], ref[i], 1e-12, 1e-12)) << "parameter " << i;
+        far = std::max(far, (got[i] - other[i]).abs().max().item<double>());
+      }
+      EXPECT_GT(far, 1e-4);  // the schedule changed the training
     }
-  });
-  for (auto& net : nets) {
-    const auto got = net->parameters(), ref = want->parameters(), other = constant->parameters();
-    double far = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      EXPECT_TRUE(torch::allclose(got[i], ref[i], 1e-12, 1e-12)) << "parameter " << i;
-      far = std::max(far, (got[i] - other[i]).abs().max().item<double>());
-    }
-    EXPECT_GT(far, 1e-4);  // the schedule changed the training
   }
 }
 
@@ -215,7 +220,8 @@ TEST(Schedule, DamagedAttributesNameTheCheckpoint) {
             "checkpoint 'ckpt': its attribute schedule '--warmup x --lr 0.1' does not read as a schedule");
   EXPECT_EQ(resume_error({{"step", "2"}, {"schedule", "--warmup 3 --lr 0.1 --lr-min 0.01"}, {"schedule_position", "2"}},
                          s),
-            "checkpoint 'ckpt': its attribute schedule '--warmup 3 --lr 0.1 --lr-min 0.01' does not read as a schedule");
+            "checkpoint 'ckpt': its attribute schedule '--warmup 3 --lr 0.1 --lr-min 0.01' does not read as a "
+            "schedule");
   EXPECT_EQ(resume_error({{"step", "2"}, {"schedule", "--warmup 3 --lr 0.1"}, {"schedule_position", "-1"}}, s),
             "checkpoint 'ckpt': its attribute schedule_position '-1' is not a step count");
   EXPECT_EQ(resume_error({{"step", "2"}, {"schedule", "--warmup 3 --lr 0.1"}}, s),

@@ -6,7 +6,7 @@
 # uninterrupted run saves every 2 steps; resumed from its step-2 checkpoint
 # (mid-warmup, --load) and from its step-6 one (mid-decay, --resume auto),
 # every later step prints the uninterrupted run's loss (1e-12 relative),
-# gradient norm and lr. A resume with another --steps is one
+# gradient norm and lr; resumed in one process, its lrs. A resume with another --steps is one
 # error line naming both schedules, and with --override-schedule goes on
 # with the new decay from the saved position.
 set -u
@@ -53,6 +53,11 @@ run mid_decay "${train[@]}" --steps 10 --save "$WORK/auto" --resume auto
 grep -qE "^resumed from [^ ]*/auto at step 6$" "$WORK/mid_decay.log" || fail "--resume auto did not resume at step 6"
 same_steps mid_decay 7
 echo "ok: resumed mid-warmup (step 2) and mid-decay (step 6), the uninterrupted run's losses and lrs"
+# At another plan and number of ranks (one process, unsharded): the same lrs.
+run unsharded "$TRAIN" --config context=16,embed=32,mlp=64,layers=1 --dtype float64 --batch 8 --log-every 1 \
+  --lr 1e-2 --warmup 3 --lr-min 1e-3 --steps 10 --load "$WORK/ref.step-6"
+[[ $(steps "$WORK/unsharded.log" | awk '{ printf "%s ", $4 }') == "4.499e-03 2.694e-03 1.446e-03 1.000e-03 " ]] ||
+  fail "resumed unsharded, the lrs of steps 7 to 10 are not the schedule's"
 
 "${train[@]}" --steps 14 --load "$WORK/ref.step-6" >"$WORK/other.log" 2>&1 && fail "resumed with another --steps"
 grep -qE "error: (rank [0-9]+: )?checkpoint '[^']*ref\.step-6' was trained with --warmup 3 --lr 0\.01 --lr-min 0\.001 --steps 10, this run asks for --warmup 3 --lr 0\.01 --lr-min 0\.001 --steps 14: .*--override-schedule to go on with these from its position 6$" \
