@@ -38,7 +38,8 @@ const Defaults kDefaults[] = {
     if (!fixed || n == only) models += "\n  " + n + ": " + model_help(n);
   std::fprintf(stderr,
                "%s: %s\nusage: %s %s[--config KEY=VALUE,...] [--plan PLAN.yaml|auto] [--ranks N] [--steps N]\n"
-               "       [--batch N] [--lr X] [--optimizer adam|adamw|sgd|rmsprop|adagrad] [--dtype float32|float64]\n"
+               "       [--batch N] [--lr X] [--optimizer adam|adamw|sgd|rmsprop|adagrad] [--dtype float32|float64|bfloat16|float16\n"
+               "       [--master float32|bfloat16|float16] [--loss-scale dynamic]]\n"
                "       [--seed N] [--threads N] [--log-every N] [--data TEXT_FILE] [--report]\n"
                "       [--save DIR [--save-every N] [--keep K] [--resume auto]] [--load DIR] [--micro-batches N]\n"
                "       [--check-replicas N] [--clip X [--clip-with shardplan|torch]] [--load-weights PATH [--rename-weights REGEX=REPLACEMENT]...\n"
@@ -73,6 +74,10 @@ const Defaults kDefaults[] = {
                "(default 20; 0: all), with a key/value cache split by heads; prompt + N must fit the context,\n"
                "and the S samples' caches this machine's memory (both checked before training)\n"
                "--optimizer: adam (default), adamw, sgd (momentum 0.9), rmsprop, adagrad (torch's defaults)\n"
+               "--dtype bfloat16 or float16: parameters and activations in it, the optimizer stepping float32\n"
+               "master weights (--master float32, the default; --master bfloat16 with --dtype bfloat16: pure\n"
+               "bfloat16), gradients accumulated in the masters' dtype; float16 needs --loss-scale dynamic\n"
+               "(docs/TRAINING_NUMERICS.md); checkpoints keep the float32 masters\n"
                "%s%s\n",
                program.c_str(), why.c_str(), program.c_str(), fixed ? "" : "[--model NAME] ",
                fixed ? "model:" : "models:", models.c_str());
@@ -81,13 +86,32 @@ const Defaults kDefaults[] = {
 
 namespace {
 
+// --dtype, --master and --loss-scale together.
+void check_precision(Args& a, const std::string& program, const std::string& only) {
+  const bool half = a.dtype == "bfloat16" || a.dtype == "float16";
+  if (a.dtype != "float32" && a.dtype != "float64" && !half)
+    usage(program, only, "--dtype must be float32, float64, bfloat16 or float16, got '" + a.dtype + "'");
+  if (!half && (!a.master.empty() || a.loss_scale))
+    usage(program, only,
+          std::string(a.master.empty() ? "--loss-scale" : "--master") +
+              " takes effect with --dtype bfloat16 or float16 only");
+  if (!half) return;
+  if (a.master.empty()) a.master = "float32";
+  if (a.master != "float32" && a.master != a.dtype)
+    usage(program, only, "--master must be float32 or --dtype's own " + a.dtype + ", got '" + a.master + "'");
+  if (a.dtype == "float16" && !a.loss_scale)
+    usage(program, only,
+          "--dtype float16 needs --loss-scale dynamic: its small gradients underflow to zero without loss "
+          "scaling (or train in bfloat16)");
+}
+
 // The option values that need each other or the model's defaults; every
 // check a run could otherwise fail later in is made here or before step 1.
 void check_args(Args& a, const std::string& program, const std::string& only) {
   if (a.optimizer != "adam" && a.optimizer != "adamw" && a.optimizer != "sgd" && a.optimizer != "rmsprop" &&
       a.optimizer != "adagrad")
     usage(program, only, "--optimizer must be adam, adamw, sgd, rmsprop or adagrad, got '" + a.optimizer + "'");
-  if (a.dtype != "float32" && a.dtype != "float64") usage(program, only, "--dtype must be float32 or float64");
+  check_precision(a, program, only);
   const Defaults* d = nullptr;
   for (const auto& x : kDefaults)
     if (a.model == x.model) d = &x;
@@ -187,7 +211,12 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
         a.optimizer = value();
       else if (k == "--dtype")
         a.dtype = value();
-      else if (k == "--seed")
+      else if (k == "--master")
+        a.master = value();
+      else if (k == "--loss-scale") {
+        if (value() != "dynamic") usage(program, only, "--loss-scale takes 'dynamic' only, got '" + v + "'");
+        a.loss_scale = true;
+      } else if (k == "--seed")
         a.seed = option_seed(value());
       else if (k == "--threads")
         a.threads = count_option_int(k, value(), 0, 4096);

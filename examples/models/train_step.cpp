@@ -46,15 +46,17 @@ StepResult train_step(const TrainRank& r, DataParallel& dp, Optimizer& opt, Batc
     local_loss += loss.item<double>();
     if (k + 1 < n) {
       DataParallel::NoSync no_sync(dp);
-      loss.backward();
+      opt.scale_loss(loss).backward();
     } else {
-      loss.backward();
+      opt.scale_loss(loss).backward();
     }
   }
   dp.finish();
   StepResult out;
   if (r.a.clip > 0) out.norm = clip(r, opt);
+  if (LossScaler* scaler = opt.loss_scaler()) out.scale = scaler->scale();
   opt.step();
+  out.skipped = opt.last_step_skipped();
   out.comm = r.world.total_stats();
   out.loss = dp.average(local_loss);
   return out;
@@ -73,7 +75,7 @@ StepLog::StepLog(const TrainRank& r, int start)
       start_(start),
       items_(r.a.batch * r.m.model->items_per_sample()),
       own_plan_(stem(r.a.plan) == r.a.model),
-      minimum_(own_plan_ ? r.m.model->min_comm_bytes(r.a.batch, r.world.size(), r.dtype == at::kDouble ? 8 : 4)
+      minimum_(own_plan_ ? r.m.model->min_comm_bytes(r.a.batch, r.world.size(), dtype_bytes(r.a.dtype))
                          : -1),
       since_(std::chrono::steady_clock::now()),
       since_step_(start - 1) {}
@@ -104,6 +106,7 @@ void StepLog::after_step(int step, const StepResult& s) {
   // float64 runs are compared with an unsharded run to 1e-10 and better.
   std::printf("step %4d  loss %.*f", step, r_.dtype == at::kDouble ? 12 : 8, s.loss);
   if (a.clip > 0) std::printf("  norm %.12e", s.norm);
+  if (a.loss_scale) std::printf("  scale %g%s", s.scale, s.skipped ? " (skipped: an inf/NaN gradient)" : "");
   std::printf("  mean %.4f  %s/s %.0f\n", loss_sum_ / (step - since_step_), r_.m.model->items_name().c_str(), rate);
   std::fflush(stdout);
   since_ = now;
