@@ -9,6 +9,7 @@
 #include "models/checkpoint_history.h"
 #include "models/model.h"
 #include "models/options.h"
+#include "models/schedule.h"
 #include "models/train_checks.h"
 #include "shardplan/weights.h"
 
@@ -38,7 +39,8 @@ const Defaults kDefaults[] = {
     if (!fixed || n == only) models += "\n  " + n + ": " + model_help(n);
   std::fprintf(stderr,
                "%s: %s\nusage: %s %s[--config KEY=VALUE,...] [--plan PLAN.yaml|auto] [--ranks N] [--steps N]\n"
-               "       [--batch N] [--lr X] [--optimizer adam|adamw|sgd|rmsprop|adagrad] [--dtype float32|float64|bfloat16|float16\n"
+               "       [--batch N] [--lr X] [--warmup N] [--lr-min X] [--override-schedule]\n"
+               "       [--optimizer adam|adamw|sgd|rmsprop|adagrad] [--dtype float32|float64|bfloat16|float16\n"
                "       [--master float32|bfloat16|float16] [--loss-scale dynamic]]\n"
                "       [--seed N] [--threads N] [--log-every N] [--data TEXT_FILE] [--report]\n"
                "       [--save DIR [--save-every N] [--keep K] [--resume auto]] [--load DIR] [--micro-batches N]\n"
@@ -78,6 +80,9 @@ const Defaults kDefaults[] = {
                "master weights (--master float32, the default; --master bfloat16 with --dtype bfloat16: pure\n"
                "bfloat16), gradients accumulated in the masters' dtype; float16 needs --loss-scale dynamic\n"
                "(docs/TRAINING_NUMERICS.md); checkpoints keep the float32 masters\n"
+               "--warmup N raises the lr linearly over the first N steps (--lr / N at step 1), --lr-min X decays it\n"
+               "from --lr to X by a cosine over the steps after (Megatron's); a resume continues the schedule of\n"
+               "its checkpoint and refuses others unless --override-schedule (README, \"Learning-rate schedules\")\n"
                "%s%s\n",
                program.c_str(), why.c_str(), program.c_str(), fixed ? "" : "[--model NAME] ",
                fixed ? "model:" : "models:", models.c_str());
@@ -165,6 +170,8 @@ void check_args(Args& a, const std::string& program, const std::string& only) {
   }
   // As SHARDPLAN_NUM_THREADS: a larger count is a typo, not a machine.
   if (a.ranks > 4096 || a.threads > 4096) usage(program, only, "--ranks and --threads must be at most 4096");
+  const std::string schedule = check_schedule_options(a);
+  if (!schedule.empty()) usage(program, only, schedule);
   try {
     if (!a.save.empty()) check_save_dir(a.save, "--save");
     if (!a.save_weights.empty()) check_save_dir(a.save_weights, "--save-weights");
@@ -207,6 +214,12 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
         a.log_every = count_option_int(k, value(), 1);
       else if (k == "--lr")
         a.lr = option_double(value());
+      else if (k == "--warmup")
+        a.warmup = count_option_int(k, value(), 0);
+      else if (k == "--lr-min")
+        a.lr_min = option_double(value());
+      else if (k == "--override-schedule")
+        a.override_schedule = true;
       else if (k == "--optimizer")
         a.optimizer = value();
       else if (k == "--dtype")

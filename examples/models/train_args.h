@@ -19,6 +19,11 @@ struct Args {
   int ranks = 0;  // 0: from the launcher's environment, else 1
   int steps = -1, batch = -1, log_every = -1;
   double lr = std::nan("");  // unset: the model's default (options never parse to nan)
+  // The lr schedule (models/schedule.h): warmup steps, the cosine decay's
+  // end (nan: no decay), and whether a resume may change them.
+  int warmup = 0;
+  double lr_min = std::nan("");
+  bool override_schedule = false;
   std::string optimizer = "adam";
   std::string dtype = "float32";
   // --dtype bfloat16|float16: parameters and activations in it, the

@@ -10,7 +10,8 @@
 namespace shardplan {
 namespace examples {
 
-TrainCheckpoints::TrainCheckpoints(TrainRank& r, Optimizer& opt) : r_(r), opt_(opt), history_(r.a.save, r.a.keep) {}
+TrainCheckpoints::TrainCheckpoints(TrainRank& r, Optimizer& opt, Schedule& schedule)
+    : r_(r), opt_(opt), schedule_(schedule), history_(r.a.save, r.a.keep) {}
 
 int TrainCheckpoints::resume(at::Generator& gen) {
   const Args& a = r_.a;
@@ -28,6 +29,7 @@ int TrainCheckpoints::resume(at::Generator& gen) {
   if (it == attributes->end()) throw Error("checkpoint '" + from + "' records no step");
   const int start = std::stoi(it->second) + 1;
   opt_.load_attributes(*attributes);  // the loss scaler's state
+  if (start <= a.steps) schedule_.resume(*attributes, a.override_schedule, from);  // else no lr is used
   for (int s = 1; s < start; ++s) r_.m.model->sample(gen, a.batch, r_.corpus);
   if (r_.lead()) std::printf("resumed from %s at step %d\n", from.c_str(), start - 1);
   return start;
@@ -41,6 +43,7 @@ void TrainCheckpoints::maybe_save(int step) {
   o.attributes["step"] = std::to_string(step);
   o.attributes["model"] = a.model;
   o.attributes["config"] = r_.m.model->config_str();
+  schedule_.save(o.attributes);
   history_.save(r_.world, step,
                 [&](const std::string& dir) { save_checkpoint(dir, *r_.m.module, r_.report, r_.world, o); });
   if (r_.lead()) std::printf("saved %s at step %d\n", a.save.c_str(), step);

@@ -12,6 +12,7 @@
 #include "models/heap.h"
 #include "models/model.h"
 #include "models/ranks.h"
+#include "models/schedule.h"
 #include "models/train_after.h"
 #include "models/train_args.h"
 #include "models/train_rank.h"
@@ -40,10 +41,11 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
   check_generation_fits(a, *r.m.module, std::max(ranks_in_process, world.options().local_world_size));
   print_parameter_bytes(r, dp.size());
   const std::unique_ptr<Optimizer> opt = make_optimizer(a, dp);
+  Schedule schedule(schedule_settings(a));
 
   // The same data stream on every rank.
   auto gen = at::make_generator<at::CPUGeneratorImpl>(a.seed + 1);
-  TrainCheckpoints checkpoints(r, *opt);
+  TrainCheckpoints checkpoints(r, *opt, schedule);
   const int start = checkpoints.resume(gen);
 
   r.m.module->train();
@@ -51,7 +53,7 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
   StepLog log(r, start);
   for (int step = start; step <= a.steps; ++step) {
     // Every rank draws the global batch and trains on its data rank's slice.
-    const StepResult s = train_step(r, dp, *opt, r.m.model->sample(gen, a.batch, corpus));
+    const StepResult s = train_step(r, dp, *opt, schedule, r.m.model->sample(gen, a.batch, corpus));
     if (a.check_replicas > 0 && step % a.check_replicas == 0) check_replicas_at(step, dp);
     log.after_step(step, s);
     checkpoints.maybe_save(step);

@@ -14,6 +14,7 @@
 #include "models/checkpoint_history.h"
 #include "models/memory.h"
 #include "models/model.h"
+#include "models/schedule.h"
 #include "models/train_args.h"
 #include "shardplan/optimizer.h"
 #include "shardplan/parallelize.h"
@@ -69,10 +70,11 @@ void print_parameter_bytes(const TrainRank& r, int data_ranks);
 // in --master, with a loss scaler for --loss-scale dynamic.
 std::unique_ptr<Optimizer> make_optimizer(const Args& a, DataParallel& dp);
 
-// --save and --load / --resume auto for one rank's model and optimizer.
+// --save and --load / --resume auto for one rank's model, optimizer and lr
+// schedule.
 class TrainCheckpoints {
  public:
-  TrainCheckpoints(TrainRank& r, Optimizer& opt);
+  TrainCheckpoints(TrainRank& r, Optimizer& opt, Schedule& schedule);
   // Loads --load, or with --resume auto the newest of --save's checkpoints
   // that loads (resharded to this plan and world), and advances the data
   // stream `gen` past the steps it saw. Returns the first step to train.
@@ -83,6 +85,7 @@ class TrainCheckpoints {
  private:
   TrainRank& r_;
   Optimizer& opt_;
+  Schedule& schedule_;
   CheckpointHistory history_;
 };
 

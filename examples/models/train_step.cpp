@@ -32,7 +32,7 @@ double clip(const TrainRank& r, Optimizer& opt) {
 
 }  // namespace
 
-StepResult train_step(const TrainRank& r, DataParallel& dp, Optimizer& opt, Batch batch) {
+StepResult train_step(const TrainRank& r, DataParallel& dp, Optimizer& opt, Schedule& schedule, Batch batch) {
   const int n = r.a.micro_batches;
   if (batch.input.is_floating_point()) batch.input = batch.input.to(r.dtype);
   const at::Tensor input = dp.local_batch(batch.input), target = dp.local_batch(batch.target);
@@ -53,9 +53,11 @@ StepResult train_step(const TrainRank& r, DataParallel& dp, Optimizer& opt, Batc
   }
   dp.finish();
   StepResult out;
+  out.lr = schedule.apply(opt.inner());
   if (r.a.clip > 0) out.norm = clip(r, opt);
   if (LossScaler* scaler = opt.loss_scaler()) out.scale = scaler->scale();
   opt.step();
+  schedule.advance();
   out.skipped = opt.last_step_skipped();
   out.comm = r.world.total_stats();
   out.loss = dp.average(local_loss);
@@ -107,7 +109,8 @@ void StepLog::after_step(int step, const StepResult& s) {
   std::printf("step %4d  loss %.*f", step, r_.dtype == at::kDouble ? 12 : 8, s.loss);
   if (a.clip > 0) std::printf("  norm %.12e", s.norm);
   if (a.loss_scale) std::printf("  scale %g%s", s.scale, s.skipped ? " (skipped: an inf/NaN gradient)" : "");
-  std::printf("  mean %.4f  %s/s %.0f\n", loss_sum_ / (step - since_step_), r_.m.model->items_name().c_str(), rate);
+  std::printf("  mean %.4f  %s/s %.0f  lr %.3e\n", loss_sum_ / (step - since_step_), r_.m.model->items_name().c_str(),
+              rate, s.lr);
   std::fflush(stdout);
   since_ = now;
   since_step_ = step;

@@ -16,6 +16,7 @@ namespace examples {
 
 struct StepResult {
   double loss = 0;  // the global batch's mean, the same on every rank
+  double lr = 0;    // the lr the optimizer stepped with (models/schedule.h)
   // With --clip: the total gradient norm before clipping (NaN without).
   double norm = std::nan("");
   // With --loss-scale: the scale the step's loss was multiplied by, and
@@ -27,8 +28,9 @@ struct StepResult {
   CommStats comm;
 };
 
-// Trains one step on `batch`, the global batch every rank drew alike.
-StepResult train_step(const TrainRank& r, DataParallel& dp, Optimizer& opt, Batch batch);
+// Trains one step on `batch`, the global batch every rank drew alike, at
+// the schedule's lr.
+StepResult train_step(const TrainRank& r, DataParallel& dp, Optimizer& opt, Schedule& schedule, Batch batch);
 
 // --check-replicas: every replicated parameter compared across its ranks
 // (DataParallel::check_replicas, every mesh axis); a drift stops the run
