@@ -13,6 +13,12 @@ if(TARGET train_gpt)
     -- ${_gpt} --dtype bfloat16 --ranks 2 --plan ${PROJECT_SOURCE_DIR}/plans/gpt.yaml)
   add_test(NAME e2e_precision_gpt_bf16_masters_2d_zero_threads4 COMMAND ${_e2e} bfloat16 -- ${_gpt}
     -- ${_gpt} --dtype bfloat16 --ranks 4 --plan ${CMAKE_CURRENT_BINARY_DIR}/gpt_2d_zero.yaml --clip 1)
+  # A loss scaler (float16's; bfloat16 here, as CPU libtorch has no float16
+  # LayerNorm) scales the loss by 2^16 and unscales before the clip: the
+  # same trajectory within the bound, the scale on every line.
+  add_test(NAME e2e_precision_gpt_bf16_loss_scale_threads2 COMMAND ${_e2e} bfloat16 -- ${_gpt} --clip 1
+    -- ${_gpt} --dtype bfloat16 --loss-scale dynamic --clip 1 --ranks 2 --plan ${PROJECT_SOURCE_DIR}/plans/gpt.yaml)
+  set_tests_properties(e2e_precision_gpt_bf16_loss_scale_threads2 PROPERTIES TIMEOUT 300 LABELS precision)
   # The bound is no rubber stamp: a learning rate 10 % too large (gpt's
   # default is 2e-3) leaves it within a few steps (5 %: by step 8; 1 % stays
   # inside bfloat16's spread over 20 steps).
