@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -181,6 +182,34 @@ void check_args(Args& a, const std::string& program, const std::string& only) {
   }
 }
 
+// The options of what a step does (the optimizer and its lr schedule, the
+// precision, micro-batches, clipping, the replica check) into `a`; false
+// when `k` is none of them. A bad value throws CountError with its line.
+bool parse_step_option(Args& a, const std::string& k, const std::function<std::string()>& value) {
+  if (k == "--lr") a.lr = option_double(value());
+  else if (k == "--warmup") a.warmup = count_option_int(k, value(), 0);
+  else if (k == "--lr-min") a.lr_min = option_double(value());
+  else if (k == "--override-schedule") a.override_schedule = true;
+  else if (k == "--optimizer") a.optimizer = value();
+  else if (k == "--dtype") a.dtype = value();
+  else if (k == "--master") a.master = value();
+  else if (k == "--loss-scale") {
+    const std::string how = value();
+    if (how != "dynamic") throw CountError("--loss-scale takes 'dynamic' only, got '" + how + "'");
+    a.loss_scale = true;
+  } else if (k == "--micro-batches") a.micro_batches = count_option_int(k, value(), 1);
+  else if (k == "--check-replicas") a.check_replicas = count_option_int(k, value(), 0);
+  else if (k == "--clip") a.clip = clip_option(value());
+  else if (k == "--clip-with") {
+    const std::string with = value();
+    if (with != "shardplan" && with != "torch")
+      throw CountError("--clip-with takes shardplan or torch, got '" + with + "'");
+    a.clip_with_torch = with == "torch";
+    a.clip_with_given = true;
+  } else return false;
+  return true;
+}
+
 }  // namespace
 
 Args parse_args(int argc, char** argv, const std::string& program, const std::string& default_model, bool fixed) {
@@ -196,6 +225,7 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
     if (k == "--temperature" || k == "--top-k" || k == "--samples") a.generation_option = k;
     if (k == "--prompt") a.prompt_given = true;
     try {
+      if (parse_step_option(a, k, value)) continue;
       if (k == "--model" && !fixed)
         a.model = value();
       else if (k == "--config")
@@ -212,24 +242,7 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
         a.batch = count_option_int(k, value(), 1);
       else if (k == "--log-every")
         a.log_every = count_option_int(k, value(), 1);
-      else if (k == "--lr")
-        a.lr = option_double(value());
-      else if (k == "--warmup")
-        a.warmup = count_option_int(k, value(), 0);
-      else if (k == "--lr-min")
-        a.lr_min = option_double(value());
-      else if (k == "--override-schedule")
-        a.override_schedule = true;
-      else if (k == "--optimizer")
-        a.optimizer = value();
-      else if (k == "--dtype")
-        a.dtype = value();
-      else if (k == "--master")
-        a.master = value();
-      else if (k == "--loss-scale") {
-        if (value() != "dynamic") usage(program, only, "--loss-scale takes 'dynamic' only, got '" + v + "'");
-        a.loss_scale = true;
-      } else if (k == "--seed")
+      else if (k == "--seed")
         a.seed = option_seed(value());
       else if (k == "--threads")
         a.threads = count_option_int(k, value(), 0, 4096);
@@ -259,19 +272,7 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
         a.rename_weights.emplace_back(rule.substr(0, eq), rule.substr(eq + 1));
       } else if (k == "--lenient-weights")
         a.lenient_weights = true;
-      else if (k == "--micro-batches")
-        a.micro_batches = count_option_int(k, value(), 1);
-      else if (k == "--check-replicas")
-        a.check_replicas = count_option_int(k, value(), 0);
-      else if (k == "--clip")
-        a.clip = clip_option(value());
-      else if (k == "--clip-with") {
-        const std::string with = value();
-        if (with != "shardplan" && with != "torch")
-          usage(program, only, "--clip-with takes shardplan or torch, got '" + with + "'");
-        a.clip_with_torch = with == "torch";
-        a.clip_with_given = true;
-      } else if (k == "--dump-logits")
+      else if (k == "--dump-logits")
         a.dump_logits = value();
       else if (k == "--generate")
         a.generate = count_option_int(k, value(), 0);
