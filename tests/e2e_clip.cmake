@@ -39,6 +39,11 @@ if(TARGET train_gpt AND TARGET shardplan_cli)
   # With micro-batches the clip sees the whole step's gradient.
   add_test(NAME e2e_clip_gpt_2d_accumulate_threads4_f64 COMMAND ${_match}
     ${_gpt} --ranks 4 --plan ${_2d} --micro-batches 2 --check-replicas 1)
+  # With the lr schedule (warmup, cosine decay): the lr changes, the clip too.
+  add_test(NAME e2e_clip_gpt_schedule_2d_zero_threads4_f64 COMMAND ${_e2e} 1e-10 --norms-above ${_clip}
+    -- ${_ref} --warmup 2 --lr-min 0.05 -- ${_gpt} --warmup 2 --lr-min 0.05 --ranks 4 --plan ${_zero_plan}
+    --check-replicas 1)
+  set_tests_properties(e2e_clip_gpt_schedule_2d_zero_threads4_f64 PROPERTIES TIMEOUT 300 LABELS clip)
   set_tests_properties(e2e_clip_gpt_threads2_f64 e2e_clip_gpt_threads4_f64 e2e_clip_gpt_gloo2_f64
     e2e_clip_gpt_gloo4_f64 e2e_clip_gpt_2d_threads4_f64 e2e_clip_gpt_2d_gloo4_f64 e2e_clip_gpt_2d_zero_threads4_f64
     e2e_clip_gpt_2d_zero_gloo4_f64 e2e_clip_gpt_2d_accumulate_threads4_f64 PROPERTIES TIMEOUT 300 LABELS clip)

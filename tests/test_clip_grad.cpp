@@ -25,6 +25,8 @@
 #include "shardplan/checkpoint.h"
 #include "shardplan/clip_grad.h"
 #include "shardplan/error.h"
+#include "shardplan/nn/cross_entropy.h"
+#include "shardplan/nn/embedding.h"
 #include "shardplan/nn/layer_norm.h"
 #include "shardplan/nn/linear.h"
 #include "shardplan/parallelize.h"
@@ -111,6 +113,7 @@ Trial sharded(const Case& c, int world) {
       c.loss(m, s).backward();
       norms[w.rank()].push_back(shardplan::clip_grad_norm_(m, report, w, c.max_norm, c.norm_type));
       opt->step();
+      shardplan::check_replicas(m, report, w);  // replicas (shared kv heads too) stay identical
     }
     auto full = shardplan::collect_state_dict(m, report, w, 0);
     std::lock_guard<std::mutex> lock(mu);
@@ -219,6 +222,50 @@ TEST(ClipGrad, LlamaSequenceParallelNormsAreReplicas) {
   check(llama_case("llama_sp", 4), {2, 4}, 1e-10, "llama_sp");
 }
 
+// A tied weight (token embedding = LM head, vocab-parallel on both) is one
+// tensor under two paths: counted and scaled once.
+struct TiedLmImpl : torch::nn::Cloneable<TiedLmImpl> {
+  TiedLmImpl() { reset(); }
+  void reset() override {
+    emb = register_module("emb", shardplan::nn::Embedding(16, 8));
+    ln = register_module("ln", shardplan::nn::LayerNorm(std::vector<int64_t>{8}));
+    head = register_module("head", shardplan::nn::Linear(torch::nn::LinearOptions(8, 16).bias(false)));
+    loss = register_module("loss", shardplan::nn::CrossEntropyLoss());
+    tie();
+  }
+  void tie() { head->weight = shardplan::tie_parameter(*head, "weight", emb->weight); }
+  std::shared_ptr<torch::nn::Module> clone(const c10::optional<torch::Device>& device = c10::nullopt) const override {
+    auto copy = torch::nn::Cloneable<TiedLmImpl>::clone(device);  // unties: tie again
+    std::dynamic_pointer_cast<TiedLmImpl>(copy)->tie();
+    return copy;
+  }
+  shardplan::nn::Embedding emb{nullptr};
+  shardplan::nn::LayerNorm ln{nullptr};
+  shardplan::nn::Linear head{nullptr};
+  shardplan::nn::CrossEntropyLoss loss{nullptr};
+};
+TORCH_MODULE(TiedLm);
+
+TEST(ClipGrad, TiedWeightCountsOnce) {
+  torch::manual_seed(2);
+  Case c{TiedLm().ptr(),
+         shardplan::parse_plan("mesh: {model: auto}\nrules:\n"
+                               "  - {match: 'emb\\.weight', layout: [model, null]}\n"
+                               "  - {match: 'head\\.weight', layout: [model, null], output: sharded}\n"
+                               "  - {match: 'loss', layout: [null, model]}\n",
+                               "tied.yaml"),
+         nullptr};
+  c.model->to(torch::kDouble);
+  const auto ids = torch::randint(16, {4, 5}), targets = torch::randint(16, {4, 5});
+  c.loss = [ids, targets](torch::nn::Module& m, int) {
+    auto& lm = dynamic_cast<TiedLmImpl&>(m);
+    const auto logits = lm.head(lm.ln(lm.emb(ids)));
+    return lm.loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+  };
+  c.max_norm = 0.05;
+  check(c, {1, 2, 4}, 1e-12, "tied");
+}
+
 TEST(ClipGrad, Float32IsCloseToTheUnshardedFloat32Run) {
   for (auto make : {&mlp_case, &gpt_case}) {
     const Case c = make(torch::kFloat);
@@ -243,34 +290,39 @@ TEST(ClipGrad, GradNormChangesNothing) {
 
 // ------------------------------------------------------------ in-process wrapper
 
+// The wrapper's own training: clip_grad_norm_(*tp) on tp->parameters().
+void expect_wrapper_equals_torch(const Case& c, int world, double tol, const std::string& what) {
+  const Trial want = unsharded(c);
+  expect_clips(want, c.max_norm, what);
+  // Every replica computes the step's loss; the wrapper needs a forward of
+  // tensors, so the step rides along as one.
+  auto loss = c.loss;
+  shardplan::TensorParallel tp(c.model->clone(), c.plan, std::vector<std::string>(world, "cpu"),
+                               [loss](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
+                                 return loss(m, static_cast<int>(in[0].item<int64_t>()));
+                               });
+  auto opt = sgd(tp->parameters());
+  Trial got;
+  for (int s = 0; s < c.steps; ++s) {
+    opt->zero_grad();
+    tp->forward(torch::full({}, s, torch::kLong)).backward();
+    got.norms.push_back(shardplan::clip_grad_norm_(*tp, c.max_norm, c.norm_type));
+    opt->step();
+  }
+  for (const auto& kv : tp->state_dict()) got.params[kv.key()] = kv.value();
+  expect_same(got, want, tol, what + " at " + std::to_string(world));
+}
+
 TEST(ClipGrad, TensorParallelWrapperCountsEachElementOnce) {
-  for (int world : {2, 4}) {
+  for (int world : {2, 4})
     for (double p : {2.0, kInf}) {
       Case c = mlp_case();
       c.norm_type = p;
       c.max_norm = p == 2 ? 0.5 : 0.2;
-      const Trial want = unsharded(c);
-      expect_clips(want, c.max_norm, "wrapper");
-      // The step's loss is computed by every replica; the wrapper needs it as
-      // a forward of tensors, so the step rides along as one.
-      auto loss = c.loss;
-      shardplan::TensorParallel tp(c.model->clone(), c.plan, std::vector<std::string>(world, "cpu"),
-                                   [loss](torch::nn::Module& m, const std::vector<at::Tensor>& in) {
-                                     return loss(m, static_cast<int>(in[0].item<int64_t>()));
-                                   });
-      std::vector<at::Tensor> params = tp->parameters();
-      auto opt = sgd(params);
-      Trial got;
-      for (int s = 0; s < c.steps; ++s) {
-        opt->zero_grad();
-        tp->forward(torch::full({}, s, torch::kLong)).backward();
-        got.norms.push_back(shardplan::clip_grad_norm_(*tp, c.max_norm, p));
-        opt->step();
-      }
-      for (const auto& kv : tp->state_dict()) got.params[kv.key()] = kv.value();
-      expect_same(got, want, 1e-12, "wrapper at " + std::to_string(world));
+      expect_wrapper_equals_torch(c, world, 1e-12, "wrapper mlp");
     }
-  }
+  // 2 kv heads over 4 ranks: the wrapper exposes each shared head once.
+  expect_wrapper_equals_torch(llama_case("llama", 2), 4, 1e-10, "wrapper llama kv 2");
 }
 
 // The wrapper exposes one copy of each replicated parameter and its other
@@ -288,7 +340,8 @@ TEST(ClipGrad, TensorParallelWrapperReplicasCannotDrift) {
     tp->replica(1)->named_parameters()["fc2.bias"].add_(1.0);
   }
   EXPECT_NO_THROW(shardplan::check_replicas(*tp));
-  EXPECT_TRUE(at::equal(tp->replica(1)->named_parameters()["fc2.bias"], tp->replica(0)->named_parameters()["fc2.bias"]));
+  EXPECT_TRUE(at::equal(tp->replica(1)->named_parameters()["fc2.bias"],
+                        tp->replica(0)->named_parameters()["fc2.bias"]));
 }
 
 // ------------------------------------------------------------ non-finite

@@ -7,7 +7,9 @@
 //
 // Each round times a block of training steps (zero_grad, forward, backward,
 // step), then a block of check_replicas calls and a block of clip_grad_norm_
-// calls (max_norm large: the norm and the scale, no clipping), on the same
+// calls (max_norm large: the norm and the all-reduce; clipping adds one
+// multiply over the gradients, as torch's does) and, for scale, torch's
+// clip_grad_norm_ on the rank's own shards (the wrong norm), on the same
 // process group, so machine noise hits them alike. Reported: the median over
 // rounds of each per-call time on the slowest rank, the check's cost as a
 // fraction of a step, and the smallest --check-replicas N that keeps it
@@ -119,22 +121,26 @@ int main(int argc, char** argv) {
       opt.step();
     };
     step();  // warm-up: allocations, the optimizer's state
-    std::vector<double> step_ms, check_ms, clip_ms;
+    const auto params = shardplan::unique_parameters(*m.module);
+    std::vector<double> step_ms, check_ms, clip_ms, torch_ms;
     for (int r = 0; r < a.rounds; ++r) {
       step_ms.push_back(timed(*world, a.steps, step));
       check_ms.push_back(timed(*world, a.calls, [&] { shardplan::check_replicas(*m.module, report, *world); }));
       clip_ms.push_back(
           timed(*world, a.calls, [&] { shardplan::clip_grad_norm_(*m.module, report, *world, 1e30); }));
+      // For scale only: torch's on this rank's shards (the wrong norm) costs the local part alone.
+      torch_ms.push_back(timed(*world, a.calls, [&] { torch::nn::utils::clip_grad_norm_(params, 1e30); }));
     }
     if (world->rank() == 0) {
-      const double s = median(step_ms), c = median(check_ms), k = median(clip_ms);
+      const double s = median(step_ms), c = median(check_ms), k = median(clip_ms), t = median(torch_ms);
       std::printf("gpt %s, %lld parameter bytes per rank, batch %lld, %d ranks, %d rounds (median, slowest rank)\n",
                   m.model->config_str().c_str(), static_cast<long long>(report.local_bytes()),
                   static_cast<long long>(a.batch), world->size(), a.rounds);
       std::printf("training step:   %8.3f ms\n", s);
       std::printf("check_replicas:  %8.3f ms = %.2f %% of a step; under 1 %% of the steps from every N >= %d\n", c,
                   100 * c / s, static_cast<int>(std::floor(100 * c / s)) + 1);
-      std::printf("clip_grad_norm_: %8.3f ms = %.2f %% of a step\n", k, 100 * k / s);
+      std::printf("clip_grad_norm_: %8.3f ms = %.2f %% of a step (torch's on this rank's shards: %.3f ms)\n", k,
+                  100 * k / s, t);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_replica_check: %s\n", e.what());

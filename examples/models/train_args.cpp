@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -40,7 +41,8 @@ const Defaults kDefaults[] = {
   std::fprintf(stderr,
                "%s: %s\nusage: %s %s[--config KEY=VALUE,...] [--plan PLAN.yaml|auto] [--ranks N] [--steps N]\n"
                "       [--batch N] [--lr X] [--warmup N] [--lr-min X] [--override-schedule]\n"
-               "       [--optimizer adam|adamw|sgd|rmsprop|adagrad] [--dtype float32|float64]\n"
+               "       [--optimizer adam|adamw|sgd|rmsprop|adagrad] [--dtype float32|float64|bfloat16|float16\n"
+               "       [--master float32|bfloat16|float16] [--loss-scale dynamic]]\n"
                "       [--seed N] [--threads N] [--log-every N] [--data TEXT_FILE] [--report]\n"
                "       [--save DIR [--save-every N] [--keep K] [--resume auto]] [--load DIR] [--micro-batches N]\n"
                "       [--check-replicas N] [--clip X [--clip-with shardplan|torch]] [--load-weights PATH [--rename-weights REGEX=REPLACEMENT]...\n"
@@ -75,6 +77,10 @@ const Defaults kDefaults[] = {
                "(default 20; 0: all), with a key/value cache split by heads; prompt + N must fit the context,\n"
                "and the S samples' caches this machine's memory (both checked before training)\n"
                "--optimizer: adam (default), adamw, sgd (momentum 0.9), rmsprop, adagrad (torch's defaults)\n"
+               "--dtype bfloat16 or float16: parameters and activations in it, the optimizer stepping float32\n"
+               "master weights (--master float32, the default; --master bfloat16 with --dtype bfloat16: pure\n"
+               "bfloat16), gradients accumulated in the masters' dtype; float16 needs --loss-scale dynamic\n"
+               "(docs/TRAINING_NUMERICS.md); checkpoints keep the float32 masters\n"
                "--warmup N raises the lr linearly over the first N steps (--lr / N at step 1), --lr-min X decays it\n"
                "from --lr to X by a cosine over the steps after (Megatron's); a resume continues the schedule of\n"
                "its checkpoint and refuses others unless --override-schedule (README, \"Learning-rate schedules\")\n"
@@ -86,13 +92,32 @@ const Defaults kDefaults[] = {
 
 namespace {
 
+// --dtype, --master and --loss-scale together.
+void check_precision(Args& a, const std::string& program, const std::string& only) {
+  const bool half = a.dtype == "bfloat16" || a.dtype == "float16";
+  if (a.dtype != "float32" && a.dtype != "float64" && !half)
+    usage(program, only, "--dtype must be float32, float64, bfloat16 or float16, got '" + a.dtype + "'");
+  if (!half && (!a.master.empty() || a.loss_scale))
+    usage(program, only,
+          std::string(a.master.empty() ? "--loss-scale" : "--master") +
+              " takes effect with --dtype bfloat16 or float16 only");
+  if (!half) return;
+  if (a.master.empty()) a.master = "float32";
+  if (a.master != "float32" && a.master != a.dtype)
+    usage(program, only, "--master must be float32 or --dtype's own " + a.dtype + ", got '" + a.master + "'");
+  if (a.dtype == "float16" && !a.loss_scale)
+    usage(program, only,
+          "--dtype float16 needs --loss-scale dynamic: its small gradients underflow to zero without loss "
+          "scaling (or train in bfloat16)");
+}
+
 // The option values that need each other or the model's defaults; every
 // check a run could otherwise fail later in is made here or before step 1.
 void check_args(Args& a, const std::string& program, const std::string& only) {
   if (a.optimizer != "adam" && a.optimizer != "adamw" && a.optimizer != "sgd" && a.optimizer != "rmsprop" &&
       a.optimizer != "adagrad")
     usage(program, only, "--optimizer must be adam, adamw, sgd, rmsprop or adagrad, got '" + a.optimizer + "'");
-  if (a.dtype != "float32" && a.dtype != "float64") usage(program, only, "--dtype must be float32 or float64");
+  check_precision(a, program, only);
   const Defaults* d = nullptr;
   for (const auto& x : kDefaults)
     if (a.model == x.model) d = &x;
@@ -157,6 +182,34 @@ void check_args(Args& a, const std::string& program, const std::string& only) {
   }
 }
 
+// The options of what a step does (the optimizer and its lr schedule, the
+// precision, micro-batches, clipping, the replica check) into `a`; false
+// when `k` is none of them. A bad value throws CountError with its line.
+bool parse_step_option(Args& a, const std::string& k, const std::function<std::string()>& value) {
+  if (k == "--lr") a.lr = option_double(value());
+  else if (k == "--warmup") a.warmup = count_option_int(k, value(), 0);
+  else if (k == "--lr-min") a.lr_min = option_double(value());
+  else if (k == "--override-schedule") a.override_schedule = true;
+  else if (k == "--optimizer") a.optimizer = value();
+  else if (k == "--dtype") a.dtype = value();
+  else if (k == "--master") a.master = value();
+  else if (k == "--loss-scale") {
+    const std::string how = value();
+    if (how != "dynamic") throw CountError("--loss-scale takes 'dynamic' only, got '" + how + "'");
+    a.loss_scale = true;
+  } else if (k == "--micro-batches") a.micro_batches = count_option_int(k, value(), 1);
+  else if (k == "--check-replicas") a.check_replicas = count_option_int(k, value(), 0);
+  else if (k == "--clip") a.clip = clip_option(value());
+  else if (k == "--clip-with") {
+    const std::string with = value();
+    if (with != "shardplan" && with != "torch")
+      throw CountError("--clip-with takes shardplan or torch, got '" + with + "'");
+    a.clip_with_torch = with == "torch";
+    a.clip_with_given = true;
+  } else return false;
+  return true;
+}
+
 }  // namespace
 
 Args parse_args(int argc, char** argv, const std::string& program, const std::string& default_model, bool fixed) {
@@ -172,6 +225,7 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
     if (k == "--temperature" || k == "--top-k" || k == "--samples") a.generation_option = k;
     if (k == "--prompt") a.prompt_given = true;
     try {
+      if (parse_step_option(a, k, value)) continue;
       if (k == "--model" && !fixed)
         a.model = value();
       else if (k == "--config")
@@ -188,18 +242,6 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
         a.batch = count_option_int(k, value(), 1);
       else if (k == "--log-every")
         a.log_every = count_option_int(k, value(), 1);
-      else if (k == "--lr")
-        a.lr = option_double(value());
-      else if (k == "--warmup")
-        a.warmup = count_option_int(k, value(), 0);
-      else if (k == "--lr-min")
-        a.lr_min = option_double(value());
-      else if (k == "--override-schedule")
-        a.override_schedule = true;
-      else if (k == "--optimizer")
-        a.optimizer = value();
-      else if (k == "--dtype")
-        a.dtype = value();
       else if (k == "--seed")
         a.seed = option_seed(value());
       else if (k == "--threads")
@@ -230,19 +272,7 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
         a.rename_weights.emplace_back(rule.substr(0, eq), rule.substr(eq + 1));
       } else if (k == "--lenient-weights")
         a.lenient_weights = true;
-      else if (k == "--micro-batches")
-        a.micro_batches = count_option_int(k, value(), 1);
-      else if (k == "--check-replicas")
-        a.check_replicas = count_option_int(k, value(), 0);
-      else if (k == "--clip")
-        a.clip = clip_option(value());
-      else if (k == "--clip-with") {
-        const std::string with = value();
-        if (with != "shardplan" && with != "torch")
-          usage(program, only, "--clip-with takes shardplan or torch, got '" + with + "'");
-        a.clip_with_torch = with == "torch";
-        a.clip_with_given = true;
-      } else if (k == "--dump-logits")
+      else if (k == "--dump-logits")
         a.dump_logits = value();
       else if (k == "--generate")
         a.generate = count_option_int(k, value(), 0);

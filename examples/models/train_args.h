@@ -26,6 +26,12 @@ struct Args {
   bool override_schedule = false;
   std::string optimizer = "adam";
   std::string dtype = "float32";
+  // --dtype bfloat16|float16: parameters and activations in it, the
+  // optimizer stepping master weights in --master (float32 unless it is
+  // --dtype itself: pure half precision; shardplan/mixed_precision.h), and
+  // float16 needing --loss-scale dynamic. Empty for float32 and float64.
+  std::string master;
+  bool loss_scale = false;  // --loss-scale dynamic: torch's GradScaler rule
   uint64_t seed = 0;
   int threads = 0;  // 0: SHARDPLAN_NUM_THREADS, else the cores shared out among this machine's ranks
   bool report = false;
@@ -70,6 +76,11 @@ struct Args {
   std::string generation_option;  // the last of --temperature, --top-k, --samples given (they need --generate)
   bool prompt_given = false;      // --prompt needs --generate or --dump-logits
 };
+
+// Bytes per element of a --dtype name (float64 8, float32 4, the halves 2).
+inline int dtype_bytes(const std::string& dtype) {
+  return dtype == "float64" ? 8 : dtype == "float32" ? 4 : 2;
+}
 
 // Prints why and the usage to stderr and exits with status 2. `only`: the one
 // model a fixed program trains ("" lists every model).

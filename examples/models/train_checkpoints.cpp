@@ -28,6 +28,7 @@ int TrainCheckpoints::resume(at::Generator& gen) {
   const auto it = attributes->find("step");
   if (it == attributes->end()) throw Error("checkpoint '" + from + "' records no step");
   const int start = std::stoi(it->second) + 1;
+  opt_.load_attributes(*attributes);  // the loss scaler's state
   if (start <= a.steps) schedule_.resume(*attributes, a.override_schedule, from);  // else no lr is used
   for (int s = 1; s < start; ++s) r_.m.model->sample(gen, a.batch, r_.corpus);
   if (r_.lead()) std::printf("resumed from %s at step %d\n", from.c_str(), start - 1);

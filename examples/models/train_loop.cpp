@@ -19,6 +19,7 @@
 #include "models/train_step.h"
 #include "shardplan/data_parallel.h"
 #include "shardplan/error.h"
+#include "shardplan/mixed_precision.h"
 #include "shardplan/nn/deferred_init.h"
 #include "shardplan/optimizer.h"
 #include "shardplan/world.h"
@@ -32,7 +33,7 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
   // setting, so each rank sets its own.
   const ThreadSettings threads =
       a.threads > 0 ? set_num_threads(a.threads, world.options().local_world_size, ranks_in_process) : world.threads();
-  TrainRank r{a, world, corpus, ranks_in_process, a.dtype == "float64" ? at::kDouble : at::kFloat};
+  TrainRank r{a, world, corpus, ranks_in_process, dtype_from_name(a.dtype, "--dtype")};
   build_sharded_model(r, threads.str());
   // Gradients averaged over the plan's batch axis, if it has one.
   DataParallel dp(*r.m.module, r.report, r.plan, world);

@@ -66,7 +66,8 @@ void check_data_parallel(const TrainRank& r, const DataParallel& dp);
 void print_parameter_bytes(const TrainRank& r, int data_ranks);
 
 // --optimizer over the model's unique parameters, or ZeRO-1's slices when
-// the plan asks for it.
+// the plan asks for it; with --dtype bfloat16/float16 over master weights
+// in --master, with a loss scaler for --loss-scale dynamic.
 std::unique_ptr<Optimizer> make_optimizer(const Args& a, DataParallel& dp);
 
 // --save and --load / --resume auto for one rank's model, optimizer and lr

@@ -12,6 +12,7 @@
 #include "shardplan/auto_plan.h"
 #include "shardplan/data_parallel.h"
 #include "shardplan/error.h"
+#include "shardplan/mixed_precision.h"
 #include "shardplan/nn/deferred_init.h"
 #include "shardplan/weights.h"
 
@@ -81,7 +82,7 @@ Overrides model_config(const Args& a) {
   const Overrides cli = parse_overrides(a.config);
   for (const auto& [key, value] : cli) config[key] = value;
   if (!json.empty() && a.model == "llama")
-    check_hf_config_fits(json, config, cli, a.load_weights, !a.lenient_weights, a.dtype == "float64" ? 8 : 4);
+    check_hf_config_fits(json, config, cli, a.load_weights, !a.lenient_weights, dtype_bytes(a.dtype));
   return config;
 }
 
@@ -154,14 +155,19 @@ void print_parameter_bytes(const TrainRank& r, int data_ranks) {
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const Args& a, DataParallel& dp) {
-  return std::make_unique<Optimizer>(dp, [&a](std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
+  // --dtype bfloat16/float16: master weights unless --master is --dtype.
+  MixedPrecision mixed;
+  if (!a.master.empty()) mixed.master_dtype = dtype_from_name(a.master, "--master");
+  if (a.loss_scale) mixed.loss_scaler = LossScalerOptions{};
+  auto make = [&a](std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
     namespace optim = torch::optim;
     if (a.optimizer == "adam") return std::make_unique<optim::Adam>(params, optim::AdamOptions(a.lr));
     if (a.optimizer == "adamw") return std::make_unique<optim::AdamW>(params, optim::AdamWOptions(a.lr));
     if (a.optimizer == "rmsprop") return std::make_unique<optim::RMSprop>(params, optim::RMSpropOptions(a.lr));
     if (a.optimizer == "adagrad") return std::make_unique<optim::Adagrad>(params, optim::AdagradOptions(a.lr));
     return std::make_unique<optim::SGD>(params, optim::SGDOptions(a.lr).momentum(0.9));
-  });
+  };
+  return std::make_unique<Optimizer>(dp, make, mixed);
 }
 
 }  // namespace examples

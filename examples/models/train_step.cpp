@@ -46,18 +46,20 @@ StepResult train_step(const TrainRank& r, DataParallel& dp, Optimizer& opt, Sche
     local_loss += loss.item<double>();
     if (k + 1 < n) {
       DataParallel::NoSync no_sync(dp);
-      loss.backward();
+      opt.scale_loss(loss).backward();
     } else {
-      loss.backward();
+      opt.scale_loss(loss).backward();
     }
   }
   dp.finish();
   StepResult out;
   out.lr = schedule.apply(opt.inner());
   if (r.a.clip > 0) out.norm = clip(r, opt);
+  if (LossScaler* scaler = opt.loss_scaler()) out.scale = scaler->scale();
   opt.step();
-  // Megatron's: a step a loss scaler skipped does not move the schedule.
-  if (!opt.last_step_skipped()) schedule.advance();
+  out.skipped = opt.last_step_skipped();
+  // Megatron's: a step the loss scaler skipped does not move the schedule.
+  if (!out.skipped) schedule.advance();
   out.comm = r.world.total_stats();
   out.loss = dp.average(local_loss);
   return out;
@@ -76,7 +78,7 @@ StepLog::StepLog(const TrainRank& r, int start)
       start_(start),
       items_(r.a.batch * r.m.model->items_per_sample()),
       own_plan_(stem(r.a.plan) == r.a.model),
-      minimum_(own_plan_ ? r.m.model->min_comm_bytes(r.a.batch, r.world.size(), r.dtype == at::kDouble ? 8 : 4)
+      minimum_(own_plan_ ? r.m.model->min_comm_bytes(r.a.batch, r.world.size(), dtype_bytes(r.a.dtype))
                          : -1),
       since_(std::chrono::steady_clock::now()),
       since_step_(start - 1) {}
@@ -107,6 +109,7 @@ void StepLog::after_step(int step, const StepResult& s) {
   // float64 runs are compared with an unsharded run to 1e-10 and better.
   std::printf("step %4d  loss %.*f", step, r_.dtype == at::kDouble ? 12 : 8, s.loss);
   if (a.clip > 0) std::printf("  norm %.12e", s.norm);
+  if (a.loss_scale) std::printf("  scale %g%s", s.scale, s.skipped ? " (skipped: an inf/NaN gradient)" : "");
   std::printf("  mean %.4f  %s/s %.0f  lr %.3e\n", loss_sum_ / (step - since_step_), r_.m.model->items_name().c_str(),
               rate, s.lr);
   std::fflush(stdout);

@@ -16,9 +16,13 @@ namespace examples {
 
 struct StepResult {
   double loss = 0;  // the global batch's mean, the same on every rank
+  double lr = 0;    // the lr the optimizer stepped with (models/schedule.h)
   // With --clip: the total gradient norm before clipping (NaN without).
   double norm = std::nan("");
-  double lr = 0;    // the lr the optimizer stepped with (models/schedule.h)
+  // With --loss-scale: the scale the step's loss was multiplied by, and
+  // whether an inf/NaN gradient on some rank made every rank skip it.
+  double scale = std::nan("");
+  bool skipped = false;
   // This rank's communication since the world's reset, up to the optimizer
   // step (the loss' average not counted: step 1's line is the model's).
   CommStats comm;

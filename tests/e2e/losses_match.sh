@@ -27,14 +27,23 @@
 #     wrong gradient (a scale off by 1%, a missing reduction) leaves it within a
 #     few steps (see tests/e2e.cmake). --expect-mismatch inverts the verdict
 #     (both commands must still succeed): the test that shows the check fails.
+#
+#   losses_match.sh bfloat16 -- REFERENCE... -- COMMAND...
+#     the same for a COMMAND that trains in bfloat16 (it passes --dtype
+#     bfloat16 itself): REFERENCE runs with --dtype float64 and --dtype
+#     bfloat16, whose spread e_k sets the bound (the floor stays 2^-23 * k:
+#     the losses are computed in float32, and a floor of bfloat16's 2^-8 * k
+#     would pass anything within a few steps).
 set -uo pipefail
 mode="$1"; shift
 expect_mismatch=0
-if [ "$mode" = float32 ] && [ "${1:-}" = --expect-mismatch ]; then expect_mismatch=1; shift; fi
+measured=0
+case "$mode" in float32 | bfloat16) measured=1 ;; esac
+if ((measured)) && [ "${1:-}" = --expect-mismatch ]; then expect_mismatch=1; shift; fi
 above=""
-if [ "$mode" != float32 ] && [ "${1:-}" = --norms-above ]; then above=$2; shift 2; fi
+if ((!measured)) && [ "${1:-}" = --norms-above ]; then above=$2; shift 2; fi
 . "$(dirname "$0")/two_commands.sh"
-split_commands "losses_match.sh TOL|float32 [--expect-mismatch] -- REF... -- CMD..." "$@"
+split_commands "losses_match.sh TOL|float32|bfloat16 [--expect-mismatch] -- REF... -- CMD..." "$@"
 extract() { sed -E 's/^\[rank [0-9]+\] //' "$work/$1" | awk '$1 == "step" && $3 == "loss" {print $2, $4}'; }
 # step, loss, and the norm ("-" when the line has none).
 extract_norms() {
@@ -42,7 +51,7 @@ extract_norms() {
 }
 dump() { for f in "$@"; do echo "--- $f output"; cat "$work/$f"; done; }
 
-if [ "$mode" != float32 ]; then
+if ((!measured)); then
   run reference "${ref[@]}"
   run command "${cmd[@]}"
   paste -d' ' <(extract_norms reference) <(extract_norms command) | awk -v tol="$mode" -v above="$above" '
@@ -62,9 +71,9 @@ if [ "$mode" != float32 ]; then
 fi
 
 run reference64 "${ref[@]}" --dtype float64
-run reference32 "${ref[@]}" --dtype float32
+run reference32 "${ref[@]}" --dtype "$mode"
 run command "${cmd[@]}"
-paste -d' ' <(extract reference64) <(extract reference32) <(extract command) | awk -v expect="$expect_mismatch" '
+paste -d' ' <(extract reference64) <(extract reference32) <(extract command) | awk -v expect="$expect_mismatch" -v name="$mode" '
   function abs(x) { return x < 0 ? -x : x }
   { n++; l64 = $2; s = abs(l64); if (s < 1e-30) s = 1e-30
     if ($1 != $3 || $1 != $5) { printf "step numbers differ: %s %s %s\n", $1, $3, $5; broken = 1; exit }
@@ -73,7 +82,7 @@ paste -d' ' <(extract reference64) <(extract reference32) <(extract command) | a
     d = abs($6 - l64) / s
     if (d > bound) { bad++; if (!first) first = $1 }
     mark = (d > bound) ? "  <-- outside" : ""
-    printf "step %s: float64 %s float32 %s (%.2e) got %s (%.2e, bound %.2e)%s\n", $1, l64, $4, e, $6, d, bound, mark }
+    printf "step %s: float64 %s %s %s (%.2e) got %s (%.2e, bound %.2e)%s\n", $1, l64, name, $4, e, $6, d, bound, mark }
   END { if (broken) exit 1
         if (n == 0) { print "no losses printed"; exit 1 }
         if (expect) {

@@ -19,10 +19,11 @@
 // over the axis in backward). Parameters without a gradient are skipped, as
 // torch does.
 //
-// Each rank sums |g|^p of the elements it counts (in float64), one
+// Each rank sums |g|^p of the elements it counts (each tensor's norm as
+// torch's clip computes it, in float32 at least, the sum in float64), one
 // all-reduce over the world adds (inf: maximises) the partial sums, and every
-// rank scales every gradient it holds, counted or not, by
-// torch's coefficient min(1, max_norm / (total + 1e-6)). With
+// rank scales every gradient it holds, counted or not, by torch's
+// coefficient min(1, max_norm / (total + 1e-6)). With
 // error_if_nonfinite every rank throws alike when the total is NaN or inf
 // (decided after the reduction, so no rank is left waiting).
 //

@@ -14,26 +14,34 @@
 namespace shardplan {
 namespace {
 
-// Replicas must be bit-identical, so any difference must change the sum. A
-// 64-bit word at a time (the check's cost is this loop): each step is a
-// bijection of the running value for a given word (xor, odd multiply,
-// xorshift), so one differing word always changes the result, and the
-// xorshift carries high bits down so that two differences rarely cancel.
+// Replicas must be bit-identical, so any difference must change the sum.
+// Each step is a bijection of a lane's running value for a given word (xor,
+// odd multiply, xorshift), so one differing word always changes the result,
+// and the xorshift carries high bits down so that two differences rarely
+// cancel. Four independent lanes of 64-bit words: the check's cost is this
+// loop, and one lane waits on its multiply's latency.
+uint64_t mix(uint64_t h, uint64_t w) {
+  h = (h ^ w) * 1099511628211ull;
+  return h ^ (h >> 29);
+}
+
 int64_t checksum(const at::Tensor& t) {
   at::Tensor c = t.detach().contiguous().cpu();
   const auto* p = static_cast<const unsigned char*>(c.data_ptr());
   const size_t n = static_cast<size_t>(c.numel()) * c.element_size();
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h[4] = {1469598103934665603ull, 1, 2, 3};
   size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    h = (h ^ w) * 1099511628211ull;
-    h ^= h >> 29;
-  }
-  for (; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  for (; i + 32 <= n; i += 32)
+    for (int k = 0; k < 4; ++k) {
+      uint64_t w;
+      std::memcpy(&w, p + i + 8 * k, 8);
+      h[k] = mix(h[k], w);
+    }
+  for (; i < n; ++i) h[0] = mix(h[0], p[i]);
+  uint64_t all = h[0];
+  for (int k = 1; k < 4; ++k) all = mix(all, h[k]);
   int64_t out;
-  std::memcpy(&out, &h, sizeof out);
+  std::memcpy(&out, &all, sizeof out);
   return out;
 }
 
@@ -47,7 +55,7 @@ int64_t piece_on(const ReportRow* row, const std::string& axis) {
   return -1;
 }
 
-std::string causes() {
+std::string drift_causes() {
   return ". A drift usually comes from torch::nn::utils::clip_grad_norm_ on a rank's shards (each rank clips by "
          "the norm of its own shards: use shardplan::clip_grad_norm_, shardplan/clip_grad.h, which counts every "
          "element once), a rank-local random stream (draw from shardplan's RngTracker, shardplan/random.h), or a "
@@ -84,7 +92,7 @@ void check_replica_params(const std::vector<std::pair<std::string, at::Tensor>>&
           first = "replica check: parameter '" + params[compared[k]].first +
                   "' differs across the ranks of mesh axis '" + axis.name + "' (world rank " +
                   std::to_string(group->ranks()[r]) + " holds other values than world rank " +
-                  std::to_string(group->ranks()[q]) + "): the replicas have drifted" + causes();
+                  std::to_string(group->ranks()[q]) + "): the replicas have drifted" + drift_causes();
       }
   }
   // Only the ranks of the group that differs saw it: pass the word along
@@ -99,7 +107,7 @@ void check_replica_params(const std::vector<std::pair<std::string, at::Tensor>>&
   if (const int64_t r = reporter.item<int64_t>(); r > 0)
     throw Error("replica check: world rank " + std::to_string(r - 1) +
                 " found a parameter that differs across its replicas (its error names it): the replicas have "
-                "drifted" + causes());
+                "drifted" + drift_causes());
 }
 
 }  // namespace shardplan

@@ -115,7 +115,7 @@ std::vector<GradPiece> tensor_parallel_pieces(TensorParallelImpl& tp) {
   return pieces;
 }
 
-double clip(const std::vector<GradPiece>& pieces, Communicator* comm, double max_norm, double norm_type,
+double clip_pieces(const std::vector<GradPiece>& pieces, Communicator* comm, double max_norm, double norm_type,
             bool error_if_nonfinite) {
   const double total = pieces_norm(pieces, comm, norm_type, error_if_nonfinite);
   scale_pieces(pieces, clip_coefficient(max_norm, total));
@@ -172,7 +172,7 @@ double named_clip_grad_norm(const std::vector<std::pair<std::string, at::Tensor>
                             const ParallelReport& report, World& world, double max_norm, double norm_type,
                             bool error_if_nonfinite) {
   check_clip_args(max_norm, norm_type, "clip_grad_norm_");
-  return clip(named_pieces(params, report, world, "clip_grad_norm_"), world.size() > 1 ? &world.comm() : nullptr,
+  return clip_pieces(named_pieces(params, report, world, "clip_grad_norm_"), world.size() > 1 ? &world.comm() : nullptr,
               max_norm, norm_type, error_if_nonfinite);
 }
 
@@ -205,7 +205,7 @@ double grad_norm(DataParallel& dp, double norm_type, bool error_if_nonfinite) {
 double clip_grad_norm_(DataParallel& dp, double max_norm, double norm_type, bool error_if_nonfinite) {
   check_clip_args(max_norm, norm_type, "clip_grad_norm_");
   const auto pieces = data_parallel_pieces(dp);
-  return clip(pieces, dp.impl().world.get(), max_norm, norm_type, error_if_nonfinite);
+  return clip_pieces(pieces, dp.impl().world.get(), max_norm, norm_type, error_if_nonfinite);
 }
 
 double grad_norm(Optimizer& opt, double norm_type, bool error_if_nonfinite) {
@@ -217,7 +217,7 @@ double grad_norm(Optimizer& opt, double norm_type, bool error_if_nonfinite) {
 double clip_grad_norm_(Optimizer& opt, double max_norm, double norm_type, bool error_if_nonfinite) {
   check_clip_args(max_norm, norm_type, "clip_grad_norm_");
   const auto pieces = optimizer_pieces(opt);
-  return clip(pieces, opt.data_parallel().impl().world.get(), max_norm, norm_type, error_if_nonfinite);
+  return clip_pieces(pieces, opt.data_parallel().impl().world.get(), max_norm, norm_type, error_if_nonfinite);
 }
 
 double grad_norm(TensorParallelImpl& tp, double norm_type, bool error_if_nonfinite) {
@@ -226,7 +226,7 @@ double grad_norm(TensorParallelImpl& tp, double norm_type, bool error_if_nonfini
 
 double clip_grad_norm_(TensorParallelImpl& tp, double max_norm, double norm_type, bool error_if_nonfinite) {
   check_clip_args(max_norm, norm_type, "clip_grad_norm_");
-  return clip(tensor_parallel_pieces(tp), nullptr, max_norm, norm_type, error_if_nonfinite);
+  return clip_pieces(tensor_parallel_pieces(tp), nullptr, max_norm, norm_type, error_if_nonfinite);
 }
 
 }  // namespace shardplan

@@ -15,7 +15,7 @@
 namespace shardplan {
 namespace {
 
-std::string num(double x) {
+std::string norm_text(double x) {
   std::ostringstream s;
   s.precision(17);
   s << x;
@@ -26,13 +26,13 @@ std::string num(double x) {
 
 void check_norm_type(double norm_type, const char* who) {
   if (std::isnan(norm_type) || norm_type <= 0)
-    throw Error(std::string(who) + ": norm_type " + num(norm_type) +
+    throw Error(std::string(who) + ": norm_type " + norm_text(norm_type) +
                 " is not a norm; use 2, any p > 0, or INFINITY (the max norm)");
 }
 
 void check_clip_args(double max_norm, double norm_type, const char* who) {
   if (std::isnan(max_norm) || max_norm < 0)
-    throw Error(std::string(who) + ": max_norm " + num(max_norm) +
+    throw Error(std::string(who) + ": max_norm " + norm_text(max_norm) +
                 " is not a norm to clip to; give a number >= 0");
   check_norm_type(norm_type, who);
 }
@@ -74,10 +74,14 @@ double pieces_norm(const std::vector<GradPiece>& pieces, Communicator* comm, dou
   for (const auto& p : pieces) {
     if (!p.counts || !p.grad.defined() || p.grad.numel() == 0) continue;
     const at::Tensor g = p.grad.detach();
-    // torch's own per-tensor norm (clip_grad_norm_'s), accumulated in float64
-    // without a float64 copy of the gradient.
+    // Per tensor torch's own norm (its clip_grad_norm_'s), in float32 at
+    // least (half gradients would overflow); across tensors and ranks in
+    // float64. A float64 copy of float32 gradients would cost 5x the norm.
+    const auto dtype = g.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     parts.push_back(max ? g.abs().max().to(at::kDouble)
-                        : at::linalg_vector_norm(g, norm_type, c10::nullopt, false, at::kDouble).pow(norm_type));
+                        : at::linalg_vector_norm(g, norm_type, c10::nullopt, false, dtype)
+                              .to(at::kDouble)
+                              .pow(norm_type));
   }
   at::Tensor local = parts.empty() ? at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device))
                                    : (max ? at::stack(parts).max() : at::stack(parts).sum());
@@ -91,8 +95,8 @@ double pieces_norm(const std::vector<GradPiece>& pieces, Communicator* comm, dou
                  : norm_type == 2        ? std::sqrt(v)
                                          : std::pow(v, 1.0 / norm_type);
   if (error_if_nonfinite && !std::isfinite(total))
-    throw Error("clip_grad_norm_: the total norm of order " + num(norm_type) + " of the gradients is " +
-                num(total) +
+    throw Error("clip_grad_norm_: the total norm of order " + norm_text(norm_type) + " of the gradients is " +
+                norm_text(total) +
                 ", so it cannot be clipped (a NaN or inf gradient on some rank); pass error_if_nonfinite = false to "
                 "scale them by the non-finite norm anyway, as torch does");
   return total;

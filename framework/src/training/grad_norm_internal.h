@@ -21,11 +21,11 @@ struct GradPiece {
 };
 
 // The norm of the counted elements of every rank's pieces: sum |g|^p (inf:
-// max |g|) locally in float64, one all-reduce over `world` (or none when
-// `comm` is nullptr: a single process), then ^(1/p). NaN if any counted
-// element is NaN, inf if any is inf (as torch). With error_if_nonfinite every
-// rank throws the same Error when the total is not finite. Checks norm_type
-// before communicating.
+// max |g|) locally (per piece torch's norm, summed in float64), one
+// all-reduce over `world` (or none when `comm` is nullptr: a single
+// process), then ^(1/p). NaN if any counted element is NaN, inf if any is
+// inf (as torch). With error_if_nonfinite every rank throws the same Error
+// when the total is not finite. Checks norm_type before communicating.
 double pieces_norm(const std::vector<GradPiece>& pieces, World& world, double norm_type, bool error_if_nonfinite);
 double pieces_norm(const std::vector<GradPiece>& pieces, Communicator* comm, double norm_type,
                    bool error_if_nonfinite);
