@@ -2,7 +2,8 @@
 if(TARGET train_gpt)
   # Issue 34, item 4: {data: 2, model: 2}, ZeRO-1, --micro-batches 2, --clip, saved
   # and resumed mid-warmup and mid-decay: the uninterrupted run's losses
-  # (1e-12, float64) and lrs; other settings refused unless overridden.
+  # (1e-12, float64), norms and lrs; bfloat16 with masters and a loss scaler
+  # resumed alike; other settings refused unless overridden.
   add_test(NAME e2e_schedule_resume_2d_zero
     COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/schedule_resume.sh $<TARGET_FILE:train_gpt> ${PROJECT_SOURCE_DIR}/plans)
   set_tests_properties(e2e_schedule_resume_2d_zero PROPERTIES TIMEOUT 300 LABELS "ckpt;data_parallel")

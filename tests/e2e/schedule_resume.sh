@@ -6,7 +6,8 @@
 # uninterrupted run saves every 2 steps; resumed from its step-2 checkpoint
 # (mid-warmup, --load) and from its step-6 one (mid-decay, --resume auto),
 # every later step prints the uninterrupted run's loss (1e-12 relative),
-# gradient norm and lr; resumed in one process, its lrs. A resume with another --steps is one
+# gradient norm and lr; resumed in one process, its lrs; in bfloat16 with
+# float32 masters and a loss scaler, the same step lines. A resume with another --steps is one
 # error line naming both schedules, and with --override-schedule goes on
 # with the new decay from the saved position.
 set -u
@@ -53,6 +54,17 @@ run mid_decay "${train[@]}" --steps 10 --save "$WORK/auto" --resume auto
 grep -qE "^resumed from [^ ]*/auto at step 6$" "$WORK/mid_decay.log" || fail "--resume auto did not resume at step 6"
 same_steps mid_decay 7
 echo "ok: resumed mid-warmup (step 2) and mid-decay (step 6), the uninterrupted run's losses and lrs"
+# bfloat16 with float32 masters and a loss scaler: the masters, the scaler's
+# state and the schedule's position all resume (every printed field but the
+# throughput the uninterrupted run's, as text).
+bf16=("${train[@]/float64/bfloat16}" --loss-scale dynamic --steps 8)
+fields() { sed -E 's/  tokens\/s [0-9]+//' "$WORK/$1.log" | grep -E '^step +[5-8] '; }
+run bf16_reference "${bf16[@]}" --save "$WORK/bf16" --save-every 4
+run bf16_resumed "${bf16[@]}" --load "$WORK/bf16.step-4"
+grep -q ' scale 65536 ' "$WORK/bf16_resumed.log" || fail "bfloat16: no loss scale printed"
+[[ $(fields bf16_resumed | wc -l) -eq 4 ]] && diff <(fields bf16_reference) <(fields bf16_resumed) >"$WORK/bf16_diff.log" ||
+  fail "bfloat16: the resumed steps 5 to 8 differ: $(head -4 "$WORK/bf16_diff.log")"
+echo "ok: bfloat16 with masters and a loss scaler resumes mid-decay with the same steps"
 # At another plan and number of ranks (one process, unsharded): the same lrs.
 run unsharded "$TRAIN" --config context=16,embed=32,mlp=64,layers=1 --dtype float64 --batch 8 --log-every 1 \
   --lr 1e-2 --warmup 3 --lr-min 1e-3 --steps 10 --load "$WORK/ref.step-6"
