@@ -17,9 +17,11 @@
 
 #include "models/options.h"
 #include "shardplan/auto_plan.h"
+#include "shardplan/clip_grad.h"
 #include "shardplan/nn/linear.h"
 #include "shardplan/parallelize.h"
 #include "shardplan/plan.h"
+#include "shardplan/replicas.h"
 #include "shardplan/world.h"
 
 namespace {
@@ -36,13 +38,21 @@ struct Args {
   uint64_t seed = 0;
   int threads = 0;  // 0: SHARDPLAN_NUM_THREADS, else the cores shared out among this machine's ranks
   bool report = false;
+  double clip = 0;             // --clip X (0: none), shardplan::clip_grad_norm_
+  bool clip_with_torch = false;  // --clip-with torch: torch's over this rank's parameters
+  int check_replicas = 50;     // the replica check every N steps (0: never)
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "train_mlp: %s\nusage: train_mlp [--plan PLAN.yaml|auto] [--ranks N] [--steps N] [--batch N] [--in N]\n"
                "                 [--hidden N] [--out N] [--lr X] [--optimizer sgd|adam] [--dtype float32|float64]\n"
-               "                 [--seed N] [--threads N] [--report]\n",
+               "                 [--seed N] [--threads N] [--report] [--clip X [--clip-with shardplan|torch]]\n"
+               "                 [--check-replicas N]\n"
+               "--clip X scales the gradients to a total norm of at most X (the unsharded model's norm,\n"
+               "shardplan::clip_grad_norm_) and prints it; --clip-with torch uses torch's clip_grad_norm_ on\n"
+               "this rank's own parameters (one process only: on shards the replicas drift); --check-replicas N\n"
+               "compares the replicated parameters across the ranks every N steps (default 50; 0: never)\n",
                why.c_str());
   std::exit(2);
 }
@@ -51,6 +61,7 @@ Args parse(int argc, char** argv) {
   using shardplan::examples::option_double;
   using shardplan::count_option_int;
   Args a;
+  std::string clip_with;
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i], v;
     auto value = [&]() -> std::string {
@@ -71,6 +82,9 @@ Args parse(int argc, char** argv) {
       else if (k == "--seed") a.seed = shardplan::examples::option_seed(value());
       else if (k == "--threads") a.threads = count_option_int(k, value(), 0, 4096);
       else if (k == "--report") a.report = true;
+      else if (k == "--clip") a.clip = shardplan::examples::clip_option(value());
+      else if (k == "--clip-with") clip_with = value();
+      else if (k == "--check-replicas") a.check_replicas = count_option_int(k, value(), 0);
       else if (k == "--help" || k == "-h") usage("tensor-parallel MLP example");
       else usage("unknown argument '" + k + "'");
     } catch (const shardplan::CountError& e) {
@@ -85,6 +99,10 @@ Args parse(int argc, char** argv) {
   if (a.steps < 1 || a.batch < 1 || a.in < 1 || a.hidden < 1 || a.out < 1)
     usage("--steps, --batch, --in, --hidden and --out must be at least 1");
   if (!(a.lr > 0)) usage("--lr must be a positive number");
+  if (!clip_with.empty() && clip_with != "shardplan" && clip_with != "torch")
+    usage("--clip-with takes shardplan or torch, got '" + clip_with + "'");
+  if (!clip_with.empty() && a.clip == 0) usage("--clip-with takes effect with --clip X only");
+  a.clip_with_torch = clip_with == "torch";
   return a;
 }
 
@@ -105,17 +123,16 @@ TORCH_MODULE(MLP);
 // a time from the same seed so every rank starts from the same weights.
 std::mutex init_mutex;
 
-void train(const Args& a, shardplan::World& world, int ranks_in_process) {
-  if (a.threads > 0) shardplan::set_num_threads(a.threads, world.options().local_world_size, ranks_in_process);
-  const auto dtype = a.dtype == "float64" ? torch::kDouble : torch::kFloat;
+// The model, sharded by --plan (auto: shardplan::auto_plan); `report` is
+// empty when unsharded.
+MLP build(const Args& a, shardplan::World& world, shardplan::ParallelReport& report) {
   MLP model{nullptr};
   {
     std::lock_guard<std::mutex> lock(init_mutex);
     torch::manual_seed(a.seed);
     model = MLP(a.in, a.hidden, a.out);
   }
-  model->to(dtype);
-  shardplan::ParallelReport report;
+  model->to(a.dtype == "float64" ? torch::kDouble : torch::kFloat);
   if (a.plan == "auto") {
     // Planned by shardplan::auto_plan from one probe forward; the values of
     // the probe's input do not matter, only which layer feeds which.
@@ -126,6 +143,40 @@ void train(const Args& a, shardplan::World& world, int ranks_in_process) {
     report = shardplan::parallelize(*model, shardplan::load_plan(a.plan), world);
   }
   if (!a.plan.empty() && a.report && world.rank() == 0) std::cout << (a.plan == "auto" ? report.plan_yaml : "") << report.table() << std::flush;
+  return model;
+}
+
+// --clip after backward: the unsharded model's gradient norm, every element
+// once; torch's over this rank's parameters with --clip-with torch (or
+// unsharded, where the two agree).
+double clip(const Args& a, MLP& model, const shardplan::ParallelReport& report, shardplan::World& world) {
+  if (a.clip_with_torch || a.plan.empty()) return torch::nn::utils::clip_grad_norm_(model->parameters(), a.clip);
+  return shardplan::clip_grad_norm_(*model, report, world, a.clip);
+}
+
+// Each rank's parameter bytes and communication, in rank order.
+void print_totals(const Args& a, MLP& model, const shardplan::ParallelReport& report, shardplan::World& world) {
+  int64_t local = 0, global = 0;
+  for (const auto& p : model->parameters()) local += p.numel() * p.element_size();
+  global = a.plan.empty() ? local : report.global_bytes();
+  auto stats = world.total_stats();
+  for (int r = 0; r < world.size(); ++r) {
+    if (r == world.rank()) {
+      std::printf("rank %d: parameter bytes %lld of %lld (%.1f%%), communicated %llu bytes in %llu calls (%llu per step)\n",
+                  r, static_cast<long long>(local), static_cast<long long>(global), 100.0 * local / global,
+                  static_cast<unsigned long long>(stats.bytes), static_cast<unsigned long long>(stats.calls),
+                  static_cast<unsigned long long>(stats.bytes / a.steps));
+      std::fflush(stdout);
+    }
+    world.comm().barrier();
+  }
+}
+
+void train(const Args& a, shardplan::World& world, int ranks_in_process) {
+  if (a.threads > 0) shardplan::set_num_threads(a.threads, world.options().local_world_size, ranks_in_process);
+  const auto dtype = a.dtype == "float64" ? torch::kDouble : torch::kFloat;
+  shardplan::ParallelReport report;
+  MLP model = build(a, world, report);
   std::unique_ptr<torch::optim::Optimizer> opt;
   if (a.optimizer == "adam") opt = std::make_unique<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(a.lr));
   else opt = std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(a.lr).momentum(0.9));
@@ -146,25 +197,16 @@ void train(const Args& a, shardplan::World& world, int ranks_in_process) {
     opt->zero_grad();
     auto loss = torch::mse_loss(model->forward(x), y);
     loss.backward();
+    const double norm = a.clip > 0 ? clip(a, model, report, world) : 0;
     opt->step();
-    if (world.rank() == 0) std::printf("step %3d  loss %.8e\n", step, loss.item<double>());
+    if (a.check_replicas > 0 && !a.plan.empty() && step % a.check_replicas == 0)
+      shardplan::check_replicas(*model, report, world);
+    // float64 runs are compared with an unsharded run to 1e-10 and better.
+    if (world.rank() == 0) std::printf("step %3d  loss %.*e", step, dtype == torch::kDouble ? 12 : 8, loss.item<double>());
+    if (world.rank() == 0) std::printf(a.clip > 0 ? "  norm %.12e\n" : "\n", norm);
   }
   std::fflush(stdout);
-
-  int64_t local = 0, global = 0;
-  for (const auto& p : model->parameters()) local += p.numel() * p.element_size();
-  global = a.plan.empty() ? local : report.global_bytes();
-  auto stats = world.total_stats();
-  for (int r = 0; r < world.size(); ++r) {
-    if (r == world.rank()) {
-      std::printf("rank %d: parameter bytes %lld of %lld (%.1f%%), communicated %llu bytes in %llu calls (%llu per step)\n",
-                  r, static_cast<long long>(local), static_cast<long long>(global), 100.0 * local / global,
-                  static_cast<unsigned long long>(stats.bytes), static_cast<unsigned long long>(stats.calls),
-                  static_cast<unsigned long long>(stats.bytes / a.steps));
-      std::fflush(stdout);
-    }
-    world.comm().barrier();
-  }
+  print_totals(a, model, report, world);
 }
 
 }  // namespace

@@ -24,6 +24,17 @@ add_test(NAME e2e_dp_batch_not_divisible COMMAND ${_gpt} --ranks 4 --batch 6
   --plan ${PROJECT_SOURCE_DIR}/plans/data_parallel.yaml)
 set_tests_properties(e2e_dp_batch_not_divisible PROPERTIES
   PASS_REGULAR_EXPRESSION "error: (rank [0-9]: )?--batch 6 \\(the global batch\\) does not divide into 4 data rank\\(s\\) x 1 micro-batch")
+# Nor may the micro-batches divide a data rank's slice unevenly: the same line
+# (before step 1, one process or several ranks).
+add_test(NAME e2e_dp_micro_batches_not_divisible COMMAND ${_gpt} --batch 6 --micro-batches 4)
+add_test(NAME e2e_dp_micro_batches_not_divisible_data2 COMMAND ${_gpt} --ranks 4 --batch 8 --micro-batches 3
+  --plan ${PROJECT_SOURCE_DIR}/plans/gpt_2d.yaml)
+set_tests_properties(e2e_dp_micro_batches_not_divisible PROPERTIES PASS_REGULAR_EXPRESSION
+  "error: (rank [0-9]: )?--batch 6 \\(the global batch\\) does not divide into 1 data rank\\(s\\) x 4 micro-batch")
+set_tests_properties(e2e_dp_micro_batches_not_divisible_data2 PROPERTIES PASS_REGULAR_EXPRESSION
+  "error: (rank [0-9]: )?--batch 8 \\(the global batch\\) does not divide into 2 data rank\\(s\\) x 3 micro-batch")
+set_tests_properties(e2e_dp_batch_not_divisible e2e_dp_micro_batches_not_divisible
+  e2e_dp_micro_batches_not_divisible_data2 PROPERTIES FAIL_REGULAR_EXPRESSION "step +1 " TIMEOUT 60)
 set_tests_properties(e2e_dp_gpt_2d_gloo_f64 e2e_dp_gpt_data4_accumulate_gloo_f64 e2e_dp_gpt_zero_threads4_f64
   e2e_dp_gpt_sp_2d_gloo_f64
   PROPERTIES TIMEOUT 300 LABELS data_parallel)

@@ -28,6 +28,16 @@ if(TARGET train_script AND SHARDPLAN_SCRIPT_PYTHON3)
     shardplan_script_example(e2e_train_script_llama_${ranks} export_script_llama.py script_llama.yaml
       ${_train_script} --ranks ${ranks} --generate 50)
   endforeach()
+  # --clip: shardplan::clip_grad_norm_ over the sharded module, torch's over
+  # the unsharded one (--compare: losses and norms agree), replicas checked
+  # after every step; torch's on each rank's shards drifts and the first
+  # check stops the run.
+  shardplan_script_example(e2e_train_script_clip_2 export_script_gpt.py script_gpt.yaml
+    ${_train_script} --ranks 2 --clip 0.05 --check-replicas 1)
+  shardplan_script_example(e2e_train_script_clip_torch_caught_2 export_script_gpt.py script_gpt.yaml
+    ${_train_script} --ranks 2 --clip 0.05 --clip-with torch --check-replicas 1)
+  set_tests_properties(e2e_train_script_clip_torch_caught_2 PROPERTIES
+    PASS_REGULAR_EXPRESSION "\ntrain_script: (rank [0-9]: )?step 1: replica check: " FAIL_REGULAR_EXPRESSION "step +2 ")
   # --model that is not a TorchScript module: one line naming the file.
   add_test(NAME train_script_bad_model COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/script/train_script_bad_model.sh
     ${_train_script} ${SHARDPLAN_SCRIPT_PYTHON3} ${PROJECT_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/train_script_bad_model)

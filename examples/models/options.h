@@ -38,5 +38,18 @@ inline double option_double(const std::string& text) {
   return v;
 }
 
+// --clip X: a positive finite norm (0 would zero every gradient); throws
+// CountError with the line the drivers print (they print a CountError's
+// message as it is).
+inline double clip_option(const std::string& text) {
+  double x = 0;
+  try {
+    x = option_double(text);
+  } catch (const std::logic_error&) {
+  }
+  if (!(x > 0)) throw CountError("--clip takes a positive finite number (the largest gradient norm), got '" + text + "'");
+  return x;
+}
+
 }  // namespace examples
 }  // namespace shardplan

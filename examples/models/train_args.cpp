@@ -3,12 +3,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <stdexcept>
 #include <string>
 
 #include "models/checkpoint_history.h"
 #include "models/model.h"
 #include "models/options.h"
+#include "models/schedule.h"
 #include "models/train_checks.h"
 #include "shardplan/weights.h"
 
@@ -38,10 +40,12 @@ const Defaults kDefaults[] = {
     if (!fixed || n == only) models += "\n  " + n + ": " + model_help(n);
   std::fprintf(stderr,
                "%s: %s\nusage: %s %s[--config KEY=VALUE,...] [--plan PLAN.yaml|auto] [--ranks N] [--steps N]\n"
-               "       [--batch N] [--lr X] [--optimizer adam|adamw|sgd|rmsprop|adagrad] [--dtype float32|float64]\n"
+               "       [--batch N] [--lr X] [--warmup N] [--lr-min X] [--override-schedule]\n"
+               "       [--optimizer adam|adamw|sgd|rmsprop|adagrad] [--dtype float32|float64|bfloat16|float16\n"
+               "       [--master float32|bfloat16|float16] [--loss-scale dynamic]]\n"
                "       [--seed N] [--threads N] [--log-every N] [--data TEXT_FILE] [--report]\n"
                "       [--save DIR [--save-every N] [--keep K] [--resume auto]] [--load DIR] [--micro-batches N]\n"
-               "       [--check-replicas N] [--load-weights PATH [--rename-weights REGEX=REPLACEMENT]...\n"
+               "       [--check-replicas N] [--clip X [--clip-with shardplan|torch]] [--load-weights PATH [--rename-weights REGEX=REPLACEMENT]...\n"
                "       [--lenient-weights]] [--save-weights PATH] [--dump-logits FILE.safetensors [--prompt TEXT]]\n"
                "       [--generate N [--prompt TEXT] [--temperature X] [--top-k K] [--samples S]]\n"
                "--save writes a sharded checkpoint (model, optimizer, step) to DIR after the last step, and\n"
@@ -63,12 +67,23 @@ const Defaults kDefaults[] = {
                "--plan auto plans the model by itself (shardplan::auto_plan, docs/AUTO_PLAN.md; --report shows it)\n"
                "--batch is the global batch: a plan with a batch axis (mesh {data: 2, model: 2}) gives each\n"
                "data rank its slice; --micro-batches accumulates gradients over N slices of it per step;\n"
-               "--check-replicas N compares every replicated parameter across its groups every N steps\n"
+               "--check-replicas N compares every replicated parameter across its groups every N steps (default 50;\n"
+               "0: never); --clip X scales the gradients to a total norm of at most X before each step (the norm\n"
+               "of the unsharded model's gradient, shardplan::clip_grad_norm_) and prints the norm; --clip-with torch\n"
+               "uses torch::nn::utils::clip_grad_norm_ on this rank's own parameters instead (one process only:\n"
+               "on shards the replicas drift, and the replica check stops the run)\n"
                "--generate N (gpt, llama): after training, S samples (default 3) of N new bytes each after --prompt\n"
                "(default \"From fairest creatures\"), temperature X (default 0.8; 0: greedy) over the top K\n"
                "(default 20; 0: all), with a key/value cache split by heads; prompt + N must fit the context,\n"
                "and the S samples' caches this machine's memory (both checked before training)\n"
                "--optimizer: adam (default), adamw, sgd (momentum 0.9), rmsprop, adagrad (torch's defaults)\n"
+               "--dtype bfloat16 or float16: parameters and activations in it, the optimizer stepping float32\n"
+               "master weights (--master float32, the default; --master bfloat16 with --dtype bfloat16: pure\n"
+               "bfloat16), gradients accumulated in the masters' dtype; float16 needs --loss-scale dynamic\n"
+               "(docs/TRAINING_NUMERICS.md); checkpoints keep the float32 masters\n"
+               "--warmup N raises the lr linearly over the first N steps (--lr / N at step 1), --lr-min X decays it\n"
+               "from --lr to X by a cosine over the steps after (Megatron's); a resume continues the schedule of\n"
+               "its checkpoint and refuses others unless --override-schedule (README, \"Learning-rate schedules\")\n"
                "%s%s\n",
                program.c_str(), why.c_str(), program.c_str(), fixed ? "" : "[--model NAME] ",
                fixed ? "model:" : "models:", models.c_str());
@@ -77,13 +92,32 @@ const Defaults kDefaults[] = {
 
 namespace {
 
+// --dtype, --master and --loss-scale together.
+void check_precision(Args& a, const std::string& program, const std::string& only) {
+  const bool half = a.dtype == "bfloat16" || a.dtype == "float16";
+  if (a.dtype != "float32" && a.dtype != "float64" && !half)
+    usage(program, only, "--dtype must be float32, float64, bfloat16 or float16, got '" + a.dtype + "'");
+  if (!half && (!a.master.empty() || a.loss_scale))
+    usage(program, only,
+          std::string(a.master.empty() ? "--loss-scale" : "--master") +
+              " takes effect with --dtype bfloat16 or float16 only");
+  if (!half) return;
+  if (a.master.empty()) a.master = "float32";
+  if (a.master != "float32" && a.master != a.dtype)
+    usage(program, only, "--master must be float32 or --dtype's own " + a.dtype + ", got '" + a.master + "'");
+  if (a.dtype == "float16" && !a.loss_scale)
+    usage(program, only,
+          "--dtype float16 needs --loss-scale dynamic: its small gradients underflow to zero without loss "
+          "scaling (or train in bfloat16)");
+}
+
 // The option values that need each other or the model's defaults; every
 // check a run could otherwise fail later in is made here or before step 1.
 void check_args(Args& a, const std::string& program, const std::string& only) {
   if (a.optimizer != "adam" && a.optimizer != "adamw" && a.optimizer != "sgd" && a.optimizer != "rmsprop" &&
       a.optimizer != "adagrad")
     usage(program, only, "--optimizer must be adam, adamw, sgd, rmsprop or adagrad, got '" + a.optimizer + "'");
-  if (a.dtype != "float32" && a.dtype != "float64") usage(program, only, "--dtype must be float32 or float64");
+  check_precision(a, program, only);
   const Defaults* d = nullptr;
   for (const auto& x : kDefaults)
     if (a.model == x.model) d = &x;
@@ -96,6 +130,7 @@ void check_args(Args& a, const std::string& program, const std::string& only) {
   if (a.save_every < 0 || (a.save_every > 0 && a.save.empty()))
     usage(program, only, "--save-every needs --save DIR and a positive step count");
   if (a.keep_given && a.save.empty()) usage(program, only, "--keep takes effect with --save DIR only");
+  if (a.clip_with_given && a.clip == 0) usage(program, only, "--clip-with takes effect with --clip X only");
   if (a.micro_batches < 1 || a.check_replicas < 0)
     usage(program, only, "--micro-batches must be at least 1, --check-replicas not negative");
   if (a.generate < 0 || a.samples < 1)
@@ -136,6 +171,8 @@ void check_args(Args& a, const std::string& program, const std::string& only) {
   }
   // As SHARDPLAN_NUM_THREADS: a larger count is a typo, not a machine.
   if (a.ranks > 4096 || a.threads > 4096) usage(program, only, "--ranks and --threads must be at most 4096");
+  const std::string schedule = check_schedule_options(a);
+  if (!schedule.empty()) usage(program, only, schedule);
   try {
     if (!a.save.empty()) check_save_dir(a.save, "--save");
     if (!a.save_weights.empty()) check_save_dir(a.save_weights, "--save-weights");
@@ -143,6 +180,34 @@ void check_args(Args& a, const std::string& program, const std::string& only) {
   } catch (const std::exception& e) {
     usage(program, only, e.what());
   }
+}
+
+// The options of what a step does (the optimizer and its lr schedule, the
+// precision, micro-batches, clipping, the replica check) into `a`; false
+// when `k` is none of them. A bad value throws CountError with its line.
+bool parse_step_option(Args& a, const std::string& k, const std::function<std::string()>& value) {
+  if (k == "--lr") a.lr = option_double(value());
+  else if (k == "--warmup") a.warmup = count_option_int(k, value(), 0);
+  else if (k == "--lr-min") a.lr_min = option_double(value());
+  else if (k == "--override-schedule") a.override_schedule = true;
+  else if (k == "--optimizer") a.optimizer = value();
+  else if (k == "--dtype") a.dtype = value();
+  else if (k == "--master") a.master = value();
+  else if (k == "--loss-scale") {
+    const std::string how = value();
+    if (how != "dynamic") throw CountError("--loss-scale takes 'dynamic' only, got '" + how + "'");
+    a.loss_scale = true;
+  } else if (k == "--micro-batches") a.micro_batches = count_option_int(k, value(), 1);
+  else if (k == "--check-replicas") a.check_replicas = count_option_int(k, value(), 0);
+  else if (k == "--clip") a.clip = clip_option(value());
+  else if (k == "--clip-with") {
+    const std::string with = value();
+    if (with != "shardplan" && with != "torch")
+      throw CountError("--clip-with takes shardplan or torch, got '" + with + "'");
+    a.clip_with_torch = with == "torch";
+    a.clip_with_given = true;
+  } else return false;
+  return true;
 }
 
 }  // namespace
@@ -160,6 +225,7 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
     if (k == "--temperature" || k == "--top-k" || k == "--samples") a.generation_option = k;
     if (k == "--prompt") a.prompt_given = true;
     try {
+      if (parse_step_option(a, k, value)) continue;
       if (k == "--model" && !fixed)
         a.model = value();
       else if (k == "--config")
@@ -176,12 +242,6 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
         a.batch = count_option_int(k, value(), 1);
       else if (k == "--log-every")
         a.log_every = count_option_int(k, value(), 1);
-      else if (k == "--lr")
-        a.lr = option_double(value());
-      else if (k == "--optimizer")
-        a.optimizer = value();
-      else if (k == "--dtype")
-        a.dtype = value();
       else if (k == "--seed")
         a.seed = option_seed(value());
       else if (k == "--threads")
@@ -212,10 +272,6 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
         a.rename_weights.emplace_back(rule.substr(0, eq), rule.substr(eq + 1));
       } else if (k == "--lenient-weights")
         a.lenient_weights = true;
-      else if (k == "--micro-batches")
-        a.micro_batches = count_option_int(k, value(), 1);
-      else if (k == "--check-replicas")
-        a.check_replicas = count_option_int(k, value(), 0);
       else if (k == "--dump-logits")
         a.dump_logits = value();
       else if (k == "--generate")

@@ -19,8 +19,19 @@ struct Args {
   int ranks = 0;  // 0: from the launcher's environment, else 1
   int steps = -1, batch = -1, log_every = -1;
   double lr = std::nan("");  // unset: the model's default (options never parse to nan)
+  // The lr schedule (models/schedule.h): warmup steps, the cosine decay's
+  // end (nan: no decay), and whether a resume may change them.
+  int warmup = 0;
+  double lr_min = std::nan("");
+  bool override_schedule = false;
   std::string optimizer = "adam";
   std::string dtype = "float32";
+  // --dtype bfloat16|float16: parameters and activations in it, the
+  // optimizer stepping master weights in --master (float32 unless it is
+  // --dtype itself: pure half precision; shardplan/mixed_precision.h), and
+  // float16 needing --loss-scale dynamic. Empty for float32 and float64.
+  std::string master;
+  bool loss_scale = false;  // --loss-scale dynamic: torch's GradScaler rule
   uint64_t seed = 0;
   int threads = 0;  // 0: SHARDPLAN_NUM_THREADS, else the cores shared out among this machine's ranks
   bool report = false;
@@ -40,7 +51,18 @@ struct Args {
   int keep = 2;
   bool keep_given = false;
   int micro_batches = 1;   // gradient accumulation: micro-batches per step
-  int check_replicas = 0;  // every N steps (0: never)
+  // The replica check every N steps (0: never): on by default, since a
+  // drift (torch's clip_grad_norm_ on shards, a rank-local random stream)
+  // is otherwise silent; its cost at N = 50 is in docs/BENCHMARKS.md.
+  int check_replicas = 50;
+  // --clip X: gradients scaled to a total norm of at most X (0: no clipping)
+  // by shardplan::clip_grad_norm_, every element of the unsharded model
+  // counted once; --clip-with torch: by torch::nn::utils::clip_grad_norm_
+  // over this rank's own parameters instead (right for one unsharded
+  // process, the reference; on shards the replicas drift).
+  double clip = 0;
+  bool clip_with_torch = false;
+  bool clip_with_given = false;
   // After training, rank 0 writes the logits of one forward over --prompt,
   // the vocabulary whole, as a safetensors file (gpt, llama): how
   // tests/e2e/llama_logits.sh compares them with PyTorch's.
@@ -54,6 +76,11 @@ struct Args {
   std::string generation_option;  // the last of --temperature, --top-k, --samples given (they need --generate)
   bool prompt_given = false;      // --prompt needs --generate or --dump-logits
 };
+
+// Bytes per element of a --dtype name (float64 8, float32 4, the halves 2).
+inline int dtype_bytes(const std::string& dtype) {
+  return dtype == "float64" ? 8 : dtype == "float32" ? 4 : 2;
+}
 
 // Prints why and the usage to stderr and exits with status 2. `only`: the one
 // model a fixed program trains ("" lists every model).

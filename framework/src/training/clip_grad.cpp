@@ -12,7 +12,6 @@
 #include "base/shape_text.h"
 #include "clip_grad_internal.h"
 #include "data_parallel/data_parallel_impl.h"
-#include "base/shape_text.h"
 #include "grad_norm_internal.h"
 #include "shardplan/error.h"
 #include "shardplan/optimizer.h"
@@ -218,7 +217,7 @@ double grad_norm(Optimizer& opt, double norm_type, bool error_if_nonfinite) {
 double clip_grad_norm_(Optimizer& opt, double max_norm, double norm_type, bool error_if_nonfinite) {
   check_clip_args(max_norm, norm_type, "clip_grad_norm_");
   const auto pieces = optimizer_pieces(opt);
-  return clip(pieces, opt.data_parallel().impl().world.get(), max_norm, norm_type, error_if_nonfinite);
+  return clip_pieces(pieces, opt.data_parallel().impl().world.get(), max_norm, norm_type, error_if_nonfinite);
 }
 
 double grad_norm(TensorParallelImpl& tp, double norm_type, bool error_if_nonfinite) {
