@@ -73,8 +73,9 @@ Result reference(const Data& data, torch::ScalarType master, int ranks) {
         total[i] = total[i].defined() ? total[i].add_(g) : g;
       }
     }
+    // Each tensor's norm in its own dtype, as torch's clip_grad_norm_ takes it.
     double sq = 0;
-    for (const auto& g : total) sq += g.to(torch::kDouble).pow(2).sum().item<double>();
+    for (const auto& g : total) sq += std::pow(g.norm().item<double>(), 2);
     const double norm = std::sqrt(sq), coef = kMaxNorm / (norm + 1e-6);
     EXPECT_LT(coef, 1) << "the step does not clip";
     for (size_t i = 0; i < params.size(); ++i) masters[i].mutable_grad() = total[i].mul_(coef);
@@ -147,19 +148,22 @@ TEST(MixedPrecisionClip, ClipsTheFloat32MastersPlainAndZero) {
   const Result want = rounded(reference(data, torch::kFloat, 2), torch::kBFloat16);
   for (const char* zero : {"false", "true"}) {
     const std::string plan = std::string("version: 1\nmesh: {data: 2}\ndata_parallel: {zero: ") + zero + "}\nrules: []\n";
-    expect_close(run(data, {plan}), want, 1e-12, 0);
+    // float32 norms of differently cut pieces (ZeRO's slices) differ in the
+    // last bits of float32; the parameters, rounded to bfloat16, do not.
+    expect_close(run(data, {plan}), want, 1e-6, 0);
   }
 }
 
 TEST(MixedPrecisionClip, ALossScalerUnscalesBeforeClipping) {
   // Scaling the loss by 2^16 and the gradients back is exact in binary
-  // floating point: the run with a scaler is the run without, bit for bit.
+  // floating point: the run with a scaler is the run without (its norms to
+  // float32's cuts, its parameters bit for bit).
   const Data data = make_data(torch::kBFloat16);
   const Result want = rounded(reference(data, torch::kFloat, 2), torch::kBFloat16);
   for (const char* zero : {"false", "true"}) {
     Case c{std::string("version: 1\nmesh: {data: 2}\ndata_parallel: {zero: ") + zero + "}\nrules: []\n"};
     c.scaler = true;
-    expect_close(run(data, c), want, 1e-12, 0);
+    expect_close(run(data, c), want, 1e-6, 0);
   }
 }
 
