@@ -89,7 +89,10 @@ int train_main(int argc, char** argv, const std::string& program, const std::str
     run_ranks(a.ranks > 0 ? a.ranks : 1, [&](World& w, int in_process) { train(a, w, corpus.get(), in_process); });
   } catch (const std::exception& e) {
     std::fflush(stdout);  // the error on a line of its own after what the ranks printed
-    std::fprintf(stderr, "%s: error: %s\n", program.c_str(), e.what());
+    // A libtorch error (a kernel this build lacks, as float16 LayerNorm on
+    // CPU) without its backtrace: one line.
+    const auto* c10e = dynamic_cast<const c10::Error*>(&e);
+    std::fprintf(stderr, "%s: error: %s\n", program.c_str(), c10e ? c10e->what_without_backtrace() : e.what());
     return 1;
   }
   return 0;

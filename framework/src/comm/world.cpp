@@ -1,5 +1,6 @@
 #include "shardplan/world.h"
 
+#include <c10/util/Exception.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -365,6 +366,9 @@ void run_ranks_in_threads(int n, const std::function<void(World&)>& fn, const st
   if (first_error) {
     try {
       std::rethrow_exception(first_error);
+    } catch (const c10::Error& e) {
+      // libtorch's own errors carry a backtrace; the caller prints one line.
+      throw Error("rank " + std::to_string(failed_rank) + ": " + e.what_without_backtrace());
     } catch (const std::exception& e) {
       throw Error("rank " + std::to_string(failed_rank) + ": " + e.what());
     }
