@@ -40,7 +40,7 @@ struct Args {
   bool report = false;
   double clip = 0;             // --clip X (0: none), shardplan::clip_grad_norm_
   bool clip_with_torch = false;  // --clip-with torch: torch's over this rank's parameters
-  int check_replicas = 50;     // the replica check every N steps (0: never)
+  int check_replicas = 10;     // the replica check every N steps (0: never)
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -52,7 +52,7 @@ struct Args {
                "--clip X scales the gradients to a total norm of at most X (the unsharded model's norm,\n"
                "shardplan::clip_grad_norm_) and prints it; --clip-with torch uses torch's clip_grad_norm_ on\n"
                "this rank's own parameters (one process only: on shards the replicas drift); --check-replicas N\n"
-               "compares the replicated parameters across the ranks every N steps (default 50; 0: never)\n",
+               "compares the replicated parameters across the ranks every N steps (default 10; 0: never)\n",
                why.c_str());
   std::exit(2);
 }

@@ -18,7 +18,7 @@
 // was picked from differ. --clip X clips the gradients to a total norm of
 // X (shardplan::clip_grad_norm_ over the sharded module; torch's over the
 // unsharded one of --compare, whose norms must then agree too) and prints
-// the norm; --check-replicas N (default 50; 0: never) compares the
+// the norm; --check-replicas N (default 10; 0: never) compares the
 // replicated parameters across the ranks every N steps.
 #include <torch/script.h>
 #include <torch/torch.h>
@@ -57,7 +57,7 @@ struct Args {
   bool verify = false, compare = false;
   double clip = 0;  // --clip X (0: none)
   bool clip_with_torch = false;
-  int check_replicas = 50;
+  int check_replicas = 10;
 };
 
 [[noreturn]] void usage(const std::string& why) {
@@ -70,7 +70,7 @@ struct Args {
                "  --clip X scales the gradients to a total norm of at most X (the unsharded model's,\n"
                "  shardplan::clip_grad_norm_) and prints it; --clip-with torch: torch's clip_grad_norm_ on each\n"
                "  rank's own parameters (on shards the replicas drift); --check-replicas N compares the\n"
-               "  replicated parameters across the ranks every N steps (default 50; 0: never)\n",
+               "  replicated parameters across the ranks every N steps (default 10; 0: never)\n",
                why.c_str());
   std::exit(2);
 }

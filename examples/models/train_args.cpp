@@ -67,7 +67,7 @@ const Defaults kDefaults[] = {
                "--plan auto plans the model by itself (shardplan::auto_plan, docs/AUTO_PLAN.md; --report shows it)\n"
                "--batch is the global batch: a plan with a batch axis (mesh {data: 2, model: 2}) gives each\n"
                "data rank its slice; --micro-batches accumulates gradients over N slices of it per step;\n"
-               "--check-replicas N compares every replicated parameter across its groups every N steps (default 50;\n"
+               "--check-replicas N compares every replicated parameter across its groups every N steps (default 10;\n"
                "0: never); --clip X scales the gradients to a total norm of at most X before each step (the norm\n"
                "of the unsharded model's gradient, shardplan::clip_grad_norm_) and prints the norm; --clip-with torch\n"
                "uses torch::nn::utils::clip_grad_norm_ on this rank's own parameters instead (one process only:\n"

@@ -54,7 +54,7 @@ struct Args {
   // The replica check every N steps (0: never): on by default, since a
   // drift (torch's clip_grad_norm_ on shards, a rank-local random stream)
   // is otherwise silent; its cost at N = 50 is in docs/BENCHMARKS.md.
-  int check_replicas = 50;
+  int check_replicas = 10;
   // --clip X: gradients scaled to a total norm of at most X (0: no clipping)
   // by shardplan::clip_grad_norm_, every element of the unsharded model
   // counted once; --clip-with torch: by torch::nn::utils::clip_grad_norm_
