@@ -732,6 +732,25 @@ TEST(PlanErrors, TextThatIsNotUtf8) {
   EXPECT_EQ(parse_plan(plan.to_yaml()).to_yaml(), plan.to_yaml());
 }
 
+// plan_fuzzer's finding: a data_parallel.ignore pattern holding a control
+// character (here NUL and 0x01) was written single-quoted, which YAML cannot
+// hold, so the canonical form did not parse back.
+TEST(PlanCanonical, IgnorePatternsWithControlCharactersRoundTrip) {
+  const Plan plan = parse_plan(
+      "version: 1\nmesh: {data: 2, model: auto}\ndata_parallel: {ignore: [\"a\\x00b\", \"c\\x01'd\"], "
+      "bucket_mb: 0.5, zero: true, reduce_dtype: bfloat16}\nrules: []\n");
+  ASSERT_EQ(plan.data_parallel.ignore.size(), 2u);
+  EXPECT_EQ(plan.data_parallel.ignore[0].pattern, std::string("a\0b", 3));
+  const Plan again = parse_plan(plan.to_yaml(), "canonical.yaml");
+  EXPECT_EQ(again.to_yaml(), plan.to_yaml());
+  ASSERT_EQ(again.data_parallel.ignore.size(), 2u);
+  EXPECT_EQ(again.data_parallel.ignore[0].pattern, std::string("a\0b", 3));
+  EXPECT_EQ(again.data_parallel.ignore[1].pattern, "c\x01'd");
+  EXPECT_EQ(again.data_parallel.bucket_mb, "0.5");
+  EXPECT_TRUE(again.data_parallel.zero);
+  EXPECT_EQ(again.data_parallel.reduce_dtype, "bfloat16");
+}
+
 TEST(PlanErrors, OptionOrRejectsValuesOutsideAllowed) {
   const Plan plan =
       parse_plan("mesh: {model: 2}\nrules:\n  - {match: a, layout: [model], plugin: dense}\n", "p.yaml");

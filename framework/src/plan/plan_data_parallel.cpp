@@ -6,6 +6,8 @@
 #include <cmath>
 #include <set>
 #include <sstream>
+#include <string>
+#include <vector>
 
 namespace shardplan {
 namespace detail {
@@ -109,19 +111,24 @@ std::string data_parallel_yaml(const Plan& plan) {
   if (dp.ignore.empty() && dp.bucket_bytes == defaults.bucket_bytes && dp.overlap == defaults.overlap &&
       dp.zero == defaults.zero && dp.reduce_dtype.empty())
     return y.str();
-  YAML::Emitter e;
-  e << YAML::Flow << YAML::BeginMap;
+  std::vector<std::string> items;
   if (!dp.ignore.empty()) {
-    e << YAML::Key << "ignore" << YAML::Value << YAML::Flow << YAML::BeginSeq;
-    for (const auto& r : dp.ignore) e << YAML::SingleQuoted << r.pattern;
-    e << YAML::EndSeq;
+    // Quoted as rule patterns are: a pattern with a control character (a
+    // NUL) goes double-quoted with escapes, which single quotes cannot hold
+    // (plan_fuzzer: yaml-cpp's single-quoted form did not parse back).
+    std::vector<std::string> patterns;
+    for (const auto& r : dp.ignore) patterns.push_back(plan_detail::quoted(r.pattern));
+    items.push_back("ignore: [" + plan_detail::join(patterns, ", ") + "]");
   }
-  if (dp.bucket_bytes != defaults.bucket_bytes) e << YAML::Key << "bucket_mb" << YAML::Value << dp.bucket_mb;
-  if (dp.overlap != defaults.overlap) e << YAML::Key << "overlap" << YAML::Value << (dp.overlap ? "true" : "false");
-  if (dp.zero != defaults.zero) e << YAML::Key << "zero" << YAML::Value << (dp.zero ? "true" : "false");
-  if (!dp.reduce_dtype.empty()) e << YAML::Key << "reduce_dtype" << YAML::Value << dp.reduce_dtype;
-  e << YAML::EndMap;
-  y << "data_parallel: " << e.c_str() << "\n";
+  if (dp.bucket_bytes != defaults.bucket_bytes) {
+    YAML::Emitter e;
+    e << dp.bucket_mb;
+    items.push_back(std::string("bucket_mb: ") + e.c_str());
+  }
+  if (dp.overlap != defaults.overlap) items.push_back(std::string("overlap: ") + (dp.overlap ? "true" : "false"));
+  if (dp.zero != defaults.zero) items.push_back(std::string("zero: ") + (dp.zero ? "true" : "false"));
+  if (!dp.reduce_dtype.empty()) items.push_back("reduce_dtype: " + plan_detail::scalar(dp.reduce_dtype));
+  y << "data_parallel: {" << plan_detail::join(items, ", ") << "}\n";
   return y.str();
 }
 
