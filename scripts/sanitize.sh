@@ -24,8 +24,25 @@ source "$supp/env.sh"
 if [ "${1:-}" = "--ci" ]; then
   shift
   cmake --build "$dir" -j2 --target shardplan_tests
-  "$dir/bin/shardplan_tests" --gtest_brief=1 "$@"
-  exit
+  log=$(mktemp)
+  trap 'rm -f "$log"' EXIT
+  for attempt in 1 2; do
+    rc=0
+    "$dir/bin/shardplan_tests" --gtest_brief=1 "$@" 2>&1 | tee "$log" || rc=${PIPESTATUS[0]}
+    [ "$rc" = 0 ] && exit 0
+    # LSan's stop-the-world tracer sometimes dies at exit after every test
+    # passed (google/sanitizers#1353): no report was made, so that one
+    # signature, and only it, earns a second run; a leak or any other report
+    # fails at once.
+    if [ "$attempt" = 1 ] && grep -q '^Tracer caught signal' "$log" &&
+       grep -q 'LeakSanitizer has encountered a fatal error' "$log" &&
+       grep -q '^\[  PASSED  \]' "$log" && ! grep -q '^\[  FAILED  \]' "$log" &&
+       ! grep -qE 'ERROR: (AddressSanitizer|LeakSanitizer): |runtime error: ' "$log"; then
+      echo "sanitize: LeakSanitizer's tracer crashed at exit (not a finding, google/sanitizers#1353); running once more" >&2
+      continue
+    fi
+    exit "$rc"
+  done
 fi
 cmake --build "$dir" -j2
 ctest --test-dir "$dir" --output-on-failure -j2 "$@"
