@@ -246,7 +246,8 @@ TEST(RecomputePlan, BadValuesAreErrorsAtTheirLine) {
       << error("recompute: [{module: a, mode: half}]");
   EXPECT_NE(error("recompute: [{mode: full}]").find("p.yaml:4:13: a recompute entry needs module"),
             std::string::npos);
-  EXPECT_NE(error("recompute: [{module: a, every: 2}]").find("p.yaml:4:24: unknown key 'every'"), std::string::npos);
+  EXPECT_NE(error("recompute: [{module: a, every: 2}]").find("p.yaml:4:25: unknown key 'every'"), std::string::npos)
+      << error("recompute: [{module: a, every: 2}]");
   EXPECT_NE(error("recompute: [a, a]").find("p.yaml:4:16: duplicate pattern 'a'"), std::string::npos);
   EXPECT_NE(error("recompute: [[a]]").find("p.yaml:4:13: recompute must be a list"), std::string::npos);
 }

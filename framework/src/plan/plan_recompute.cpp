@@ -20,11 +20,13 @@ constexpr const char* kRecomputeExample =
 RecomputeRule entry(const YAML::Node& item, const SourceLoc& iloc) {
   RecomputeRule r;
   r.loc = r.mode_loc = iloc;
-  YAML::Node pattern = item;
+  // yaml-cpp's Node assignment writes into the node referred to: the
+  // pattern's node is picked by index, never reassigned.
+  std::vector<YAML::Node> found;
   SourceLoc ploc = iloc;
+  if (!item.IsMap()) found.push_back(item);
   if (item.IsMap()) {
     std::set<std::string> seen;
-    pattern = YAML::Node();
     for (auto it = item.begin(); it != item.end(); ++it) {
       const SourceLoc key_loc = loc_of(it->first, iloc);
       const std::string key = it->first.IsScalar() ? it->first.Scalar() : "";
@@ -32,7 +34,7 @@ RecomputeRule entry(const YAML::Node& item, const SourceLoc& iloc) {
       const SourceLoc vloc = loc_of(v, key_loc);
       if (!seen.insert(key).second) throw PlanError(key_loc, "duplicate key '" + key + "' in a recompute entry");
       if (key == "module") {
-        pattern = v;
+        found.push_back(v);
         ploc = vloc;
       } else if (key == "mode") {
         if (!v.IsScalar() || (v.Scalar() != "full" && v.Scalar() != "selective"))
@@ -45,9 +47,10 @@ RecomputeRule entry(const YAML::Node& item, const SourceLoc& iloc) {
                                      "' in a recompute entry (expected module, mode)");
       }
     }
-    if (!pattern.IsDefined() || pattern.IsNull())
+    if (found.empty() || found[0].IsNull())
       throw PlanError(iloc, "a recompute entry needs module: <regex over module paths>");
   }
+  const YAML::Node& pattern = found[0];
   if (!pattern.IsScalar() || pattern.Scalar().empty()) throw PlanError(ploc, kRecomputeExample);
   if (!valid_utf8(pattern.Scalar())) throw PlanError(ploc, "recompute pattern is not valid UTF-8");
   r.pattern = pattern.Scalar();
