@@ -3,7 +3,9 @@
 // DataParallel and shardplan::Optimizer with two micro-batches a step
 // (the first under NoSync), with and without ZeRO-1, recomputing every block
 // and against the same training without recomputation: losses and
-// parameters after the steps equal in float64 to 1e-12. DataParallel throws
+// parameters after the steps equal in float64 to 1e-12; and in bfloat16
+// with float32 master weights (main grads accumulated in the buckets),
+// equal bit for bit. DataParallel throws
 // when a gradient reaches its hook twice in one round, so these runs also
 // show that each parameter's gradient arrives once, through the region's
 // node in the outer backward.
@@ -19,6 +21,7 @@
 #include "models/model.h"
 #include "parity.h"
 #include "shardplan/data_parallel.h"
+#include "shardplan/mixed_precision.h"
 #include "shardplan/optimizer.h"
 #include "shardplan/parallelize.h"
 #include "shardplan/plan.h"
@@ -48,21 +51,29 @@ struct Run {
   std::vector<std::pair<std::string, at::Tensor>> params;
 };
 
-std::vector<Run> train(const std::string& plan_yaml, const std::vector<ex::Batch>& micro_batches) {
+// `masters`: the model in bfloat16 with float32 master weights, so the
+// gradients accumulate in DataParallel's float32 buckets (main grads).
+std::vector<Run> train(const std::string& plan_yaml, const std::vector<ex::Batch>& micro_batches,
+                       bool masters = false) {
   torch::manual_seed(3);
   auto ref = ex::make_model("gpt", {{"vocab", "32"}, {"context", "8"}, {"embed", "16"}, {"heads", "4"},
                                     {"layers", "2"}, {"mlp", "32"}, {"dropout", "0.25"}})
                  .module;
-  ref->to(torch::kDouble);
+  ref->to(masters ? torch::kBFloat16 : torch::kDouble);
   const auto plan = shardplan::parse_plan(plan_yaml, "gpt_2d.yaml");
   std::vector<Run> out(4);
   shardplan::run_ranks_in_threads(4, [&](shardplan::World& w) {
     auto m = ref->clone();
     shardplan::Training t = shardplan::parallelize_for_training(*m, plan, w);
     shardplan::manual_seed(w, 99, t.report.mesh);
-    shardplan::Optimizer opt(*t.data_parallel, [](std::vector<at::Tensor> p) {
-      return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(1e-2));
-    });
+    shardplan::MixedPrecision mp;
+    if (masters) mp.master_dtype = torch::kFloat;
+    shardplan::Optimizer opt(
+        *t.data_parallel,
+        [](std::vector<at::Tensor> p) {
+          return std::make_unique<torch::optim::Adam>(p, torch::optim::AdamOptions(1e-2));
+        },
+        mp);
     Run r;
     for (size_t i = 0; i < micro_batches.size(); i += 2) {
       opt.zero_grad();
@@ -91,7 +102,7 @@ std::string differences(const std::vector<Run>& a, const std::vector<Run>& b) {
       if (std::abs(a[rank].losses[i] - b[rank].losses[i]) > 1e-12)
         return "rank " + std::to_string(rank) + " loss " + std::to_string(i);
     for (size_t i = 0; i < a[rank].params.size(); ++i)
-      if (parity::rel_err(a[rank].params[i].second, b[rank].params[i].second) > 1e-12)
+      if (parity::rel_err(a[rank].params[i].second.to(at::kDouble), b[rank].params[i].second.to(at::kDouble)) > 1e-12)
         return "rank " + std::to_string(rank) + " " + a[rank].params[i].first;
   }
   return "";
@@ -120,6 +131,15 @@ TEST(RecomputeDataParallel, TwoByTwoWithZeroOneEqualsNoRecomputation) {
   const auto with = train(gpt_2d(true, true), data);
   const auto without = train(gpt_2d(true, false), data);
   EXPECT_EQ(differences(with, without), "");
+}
+
+TEST(RecomputeDataParallel, TwoByTwoWithMainGradsEqualsNoRecomputation) {
+  const auto data = batches();
+  for (bool zero : {false, true}) {
+    const auto with = train(gpt_2d(zero, true), data, /*masters=*/true);
+    const auto without = train(gpt_2d(zero, false), data, /*masters=*/true);
+    EXPECT_EQ(differences(with, without), "") << (zero ? "ZeRO-1" : "");
+  }
 }
 
 }  // namespace test_recompute_dp
