@@ -13,7 +13,8 @@
 // over ranks). "per block" is kept at the configured layers minus kept with
 // one layer fewer: one block's share, what the target "full keeps at most a
 // third of no recomputation for a block" is about. "step" is the median over
-// --reps of rank 0's forward + backward, milliseconds.
+// --reps of rank 0's forward + backward, milliseconds, the modes timed in
+// turn within each repetition.
 #include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
 
@@ -92,37 +93,52 @@ struct Result {
   double step_ms = 0;
 };
 
-Result measure(const std::shared_ptr<torch::nn::Module>& ref, const shardplan::Plan& plan, int ranks,
-               const ex::Batch& batch, int reps) {
-  std::vector<std::shared_ptr<torch::nn::Module>> replicas;
-  for (int r = 0; r < ranks; ++r) replicas.push_back(ref->clone());
-  Result res;
+// One world of `ranks` threads; per plan a clone of `ref`, sharded by it.
+// Kept bytes of the first forward per plan; then `reps` rounds, each timing
+// one forward + backward of every plan in turn, so that the load of the
+// machine falls on every plan alike (the medians are compared).
+std::vector<Result> measure(const std::shared_ptr<torch::nn::Module>& ref, const std::vector<shardplan::Plan>& plans,
+                            int ranks, const ex::Batch& batch, int reps) {
+  std::vector<std::vector<std::shared_ptr<torch::nn::Module>>> replicas(plans.size());
+  for (auto& per_plan : replicas)
+    for (int r = 0; r < ranks; ++r) per_plan.push_back(ref->clone());
+  std::vector<Result> res(plans.size());
   std::mutex mu;
   shardplan::run_ranks_in_threads(ranks, [&](shardplan::World& w) {
-    auto& module = replicas[w.rank()];
-    ex::ExampleModel& model = *ex::as_example(module).model;
-    const auto report = shardplan::parallelize(*module, plan, w);
-    shardplan::manual_seed(w, 5, report.mesh);
-    Charge charge;
-    tl_charge = &charge;
-    int64_t kept = 0;
-    {
-      const int64_t before = charge.live;
-      at::Tensor loss = model.loss(batch);
-      kept = charge.live - before;
-      loss.backward();
+    std::vector<ex::ExampleModel*> models;
+    std::vector<std::shared_ptr<shardplan::RngTracker>> trackers;
+    for (size_t i = 0; i < plans.size(); ++i) {
+      auto& module = replicas[i][w.rank()];
+      models.push_back(ex::as_example(module).model);
+      const auto report = shardplan::parallelize(*module, plans[i], w);
+      trackers.push_back(shardplan::manual_seed(w, 5, report.mesh));
     }
-    tl_charge = nullptr;
-    std::vector<double> ms;
-    for (int i = 0; i < reps; ++i) {
-      const auto t0 = std::chrono::steady_clock::now();
-      model.loss(batch).backward();
-      ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-    std::sort(ms.begin(), ms.end());
+    std::vector<int64_t> kept(plans.size());
+    std::vector<std::vector<double>> ms(plans.size());
+    // Never freed: blocks charged here (the gradients) are released after
+    // this thread is gone, and credit their charge then.
+    std::vector<Charge*> charges;
+    for (size_t i = 0; i < plans.size(); ++i) charges.push_back(new Charge);
+    for (int rep = -1; rep < reps; ++rep)
+      for (size_t i = 0; i < plans.size(); ++i) {
+        shardplan::RngTrackerScope scope(trackers[i]);
+        tl_charge = charges[i];
+        const auto t0 = std::chrono::steady_clock::now();
+        const int64_t before = charges[i]->live;
+        at::Tensor loss = models[i]->loss(batch);
+        if (rep < 0) kept[i] = charges[i]->live - before;
+        loss.backward();
+        loss.reset();
+        tl_charge = nullptr;
+        if (rep >= 0)
+          ms[i].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      }
     std::lock_guard<std::mutex> lock(mu);
-    res.kept = std::max(res.kept, kept);
-    if (w.rank() == 0) res.step_ms = ms[ms.size() / 2];
+    for (size_t i = 0; i < plans.size(); ++i) {
+      res[i].kept = std::max(res[i].kept, kept[i]);
+      std::sort(ms[i].begin(), ms[i].end());
+      if (w.rank() == 0 && !ms[i].empty()) res[i].step_ms = ms[i][ms[i].size() / 2];
+    }
   });
   return res;
 }
@@ -159,22 +175,20 @@ void bench(const std::string& name, const std::string& config_text, const Args& 
               name.c_str(), config_text.c_str(), name.c_str(), static_cast<long long>(a.batch), tbe);
   std::printf("%-6s %-10s %14s %10s %14s %10s %9s %10s %9s\n", "ranks", "recompute", "kept/rank", "x[T,B,E]",
               "per block", "x[T,B,E]", "vs none", "step ms", "vs none");
+  std::vector<shardplan::Plan> plans;
+  for (const auto& mode : modes) {
+    const std::string text = read(plan_path) + (mode.second.empty() ? "" : "\nrecompute: " + mode.second + "\n");
+    plans.push_back(shardplan::parse_plan(text, plan_path));
+  }
   for (int n : a.ranks) {
-    Result none_all, none_block;
-    for (const auto& [mode, entries] : modes) {
-      const std::string text = read(plan_path) + (entries.empty() ? "" : "\nrecompute: " + entries + "\n");
-      const shardplan::Plan plan = shardplan::parse_plan(text, plan_path);
-      const Result all = measure(full_model, plan, n, batch, a.reps);
-      const Result less = measure(smaller, plan, n, batch, 1);
-      const int64_t block = all.kept - less.kept;
-      if (mode == "none") {
-        none_all = all;
-        none_block.kept = block;
-      }
-      std::printf("%-6d %-10s %14lld %10.2f %14lld %10.2f %9.2f %10.1f %9.3f\n", n, mode.c_str(),
-                  static_cast<long long>(all.kept), all.kept / tbe, static_cast<long long>(block), block / tbe,
-                  static_cast<double>(block) / static_cast<double>(none_block.kept), all.step_ms,
-                  all.step_ms / none_all.step_ms);
+    const std::vector<Result> all = measure(full_model, plans, n, batch, a.reps);
+    const std::vector<Result> less = measure(smaller, plans, n, batch, 0);
+    for (size_t i = 0; i < modes.size(); ++i) {
+      const int64_t block = all[i].kept - less[i].kept, none_block = all[0].kept - less[0].kept;
+      std::printf("%-6d %-10s %14lld %10.2f %14lld %10.2f %9.2f %10.1f %9.3f\n", n, modes[i].first.c_str(),
+                  static_cast<long long>(all[i].kept), all[i].kept / tbe, static_cast<long long>(block), block / tbe,
+                  static_cast<double>(block) / static_cast<double>(none_block), all[i].step_ms,
+                  all[i].step_ms / all[0].step_ms);
     }
   }
 }
