@@ -158,7 +158,14 @@ struct RecomputeFunction : torch::autograd::Function<RecomputeFunction> {
     s.fork = current_rng_fork();
     const variable_list given(inputs.begin(), inputs.end());
     std::vector<at::Tensor> out = s.fn(all_inputs(s, given));
-    for (const at::Tensor& o : out) s.sums.push_back(checksum(o));
+    // The first output only: a region's others derive from what it does
+    // (attention's weights from the same masks), and summing the
+    // [heads, T, S] weights again would cost a pass over the largest
+    // activation of the region, twice a step.
+    if (!out.empty()) s.sums.push_back(checksum(out[0]));
+    // Outputs nobody differentiates (attention's weights, dropped when not
+    // asked for) stay without a gradient instead of a tensor of zeros.
+    ctx->set_materialize_grads(false);
     ctx->save_for_backward(given);
     ctx->saved_data["state"] = c10::IValue::make_capsule(state);
     return out;
