@@ -358,4 +358,54 @@ TEST(Recompute, AForwardThatIsNotDeterministicIsOneLineInBackward) {
   EXPECT_TRUE(e->fc->weight.grad().equal(w_grad));
 }
 
+// The inner pass is marked: gradient hooks (DataParallel's) that libtorch
+// 2.x also runs there can tell it from the outer backward. A hook on a
+// tensor inside the region fires only in the inner pass.
+TEST(Recompute, TheInnerPassIsMarkedForGradientHooks) {
+  Drifting d;
+  d->drift = false;
+  d->set_recompute_mode(shardplan::RecomputeMode::full, "block");
+  std::vector<bool> seen;
+  at::Tensor x = torch::ones({2, 4}, torch::requires_grad());
+  const at::Tensor y = shardplan::recompute(
+      [&](const std::vector<at::Tensor>& in) {
+        at::Tensor h = d->forward(in[0]) * 2;
+        if (h.requires_grad()) h.register_hook([&](const at::Tensor&) { seen.push_back(shardplan::in_recompute_backward()); });
+        return std::vector<at::Tensor>{h};
+      },
+      {x}, d->parameters(), "test region")[0];
+  EXPECT_TRUE(seen.empty());
+  y.sum().backward();
+  EXPECT_EQ(seen, std::vector<bool>{true});
+  EXPECT_FALSE(shardplan::in_recompute_backward());
+  x.grad().zero_();
+  d->fc->weight.grad().zero_();
+  (d->forward(x) * 2).sum().backward();  // no region: the same gradients
+  EXPECT_TRUE(d->fc->weight.grad().defined());
+}
+
+// A region that reads a parameter it does not name would lose that
+// parameter's gradient (the inner pass differentiates only what it names):
+// backward stops instead, naming the region.
+TEST(Recompute, AParameterTheRegionDoesNotNameIsOneLineInBackward) {
+  at::Tensor w = torch::ones({4}, torch::requires_grad());
+  at::Tensor x = torch::ones({2, 4}, torch::requires_grad());
+  auto region = [&](const std::vector<at::Tensor>& params) {
+    return shardplan::recompute([&](const std::vector<at::Tensor>& in) { return std::vector<at::Tensor>{in[0] * w}; },
+                                {x}, params, "region 'scale'")[0];
+  };
+  std::string msg = "no error";
+  try {
+    region({}).sum().backward();
+  } catch (const std::exception& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("recompute: region 'scale' reads a tensor that needs a gradient and is neither its input nor one "
+                     "of its own parameters (shape [4])"),
+            std::string::npos)
+      << msg;
+  region({w}).sum().backward();
+  EXPECT_TRUE(w.grad().equal(torch::full({4}, 2.0)));
+}
+
 }  // namespace test_recompute
