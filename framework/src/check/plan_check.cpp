@@ -115,6 +115,9 @@ PlanCheck check_plan_for_shapes(const std::vector<TensorShape>& tensors, const P
   out.notes.push_back(
       "names and shapes only: module types are unknown, so no layer plugin was consulted (heads, LSTM gates, "
       "options, modules without parameters such as losses, and tied parameters are not checked)");
+  if (!plan.recompute.empty())
+    out.notes.push_back("recompute: not checked here (which modules exist, and whether they can recompute, is known "
+                        "only from the model)");
   out.report.world_size = world_size;
   // A rule for a loss cannot match anything here, so an unmatched rule is
   // only a warning.
