@@ -3,7 +3,7 @@
 # scripts/lent-machine/bundle.sh packed: the benchmarks that need cores to
 # spare and the NCCL plugin's GPU tests (README.md beside this file).
 #
-#   bash .devrun/run.sh [SECTION...]     # smoke nccl dp async gpt script (default: all)
+#   bash .devrun/run.sh [SECTION...]     # smoke nccl dp async gpt script recompute (default: all)
 #
 # Results go to $OUT (the device tool's folder), one file per run, and to
 # stdout. Each run has its own timeout, so one that hangs costs only itself.
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 R=$PWD
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-SECTIONS=${*:-smoke nccl dp async gpt script}
+SECTIONS=${*:-smoke nccl dp async gpt script recompute}
 log() { echo "### $*"; }
 log "host $(getconf _NPROCESSORS_ONLN) cores, $(ldd --version | head -1), kernel $(uname -r), $(date -u)"
 log "load $(cut -d' ' -f1-3 /proc/loadavg); cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
@@ -89,7 +89,19 @@ script)
       tee $OUT/script_$(basename "$m" .pt).txt
   done
   ;;
-*) echo "run.sh: unknown section '$s' (smoke nccl dp async gpt script)" ;;
+recompute)
+  # Issue 35: activation recomputation's step time on a quiet machine, at the
+  # bench's default sizes and at a wider model (REC_ARGS: more options).
+  for m in gpt llama; do
+    log "bench_recompute $m, default sizes"
+    timeout ${REC_TIMEOUT:-150} $B/bench_recompute --model $m --reps ${REC_REPS:-9} ${REC_ARGS:-} 2>&1 |
+      tee $OUT/recompute_$m.txt
+  done
+  log "bench_recompute gpt, embed 1024"
+  timeout ${REC_TIMEOUT:-150} $B/bench_recompute --model gpt --reps ${REC_REPS:-9} --ranks 1,2 \
+    --gpt context=256,embed=1024,heads=16,layers=2,mlp=4096,dropout=0.1 ${REC_ARGS:-} 2>&1 | tee $OUT/recompute_gpt1024.txt
+  ;;
+*) echo "run.sh: unknown section '$s' (smoke nccl dp async gpt script recompute)" ;;
 esac
 done
 log "done $(date -u); load $(cut -d' ' -f1-3 /proc/loadavg)"
