@@ -77,7 +77,8 @@ class DataParallel {
   const std::string& axis() const;  // "" without a batch axis
   int size() const;                 // ranks along the batch axis (1 without)
   int rank() const;                 // this rank's coordinate on it
-  bool zero() const;                // ZeRO-1: gradients reduce-scattered
+  bool zero() const;                // ZeRO stage >= 1: gradients reduce-scattered
+  int zero_stage() const;           // data_parallel.zero: 0..3
   Communicator* group() const;      // nullptr without a batch axis
 
   // The rows of `global` (dim 0: the global batch) this rank trains on:

@@ -190,8 +190,11 @@ DataParallel::DataParallel(const std::vector<std::pair<std::string, at::Tensor>>
     throw Error("data parallel: the report's mesh " + report.mesh.str() + " has " +
                 std::to_string(report.mesh.size()) + " ranks but the world has " + std::to_string(world.size()) +
                 "; pass the report parallelize() returned");
+  if (spec.zero == 3)
+    throw PlanError(spec.zero_loc, "data_parallel.zero: 3 (parameters sharded over the batch axis) is not "
+                                   "implemented yet; use zero: 1 or 2");
   if (spec.zero && d.axis.empty())
-    throw PlanError(spec.loc, "data_parallel.zero shards the optimizer over the batch axis, but the mesh " +
+    throw PlanError(spec.zero_loc, "data_parallel.zero shards the optimizer over the batch axis, but the mesh " +
                                   report.mesh.str() + " has none (name one with batch_axis)");
   d.zero = spec.zero;
   d.overlap = spec.overlap;
@@ -285,7 +288,8 @@ DataParallel::~DataParallel() {
 const std::string& DataParallel::axis() const { return impl_->axis; }
 int DataParallel::size() const { return impl_->size; }
 int DataParallel::rank() const { return impl_->rank; }
-bool DataParallel::zero() const { return impl_->zero; }
+bool DataParallel::zero() const { return impl_->zero >= 1; }
+int DataParallel::zero_stage() const { return impl_->zero; }
 Communicator* DataParallel::group() const { return impl_->group.get(); }
 const std::vector<GradBucket>& DataParallel::buckets() const { return impl_->bucket_infos; }
 const std::vector<std::string>& DataParallel::averaged() const { return impl_->averaged; }
@@ -329,7 +333,7 @@ std::string DataParallel::describe() const {
   if (d.axis.empty()) return "data parallel: none (the plan has no batch axis)\n";
   s << "data parallel over axis '" << d.axis << "' (" << d.size << " ranks): " << d.averaged.size()
     << " parameters averaged, " << grad_bytes() << " gradient bytes in " << d.bucket_infos.size()
-    << " bucket(s), overlap " << (d.overlap ? "on" : "off") << ", ZeRO-1 " << (d.zero ? "on" : "off") << "\n";
+    << " bucket(s), overlap " << (d.overlap ? "on" : "off") << ", ZeRO " << (d.zero ? "stage " + std::to_string(d.zero) : std::string("off")) << "\n";
   for (size_t i = 0; i < d.bucket_infos.size(); ++i) {
     const auto& b = d.bucket_infos[i];
     s << "  bucket " << i << ": " << c10::toString(b.dtype) << ", " << b.params.size() << " parameters, "

@@ -41,7 +41,8 @@ struct DataParallel::Impl {
 
   std::string axis;
   int size = 1, rank = 0;
-  bool zero = false, overlap = true;
+  int zero = 0;  // the ZeRO stage (data_parallel.zero)
+  bool overlap = true;
   std::shared_ptr<Communicator> group;
   std::vector<std::shared_ptr<Communicator>> axis_groups;  // every mesh axis, for check_replicas
   std::vector<std::string> axis_names;

@@ -26,7 +26,7 @@ std::string elementwise_name(torch::optim::Optimizer& o) {
 ZeroOptimizer::ZeroOptimizer(DataParallel& dp, const Factory& make) : dp_(dp) {
   DataParallel::Impl& d = *dp.impl_;
   if (!d.zero)
-    throw Error("ZeroOptimizer needs a plan with data_parallel: {zero: true}; this plan reduces whole gradients, "
+    throw Error("ZeroOptimizer needs a plan with data_parallel: {zero: 1 or 2}; this plan reduces whole gradients, "
                 "so use a plain torch optimizer");
   if (d.zero_attached) throw Error("ZeroOptimizer: this DataParallel already has one");
   // This rank's slice of each bucket's parameters, flattened in bucket order,
