@@ -205,7 +205,7 @@ TEST(DataParallel, BadPlanKeysAreErrorsAtTheirLine) {
   expect_plan_error("mesh: {data: 2}\ndata_parallel: {bucket_mb: 0}\nrules: []",
                     "p.yaml:2:28: data_parallel.bucket_mb must be a positive number of MiB, got '0'");
   expect_plan_error("mesh: {data: 2}\ndata_parallel: {zero: maybe}\nrules: []",
-                    "p.yaml:2:23: data_parallel.zero must be true or false");
+                    "p.yaml:2:23: data_parallel.zero must be a ZeRO stage 0, 1, 2 or 3 (true is 1, false 0), got 'maybe'");
   try {
     shardplan::parse_plan("mesh: {data: 2}\ndata_parallel: {ignore: ['fc(']}\nrules: []", "p.yaml");
     FAIL();

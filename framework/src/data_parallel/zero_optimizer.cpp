@@ -34,17 +34,23 @@ ZeroOptimizer::ZeroOptimizer(DataParallel& dp, const Factory& make) : dp_(dp) {
   std::vector<at::Tensor> shards, params;
   std::vector<std::vector<Segment>> segments;
   for (auto& b : d.buckets) {
-    std::vector<at::Tensor> parts;
-    for (size_t i : b.entries) parts.push_back(d.entries[i].param.detach().reshape(-1));
-    // With master weights the buckets have the masters' dtype.
-    at::Tensor flat = at::cat(parts).to(b.flat.scalar_type());
-    if (b.info.padded > b.info.numel) flat = at::cat({flat, at::zeros({b.info.padded - b.info.numel}, flat.options())});
     const int64_t n = b.info.padded / d.size, lo = d.rank * n;
-    shards.push_back(flat.narrow(0, lo, n).clone());
+    if (b.params.defined()) {
+      // ZeRO-3: the unit's slice is the parameters' only copy; step it in place.
+      shards.push_back(b.params);
+    } else {
+      std::vector<at::Tensor> parts;
+      for (size_t i : b.entries) parts.push_back(d.entries[i].param.detach().reshape(-1));
+      // With master weights the buckets have the masters' dtype.
+      at::Tensor flat = at::cat(parts).to(b.flat.scalar_type());
+      if (b.info.padded > b.info.numel)
+        flat = at::cat({flat, at::zeros({b.info.padded - b.info.numel}, flat.options())});
+      shards.push_back(flat.narrow(0, lo, n).clone());
+    }
     segments.emplace_back();
     for (size_t m = 0; m < b.entries.size(); ++m) {
       const auto& e = d.entries[b.entries[m]];
-      const int64_t begin = std::max(e.offset, lo), end = std::min(e.offset + e.param.numel(), lo + n);
+      const int64_t begin = std::max(e.offset, lo), end = std::min(e.offset + e.numel, lo + n);
       if (begin >= end) continue;
       // A leaf of its own (the slice requires no gradient) whose in-place
       // updates land in the slice.
@@ -144,7 +150,7 @@ std::vector<std::pair<at::Tensor, at::Tensor>> ZeroOptimizer::gather_masters() {
       whole.copy_(shards_[i].detach());
     for (size_t k : b.entries) {
       auto& e = d.entries[k];
-      out.emplace_back(e.param, whole.narrow(0, e.offset, e.param.numel()).view(e.param.sizes()));
+      out.emplace_back(e.param, whole.narrow(0, e.offset, e.numel).view(e.sizes));
     }
   }
   return out;
@@ -158,15 +164,24 @@ void ZeroOptimizer::step() {
     torch::NoGradGuard no_grad;
     inner_->step();
   }
+  // ZeRO-3's units are gathered by their next forward, from the slices just
+  // stepped; anything still whole would be stale.
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    d.release_all_units();
+  }
   std::vector<std::unique_ptr<Work>> works;
-  for (size_t i = 0; i < d.buckets.size(); ++i) works.push_back(d.group->all_gather_async(shards_[i], d.buckets[i].flat));
+  for (size_t i = 0; i < d.buckets.size(); ++i)
+    works.push_back(d.buckets[i].params.defined() ? nullptr
+                                                  : d.group->all_gather_async(shards_[i], d.buckets[i].flat));
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < d.buckets.size(); ++i) {
     if (works[i]) works[i]->wait();
     auto& b = d.buckets[i];
+    if (b.params.defined()) continue;
     for (size_t k : b.entries) {
       auto& e = d.entries[k];
-      e.param.copy_(b.flat.narrow(0, e.offset, e.param.numel()).view(e.param.sizes()));
+      e.param.copy_(b.flat.narrow(0, e.offset, e.numel).view(e.sizes));
     }
   }
 }
