@@ -7,12 +7,16 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "data_parallel_fixture.h"
+#include "shardplan/checkpoint.h"
 #include "shardplan/data_parallel.h"
 #include "shardplan/error.h"
 #include "shardplan/mixed_precision.h"
@@ -105,6 +109,46 @@ TEST(Zero3, BetweenStepsEachRankHoldsOnlyItsSlice) {
       EXPECT_LE(slice_numel * 2, shard_numel + 2 * units);
     }
   });
+}
+
+// A ZeRO-3 checkpoint (saved with the parameters whole, loaded back into the
+// slices) resumes exactly: 2 steps, save, a fresh model zeroed, load, 2 more
+// steps equal 4 steps of one process.
+TEST(Zero3, CheckpointResumesExactly) {
+  const Task task = gpt_task(4, 8);
+  const RefRun ref = reference(task, true);
+  const auto plan = shardplan::parse_plan(plan_2d(kGptRules, kZero3));
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("shardplan_zero3_ckpt_" + std::to_string(::getpid()))).string();
+  std::vector<double> losses;
+  std::mutex mu;
+  for (int phase = 0; phase < 2; ++phase) {
+    std::vector<std::shared_ptr<torch::nn::Module>> replicas;
+    for (int r = 0; r < 4; ++r) replicas.push_back(task.model->clone());
+    shardplan::run_ranks_in_threads(4, [&](shardplan::World& w) {
+      auto& model = *replicas[w.rank()];
+      if (phase == 1) {
+        torch::NoGradGuard no_grad;
+        for (auto& p : model.parameters()) p.zero_();
+      }
+      shardplan::Training t = shardplan::parallelize_for_training(model, plan, w);
+      shardplan::Optimizer opt(*t.data_parallel, [](std::vector<torch::Tensor> p) { return make_opt(true, p); });
+      if (phase == 1) shardplan::load_checkpoint(dir, model, t.report, w, opt.checkpoint_options());
+      for (int step = 2 * phase; step < 2 * phase + 2; ++step) {
+        const auto& [gx, gy] = task.batches[step];
+        opt.zero_grad();
+        auto loss = task.loss(model, t.local_batch(gx), t.local_batch(gy));
+        loss.backward();
+        opt.step();
+        const double mean = t.average(loss.item<double>());
+        std::lock_guard<std::mutex> lock(mu);
+        if (w.rank() == 0) losses.push_back(mean);
+      }
+      if (phase == 0) shardplan::save_checkpoint(dir, model, t.report, w, opt.checkpoint_options());
+    });
+  }
+  std::filesystem::remove_all(dir);
+  expect_same_losses(losses, ref.losses);
 }
 
 TEST(Zero3, BadInputIsOneClearLine) {
