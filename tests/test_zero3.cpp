@@ -108,6 +108,15 @@ TEST(Zero3, BetweenStepsEachRankHoldsOnlyItsSlice) {
       EXPECT_GE(slice_numel * 2, shard_numel);
       EXPECT_LE(slice_numel * 2, shard_numel + 2 * units);
     }
+    // From the second step on, every gather but the first of a forward and
+    // of a backward was started ahead by the gate before it.
+    const auto first = dp.gather_stats();
+    opt.zero_grad();
+    task.loss(model, t.local_batch(task.batches[0].first), t.local_batch(task.batches[0].second)).backward();
+    opt.step();
+    const auto second = dp.gather_stats();
+    EXPECT_GE(second.prefetched - first.prefetched, second.gathers - first.gathers - 2);
+    EXPECT_GT(second.prefetched - first.prefetched, 0);
   });
 }
 

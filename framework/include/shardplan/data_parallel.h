@@ -141,6 +141,16 @@ class DataParallel {
     const DataParallel& dp_;
   };
 
+  // ZeRO-3's parameter all-gathers since construction: how many, how many
+  // a gate started ahead of their use (the next unit in forward order, the
+  // previous one in backward, once the first step has shown the order), and
+  // the seconds gates waited for them (what compute did not hide).
+  struct GatherStats {
+    int64_t gathers = 0, prefetched = 0;
+    double wait_seconds = 0;
+  };
+  GatherStats gather_stats() const;
+
   // Opt-in consistency check, collective over every mesh axis: compares a
   // checksum of the bytes of each parameter that should be identical across
   // an axis' group (not split over it; for the batch axis, not ignored) and

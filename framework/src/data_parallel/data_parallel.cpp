@@ -473,6 +473,7 @@ void DataParallel::Impl::complete() {
   round_open = false;
   finished = true;
   release_all_units();  // ZeRO-3: nothing whole outlives a backward
+  order_known = true;
   zero_unconsumed = zero;
   main_unconsumed = main() && !zero;
   if (zero || main()) {

@@ -111,11 +111,20 @@ struct DataParallel::Impl {
     bool whole = true;
     size_t arrived = 0;  // gradients of its parameters since it was last gathered
     bool done = false;   // all arrived: free it at the next chance
+    int position = -1;   // in the forward order
+    std::unique_ptr<Work> prefetch;  // an all-gather started ahead of its use
+    at::Tensor incoming;             // ... into this buffer
   };
   std::vector<Unit> units;
   std::map<std::string, int> unit_of_path;
   bool release_queued = false;  // a callback frees every unit when this backward ends
   int hold = 0;                 // WholeParameters scopes open: nothing is freed
+  // The units in the order the first forward met them (known once its
+  // backward ended): a gate prefetches the next unit in forward and the
+  // previous one in backward.
+  std::vector<size_t> order;
+  bool order_known = false;
+  GatherStats gather_stats;
   bool stage3() const { return zero == 3; }
   // Assigns units to the averaged parameters of `layers` (a parameter tied
   // to another path stays whole): before build_buckets.
@@ -124,6 +133,10 @@ struct DataParallel::Impl {
   // After build_buckets: cuts the slices, frees the parameters, installs the gates.
   void shard_units();
   void gather_unit(size_t u);   // whole (collective over the batch axis)
+  // After gathering u for a forward (+1) or a backward (-1): starts the
+  // all-gather of the unit next in that direction.
+  void prefetch_after(size_t u, int direction);
+  void drop_prefetches();
   void release_unit(size_t u);  // 0 elements again
   void release_done_units(size_t except);
   void release_all_units();

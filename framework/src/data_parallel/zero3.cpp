@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <set>
 
 #include "data_parallel_impl.h"
@@ -25,7 +26,10 @@ class Zero3Gate : public nn::ParamGate {
  public:
   Zero3Gate(std::weak_ptr<DataParallel::Impl> impl, size_t unit) : impl_(std::move(impl)), unit_(unit) {}
   void before_forward() override {
-    if (auto d = impl_.lock()) d->gather_unit(unit_);
+    if (auto d = impl_.lock()) {
+      d->gather_unit(unit_);
+      d->prefetch_after(unit_, +1);
+    }
   }
   void after_forward() override {
     if (auto d = impl_.lock()) {
@@ -37,6 +41,7 @@ class Zero3Gate : public nn::ParamGate {
     if (auto d = impl_.lock()) {
       d->release_done_units(unit_);
       d->gather_unit(unit_);
+      d->prefetch_after(unit_, -1);
     }
   }
 
@@ -94,6 +99,21 @@ void DataParallel::Impl::remove_gates() {
   for (auto& u : units) u.gated->set_param_gate(nullptr);
 }
 
+namespace {
+
+// A fresh buffer each time: a view of the last one that autograd saved (a
+// weight's transpose) keeps reading what it saw.
+std::unique_ptr<Work> start_gather(const DataParallel::Impl& d, const DataParallel::Impl::Bucket& b,
+                                   at::Tensor& into) {
+  torch::NoGradGuard no_grad;
+  into = at::empty({b.info.padded}, b.params.options());
+  if (d.group && d.size > 1) return d.group->all_gather_async(b.params, into);
+  into.copy_(b.params);
+  return nullptr;
+}
+
+}  // namespace
+
 void DataParallel::Impl::gather_unit(size_t u) {
   std::lock_guard<std::mutex> lock(mu);
   Unit& un = units[u];
@@ -102,18 +122,49 @@ void DataParallel::Impl::gather_unit(size_t u) {
   if (un.whole) return;
   torch::NoGradGuard no_grad;
   Bucket& b = buckets[un.bucket];
-  // A fresh buffer each time: a view of the last one that autograd saved
-  // (a weight's transpose) keeps reading what it saw.
-  at::Tensor whole = at::empty({b.info.padded}, b.params.options());
-  if (group && size > 1)
-    group->all_gather_async(b.params, whole)->wait();
-  else
-    whole.copy_(b.params);
+  at::Tensor whole;
+  ++gather_stats.gathers;
+  if (un.incoming.defined()) ++gather_stats.prefetched;
+  std::unique_ptr<Work> work = un.incoming.defined() ? std::move(un.prefetch) : start_gather(*this, b, whole);
+  if (un.incoming.defined()) whole = std::move(un.incoming);
+  un.incoming = at::Tensor();
+  if (work) {
+    const auto t0 = std::chrono::steady_clock::now();
+    work->wait();
+    gather_stats.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
   for (size_t i : b.entries) {
     Entry& e = entries[i];
     e.param.set_data(whole.narrow(0, e.offset, e.numel).view(e.sizes));
   }
   un.whole = true;
+}
+
+void DataParallel::Impl::prefetch_after(size_t u, int direction) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (!order_known) {  // the first forward: learn the order
+    if (direction > 0 && units[u].position < 0) {
+      units[u].position = static_cast<int>(order.size());
+      order.push_back(u);
+    }
+    return;
+  }
+  if (hold > 0 || units[u].position < 0) return;
+  const int next = units[u].position + direction;
+  if (next < 0 || next >= static_cast<int>(order.size())) return;
+  Unit& un = units[order[next]];
+  if (un.whole || un.incoming.defined()) return;
+  un.prefetch = start_gather(*this, buckets[un.bucket], un.incoming);
+}
+
+// A prefetch no gate used (a forward that stopped early, a unit backward
+// skipped) is waited for and dropped before the slices change.
+void DataParallel::Impl::drop_prefetches() {
+  for (auto& un : units) {
+    if (un.prefetch) un.prefetch->wait();
+    un.prefetch.reset();
+    un.incoming = at::Tensor();
+  }
 }
 
 void DataParallel::Impl::release_unit(size_t u) {
@@ -135,11 +186,16 @@ void DataParallel::Impl::release_done_units(size_t except) {
 }
 
 void DataParallel::Impl::release_all_units() {
+  drop_prefetches();
   for (size_t u = 0; u < units.size(); ++u) release_unit(u);
   release_queued = false;
 }
 
 void DataParallel::Impl::hold_whole() {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    drop_prefetches();
+  }
   for (size_t u = 0; u < units.size(); ++u) gather_unit(u);
   std::lock_guard<std::mutex> lock(mu);
   ++hold;
@@ -168,6 +224,11 @@ DataParallel::WholeParameters::WholeParameters(const DataParallel& dp) : dp_(dp)
 
 DataParallel::WholeParameters::~WholeParameters() {
   if (dp_.impl().stage3()) dp_.impl().unhold_whole();
+}
+
+DataParallel::GatherStats DataParallel::gather_stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->gather_stats;
 }
 
 // Under mu. NoSync backwards end without complete(): a callback frees the
