@@ -44,5 +44,19 @@ if(TARGET train_gpt AND TARGET shardplan_cli)
     list(APPEND _tests e2e_zero3_gpt_2d_${_opt}_gloo4_f64 e2e_zero3_gpt_data4_${_opt}_threads4_f64
       e2e_zero3_gpt_data2_${_opt}_accumulate_gloo2_f64)
   endforeach()
+  # With sequence parallelism and with async tensor parallelism on the model
+  # axis: plans/gpt_sp.yaml and plans/gpt_async.yaml on {data: 2, model: 2}.
+  foreach(_kind sp async)
+    file(READ ${PROJECT_SOURCE_DIR}/plans/gpt_${_kind}.yaml _p)
+    string(REPLACE "mesh: {model: auto}" "mesh: {data: 2, model: 2}\ndata_parallel: {zero: 3}" _p3 "${_p}")
+    if(_p3 STREQUAL _p)
+      message(FATAL_ERROR "plans/gpt_${_kind}.yaml changed: tests/e2e_zero3.cmake finds no mesh line to edit")
+    endif()
+    file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/gpt_${_kind}_zero3.yaml "${_p3}")
+    set(_o --optimizer adam --lr 0.01)
+    add_test(NAME e2e_zero3_gpt_${_kind}_2d_adam_threads4_f64 COMMAND ${_e2e} 1e-10 -- ${_gpt} ${_o} --
+      ${_gpt} ${_o} --ranks 4 --plan ${CMAKE_CURRENT_BINARY_DIR}/gpt_${_kind}_zero3.yaml --check-replicas 1)
+    list(APPEND _tests e2e_zero3_gpt_${_kind}_2d_adam_threads4_f64)
+  endforeach()
   set_tests_properties(${_tests} PROPERTIES TIMEOUT 300 LABELS zero3)
 endif()
