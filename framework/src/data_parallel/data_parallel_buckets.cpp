@@ -8,6 +8,7 @@
 
 #include "data_parallel_impl.h"
 #include "shardplan/error.h"
+#include "shardplan/recompute.h"
 
 namespace shardplan {
 
@@ -75,6 +76,9 @@ void DataParallel::Impl::build_buckets() {
     for (size_t i = 0; i < entries.size(); ++i) {
       at::Tensor p = entries[i].param;
       entries[i].hook = p.register_hook([weak, i](const at::Tensor& grad) {
+        // A recomputed region's inner pass: the gradient comes again, once,
+        // when the region's node hands it to this backward.
+        if (in_recompute_backward()) return;
         if (auto impl = weak.lock()) {
           if (impl->main())
             impl->on_main_grad(i, grad);

@@ -200,23 +200,40 @@ std::tuple<at::Tensor, at::Tensor> MultiheadAttentionImpl::attend(const at::Tens
     if (attn_mask_.defined()) attn_mask_ = pad_source(attn_mask_);
     if (key_padding_mask_.defined()) key_padding_mask_ = pad_source(key_padding_mask_);
   }
-  auto attn_output_weights = torch::bmm(q, k.transpose(1, 2));
   if (attn_mask_.defined()) {
     const bool per_head = attn_mask_.dim() == 3;
-    TORCH_CHECK(per_head ? attn_mask_.sizes() == attn_output_weights.sizes()
+    TORCH_CHECK(per_head ? attn_mask_.sizes() == at::IntArrayRef({bsz * num_heads, tgt_len, src_len})
                          : (attn_mask_.size(0) == tgt_len && attn_mask_.size(1) == src_len),
                 "MultiheadAttention: attn_mask must be [L, S] = [", tgt_len, ", ", src_len, "] or [N * num_heads, L, S] = [",
                 bsz * num_heads, ", ", tgt_len, ", ", src_len, "] (S counting bias_k and the zero attention), got ",
                 attn_mask.sizes());
-    if (!per_head) attn_mask_ = attn_mask_.unsqueeze(0);
+  }
+  // Selective recomputation keeps q, k, v and the masks of what follows.
+  const std::vector<at::Tensor> out = recompute_selective(
+      [this, bsz, num_heads](const std::vector<at::Tensor>& in) {
+        return core(in[0], in[1], in[2], in[3], in[4], bsz, num_heads);
+      },
+      {q, k, v, attn_mask_, key_padding_mask_});
+  return std::make_tuple(out[0], out[1]);
+}
+
+std::vector<at::Tensor> MultiheadAttentionImpl::core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                     const at::Tensor& attn_mask, const at::Tensor& key_padding_mask,
+                                                     int64_t bsz, int64_t num_heads) {
+  namespace F = torch::nn::functional;
+  const int64_t tgt_len = q.size(1), src_len = k.size(1), embed_dim = num_heads * head_dim;
+  at::Tensor attn_mask_ = attn_mask;
+  auto attn_output_weights = torch::bmm(q, k.transpose(1, 2));
+  if (attn_mask_.defined()) {
+    if (attn_mask_.dim() != 3) attn_mask_ = attn_mask_.unsqueeze(0);
     if (attn_mask_.scalar_type() == at::kBool)
       attn_output_weights = attn_output_weights.masked_fill(attn_mask_, -std::numeric_limits<double>::infinity());
     else
       attn_output_weights += attn_mask_;
   }
-  if (key_padding_mask_.defined()) {
+  if (key_padding_mask.defined()) {
     attn_output_weights = attn_output_weights.view({bsz, num_heads, tgt_len, src_len});
-    attn_output_weights = attn_output_weights.masked_fill(key_padding_mask_.unsqueeze(1).unsqueeze(2),
+    attn_output_weights = attn_output_weights.masked_fill(key_padding_mask.unsqueeze(1).unsqueeze(2),
                                                           -std::numeric_limits<double>::infinity());
     attn_output_weights = attn_output_weights.view({bsz * num_heads, tgt_len, src_len});
   }
@@ -227,7 +244,7 @@ std::tuple<at::Tensor, at::Tensor> MultiheadAttentionImpl::attend(const at::Tens
   attn_output_weights = shardplan::dropout(attn_output_weights, options.dropout(), is_training());
   auto attn_output = torch::bmm(attn_output_weights, v);
   attn_output = attn_output.transpose(0, 1).contiguous().view({tgt_len, bsz, embed_dim});
-  return std::make_tuple(attn_output, attn_output_weights);
+  return {attn_output, attn_output_weights};
 }
 
 std::tuple<at::Tensor, at::Tensor> MultiheadAttentionImpl::forward(const at::Tensor& query, const at::Tensor& key,
