@@ -58,5 +58,14 @@ if(TARGET train_gpt AND TARGET shardplan_cli)
       ${_gpt} ${_o} --ranks 4 --plan ${CMAKE_CURRENT_BINARY_DIR}/gpt_${_kind}_zero3.yaml --check-replicas 1)
     list(APPEND _tests e2e_zero3_gpt_${_kind}_2d_adam_threads4_f64)
   endforeach()
+  # With activation recomputation (the recompute: key): every block full on
+  # {data: 2, model: 2}, gloo processes, micro-batches; the layers' gates
+  # gather again inside the recomputed forwards.
+  file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/gpt_2d_zero3_recompute.yaml "${_z3}\nrecompute: ['blocks\\.\\d+']\n")
+  set(_o --optimizer adam --lr 0.01)
+  add_test(NAME e2e_zero3_gpt_2d_recompute_accumulate_gloo4_f64 COMMAND ${_e2e} 1e-10 -- ${_gpt} ${_o} --
+    ${_gloo} 4 -- ${_gpt} ${_o} --plan ${CMAKE_CURRENT_BINARY_DIR}/gpt_2d_zero3_recompute.yaml --micro-batches 2
+    --check-replicas 1)
+  list(APPEND _tests e2e_zero3_gpt_2d_recompute_accumulate_gloo4_f64)
   set_tests_properties(${_tests} PROPERTIES TIMEOUT 300 LABELS zero3)
 endif()

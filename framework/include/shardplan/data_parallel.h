@@ -123,7 +123,7 @@ class DataParallel {
   };
 
   // ZeRO-3 (`zero: 3`): between uses a parameter in a shardplan::nn layer
-  // holds 0 elements; this rank keeps its 1/D slice in its unit's bucket
+  // keeps its shape over a single NaN; this rank keeps its 1/D slice in its unit's bucket
   // (layout: shardplan/zero_optimizer.h, ZeroOptimizer::layout()). For the
   // scope's life every parameter is whole again, to read (evaluation
   // outside the layers, checkpoints, replica checks) or to write (loading

@@ -4,7 +4,7 @@
 // optimizer state of its 1/D slice of every bucket only, updates that slice,
 // and the parameters are all-gathered back. Under ZeRO-3 a shardplan::nn
 // layer's bucket slice is the only copy of its parameters between uses
-// (they hold 0 elements): step() updates it in place and gathers nothing;
+// (they hold one NaN each): step() updates it in place and gathers nothing;
 // the layer's next forward does (shardplan/nn/param_gate.h). The layout
 // below is the same at every stage: a ZeRO-3 unit is one bucket, its
 // members that layer's own parameters.

@@ -34,7 +34,7 @@ struct DataParallel::Impl {
     bool accumulated = false;  // main grads: its slot holds this step's sum so far
     unsigned hook = 0;
     // Its numel and shape, fixed: under ZeRO-3 the parameter itself holds
-    // 0 elements between uses.
+    // one NaN between uses.
     int64_t numel = 0;
     std::vector<int64_t> sizes;
     int unit = -1;  // ZeRO-3: index into units, or -1 (kept whole)
@@ -103,7 +103,7 @@ struct DataParallel::Impl {
   std::mutex mu;  // hooks may run on autograd's device threads
 
   // ZeRO-3 (zero3.cpp): each shardplan::nn layer's own averaged parameters
-  // are a unit with a bucket of its own; between uses they hold 0 elements.
+  // are a unit with a bucket of its own; between uses they hold one NaN each.
   struct Unit {
     std::string layer;  // its module path
     nn::GatedLayer* gated = nullptr;
@@ -137,7 +137,7 @@ struct DataParallel::Impl {
   // all-gather of the unit next in that direction.
   void prefetch_after(size_t u, int direction);
   void drop_prefetches();
-  void release_unit(size_t u);  // 0 elements again
+  void release_unit(size_t u);  // one NaN again
   void release_done_units(size_t except);
   void release_all_units();
   void hold_whole();     // WholeParameters: gathers every unit and keeps it whole

@@ -8,12 +8,14 @@
 // reads the parameter's shape right after our gradient hook), and the
 // gradients are reduce-scattered as ZeRO-1's are. The parameters keep
 // their identity throughout (optimizer, hooks, autograd's saved leaves):
-// only their storage is swapped with Tensor::set_data.
+// only their storage is swapped with Tensor::set_data; a free parameter keeps
+// its shape over a single NaN (release_unit).
 #include <torch/csrc/autograd/engine.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <set>
 
 #include "data_parallel_impl.h"
@@ -171,9 +173,15 @@ void DataParallel::Impl::release_unit(size_t u) {
   Unit& un = units[u];
   if (!un.whole || hold > 0) return;
   const Bucket& b = buckets[un.bucket];
+  // One NaN broadcast over the parameter's shape (stride 0): the memory is
+  // gone, but the shape stays, which autograd checks gradients against (an
+  // AccumulateGrad node made while the parameter is free, as a recomputed
+  // region's is) and code that only reads shapes may see; a read of the
+  // values gives NaN, not a plausible number.
+  const at::Tensor nan = at::full({1}, std::numeric_limits<double>::quiet_NaN(), b.params.options());
   for (size_t i : b.entries) {
     Entry& e = entries[i];
-    e.param.set_data(at::empty({0}, b.params.options()));
+    e.param.set_data(nan.expand(e.sizes));
   }
   un.whole = false;
   un.done = false;

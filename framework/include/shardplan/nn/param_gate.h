@@ -11,8 +11,8 @@
 //     makes them whole again before backward reaches the layer's nodes
 //     (autograd saves leaf parameters by reference, so they must be whole
 //     when backward reads them);
-//   - closing the scope frees them (each parameter holds 0 elements again;
-//     its 1/D slice lives in the DataParallel).
+//   - closing the scope frees them (each parameter keeps its shape over a
+//     single NaN, stride 0; its 1/D slice lives in the DataParallel).
 // A gate works the same when the forward runs again inside backward
 // (activation recomputation).
 //
@@ -20,8 +20,8 @@
 // ParamGateScope at the top of forward(), and pass every returned tensor
 // through out(). Its own parameters (named_parameters(recurse = false))
 // are its unit; a child module is its own unit. Only the layer's forward may
-// read its parameters: code that reads one elsewhere between steps sees 0
-// elements (DataParallel::WholeParameters makes them whole for a while).
+// read its parameters: code that reads one elsewhere between steps reads NaN
+// (DataParallel::WholeParameters makes them whole for a while).
 #include <ATen/core/Tensor.h>
 
 #include <memory>
