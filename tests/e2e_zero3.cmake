@@ -67,5 +67,22 @@ if(TARGET train_gpt AND TARGET shardplan_cli)
     ${_gloo} 4 -- ${_gpt} ${_o} --plan ${CMAKE_CURRENT_BINARY_DIR}/gpt_2d_zero3_recompute.yaml --micro-batches 2
     --check-replicas 1)
   list(APPEND _tests e2e_zero3_gpt_2d_recompute_accumulate_gloo4_f64)
+  # The Llama (RMSNorm; with tie=1 its LM head shares the embedding's
+  # weight, which stays whole on every rank and is sharded as under ZeRO-2).
+  if(TARGET train_model)
+    file(READ ${PROJECT_SOURCE_DIR}/plans/llama.yaml _p)
+    string(REPLACE "mesh: {model: auto}" "mesh: {data: 2, model: 2}\ndata_parallel: {zero: 3}" _p3 "${_p}")
+    if(_p3 STREQUAL _p)
+      message(FATAL_ERROR "plans/llama.yaml changed: tests/e2e_zero3.cmake finds no mesh line to edit")
+    endif()
+    file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/llama_zero3.yaml "${_p3}")
+    foreach(_tie 0 1)
+      set(_llama $<TARGET_FILE:train_model> --model llama --steps 4 --log-every 1 --batch 4 --dtype float64
+        --optimizer adam --lr 0.01 --config context=16,embed=32,layers=2,tie=${_tie})
+      add_test(NAME e2e_zero3_llama_tie${_tie}_2d_gloo4_f64 COMMAND ${_e2e} 1e-10 -- ${_llama} --
+        ${_gloo} 4 -- ${_llama} --plan ${CMAKE_CURRENT_BINARY_DIR}/llama_zero3.yaml --check-replicas 1)
+      list(APPEND _tests e2e_zero3_llama_tie${_tie}_2d_gloo4_f64)
+    endforeach()
+  endif()
   set_tests_properties(${_tests} PROPERTIES TIMEOUT 300 LABELS zero3)
 endif()

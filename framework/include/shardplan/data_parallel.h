@@ -129,7 +129,9 @@ class DataParallel {
   // outside the layers, checkpoints, replica checks) or to write (loading
   // weights): on leaving it, this rank's slices take the parameters' values
   // and they are freed again. Collective over the batch axis; a no-op below
-  // stage 3. Not across a backward or an optimizer step.
+  // stage 3. Not across a backward or an optimizer step. The parameters stay
+  // free when the DataParallel is destroyed (a destructor cannot run a
+  // collective): the model is usable only while it lives.
   class WholeParameters {
    public:
     explicit WholeParameters(const DataParallel& dp);
