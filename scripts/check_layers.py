@@ -27,6 +27,8 @@ LAYERS = [
     (4, "comm", ["communicator.h", "store.h", "threads.h", "world.h"]),
     (5, "mappings", ["mappings.h", "ring.h"]),
     (5, "random", ["random.h"]),
+    # Between random (its streams are replayed) and nn (attention's core is a region).
+    (5.5, "recompute", ["recompute.h"]),
     (6, "nn", ["nn/"]),
     (7, "parallel", ["parallelize.h", "shard.h", "agreement.h", "helpers.h", "tied.h", "tensor_parallel.h"]),
     (8, "script", ["script.h", "script_rewrite.h"]),

@@ -478,7 +478,7 @@ TEST(PlanErrors, EmptyOrNotAMap) {
 
 TEST(PlanErrors, UnknownTopLevelKey) {
   EXPECT_PLAN_ERROR("mesh: {model: auto}\nrule: []\n", 2, 1,
-                    "unknown key 'rule' (expected version, mesh, plugins, strict, paths, batch_axis, data_parallel, sequence_parallel, divide, rules, name, description)");
+                    "unknown key 'rule' (expected version, mesh, plugins, strict, paths, batch_axis, data_parallel, sequence_parallel, divide, recompute, rules, name, description)");
 }
 
 TEST(PlanErrors, DuplicateKey) {

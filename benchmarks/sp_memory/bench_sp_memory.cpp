@@ -14,9 +14,7 @@
 // (LayerNorm inputs and outputs, residual sums: whole [T, B, E] tensors on
 // every rank under plain tensor parallelism) can be read off the difference;
 // docs/BENCHMARKS.md has the reading.
-#include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
-#include <c10/core/impl/alloc_cpu.h>
 #include <torch/torch.h>
 
 #include <atomic>
@@ -29,6 +27,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "../common/counting_allocator.h"
 #include "models/corpus.h"
 #include "models/gpt.h"
 #include "models/model.h"
@@ -40,53 +39,9 @@
 
 namespace {
 
-struct Charge {
-  std::atomic<int64_t> live{0};
-};
-thread_local Charge* tl_charge = nullptr;
-
-// Which rank each live block is charged to. A map rather than a header in
-// the block: raw_allocate() users require the data pointer to be the
-// deleter's context.
-struct Block {
-  Charge* charge;
-  size_t bytes;
-};
-std::mutex blocks_mu;
-std::unordered_map<void*, Block>& blocks() {
-  static auto* m = new std::unordered_map<void*, Block>();  // outlives static destructors
-  return *m;
-}
-
-void release(void* p) {
-  {
-    std::lock_guard<std::mutex> lock(blocks_mu);
-    auto it = blocks().find(p);
-    if (it != blocks().end()) {
-      if (it->second.charge) it->second.charge->live -= static_cast<int64_t>(it->second.bytes);
-      blocks().erase(it);
-    }
-  }
-  c10::free_cpu(p);
-}
-
-class CountingAllocator final : public c10::Allocator {
- public:
-  c10::DataPtr allocate(size_t n) const override {
-    void* p = c10::alloc_cpu(n);
-    if (tl_charge) {
-      tl_charge->live += static_cast<int64_t>(n);
-      std::lock_guard<std::mutex> lock(blocks_mu);
-      blocks()[p] = Block{tl_charge, n};
-    }
-    return {p, p, &release, c10::Device(c10::DeviceType::CPU)};
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return &release; }
-  // Pure virtual in libtorch 2.x, absent in 1.13: no `override`.
-  void copy_data(void* dest, const void* src, std::size_t count) const { std::memcpy(dest, src, count); }
-};
-
-CountingAllocator counting;
+using counting_allocator::Charge;
+using counting_allocator::tl_charge;
+using counting_allocator::counting;
 
 struct Args {
   std::string config = "context=256,embed=256,heads=8,layers=2,mlp=1024";

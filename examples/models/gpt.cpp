@@ -53,6 +53,10 @@ void GPTBlockImpl::reset() {
 }
 
 at::Tensor GPTBlockImpl::forward(const at::Tensor& x, const at::Tensor& mask) {
+  return recompute_full([this](const std::vector<at::Tensor>& in) { return body(in[0], in[1]); }, {x, mask});
+}
+
+at::Tensor GPTBlockImpl::body(const at::Tensor& x, const at::Tensor& mask) {
   at::Tensor h = ln1->forward(x);
   at::Tensor y = x + std::get<0>(attn->forward(h, h, h, {}, /*need_weights=*/false, mask));
   return y + mlp(y);

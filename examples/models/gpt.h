@@ -19,6 +19,7 @@
 #include "shardplan/nn/layer_norm.h"
 #include "shardplan/nn/linear.h"
 #include "shardplan/nn/multihead_attention.h"
+#include "shardplan/recompute.h"
 
 namespace shardplan {
 namespace examples {
@@ -36,8 +37,9 @@ struct GPTConfig {
   std::string str() const;
 };
 
-// One pre-LN block over seq-first activations [T, B, E].
-class GPTBlockImpl : public torch::nn::Cloneable<GPTBlockImpl> {
+// One pre-LN block over seq-first activations [T, B, E]. Recomputable: a
+// plan's `recompute: ['blocks\.\d+']` keeps only each block's input.
+class GPTBlockImpl : public torch::nn::Cloneable<GPTBlockImpl>, public shardplan::Recomputable {
  public:
   explicit GPTBlockImpl(const GPTConfig& config = {});
   void reset() override;
@@ -53,6 +55,7 @@ class GPTBlockImpl : public torch::nn::Cloneable<GPTBlockImpl> {
   shardplan::nn::Linear fc1{nullptr}, fc2{nullptr};
 
  private:
+  at::Tensor body(const at::Tensor& x, const at::Tensor& mask);
   at::Tensor mlp(const at::Tensor& y);
 };
 TORCH_MODULE(GPTBlock);

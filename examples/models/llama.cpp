@@ -56,6 +56,20 @@ at::Tensor softmax_last(const at::Tensor& s) {
   return low ? at::softmax(s, -1, at::kFloat).to(s.scalar_type()) : at::softmax(s, -1);
 }
 
+// Scores, causal mask, softmax, weights times values: [B, H, T, D].
+at::Tensor attention_core(at::Tensor q, at::Tensor k, at::Tensor v, int64_t groups, int64_t t, int64_t d) {
+  // Grouped queries: query head j reads kv head j / groups (HF's repeat_kv).
+  if (groups != 1) {
+    k = k.repeat_interleave(groups, 1);
+    v = v.repeat_interleave(groups, 1);
+  }
+  const int64_t s = k.size(2);
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(d));  // [B, H, T, S]
+  if (t > 1)
+    scores = scores + at::full({t, s}, -std::numeric_limits<double>::infinity(), scores.options()).triu(s - t + 1);
+  return at::matmul(softmax_last(scores), v);
+}
+
 }  // namespace
 
 LlamaConfig LlamaConfig::from(const Overrides& overrides) {
@@ -124,6 +138,12 @@ void LlamaAttentionImpl::reset() {
 }
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, int64_t past, shardplan::nn::KVCache* cache) {
+  // A cache is filled once: decoding never recomputes.
+  if (cache) return body(x, past, cache);
+  return recompute_full([this, past](const std::vector<at::Tensor>& in) { return body(in[0], past, nullptr); }, {x});
+}
+
+at::Tensor LlamaAttentionImpl::body(const at::Tensor& x, int64_t past, shardplan::nn::KVCache* cache) {
   const int64_t d = config.head_dim();
   const at::Tensor q_all = q_proj->forward(x), k_all = k_proj->forward(x), v_all = v_proj->forward(x);
   // This rank's heads are what its projections returned: whole heads under
@@ -143,16 +163,12 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, int64_t past, shardp
     k = kv.first.view({b, hkv, -1, d});
     v = kv.second.view({b, hkv, -1, d});
   }
-  // Grouped queries: query head j reads kv head j / (hq / hkv) (HF's repeat_kv).
-  if (hq != hkv) {
-    k = k.repeat_interleave(hq / hkv, 1);
-    v = v.repeat_interleave(hq / hkv, 1);
-  }
-  const int64_t s = k.size(2);
-  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(d));  // [B, H, T, S]
-  if (t > 1)
-    scores = scores + at::full({t, s}, -std::numeric_limits<double>::infinity(), scores.options()).triu(s - t + 1);
-  const at::Tensor ctx = at::matmul(softmax_last(scores), v);  // [B, H, T, D]
+  // Selective recomputation keeps q, k and v (before the grouped queries' repeat).
+  const at::Tensor ctx = recompute_selective(
+      [hq, hkv, t, d](const std::vector<at::Tensor>& in) {
+        return std::vector<at::Tensor>{attention_core(in[0], in[1], in[2], hq / hkv, t, d)};
+      },
+      {q, k, v})[0];  // [B, H, T, D]
   return o_proj->forward(ctx.transpose(1, 2).reshape({b, t, hq * d}));
 }
 
@@ -181,6 +197,11 @@ void LlamaDecoderLayerImpl::reset() {
 }
 
 at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, int64_t past, shardplan::nn::KVCache* cache) {
+  if (cache) return body(x, past, cache);
+  return recompute_full([this, past](const std::vector<at::Tensor>& in) { return body(in[0], past, nullptr); }, {x});
+}
+
+at::Tensor LlamaDecoderLayerImpl::body(const at::Tensor& x, int64_t past, shardplan::nn::KVCache* cache) {
   const at::Tensor h = x + self_attn->forward(input_layernorm->forward(x), past, cache);
   return h + mlp->forward(post_attention_layernorm->forward(h));
 }

@@ -33,6 +33,7 @@
 #include "shardplan/nn/kv_cache.h"
 #include "shardplan/nn/linear.h"
 #include "shardplan/nn/rms_norm.h"
+#include "shardplan/recompute.h"
 
 namespace shardplan {
 namespace examples {
@@ -54,10 +55,15 @@ struct LlamaConfig {
   std::string str() const;
 };
 
-class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
+// Recomputable: full (its whole forward) or selective (scores, softmax and
+// weights times values keep only q, k and v).
+class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl>, public shardplan::Recomputable {
  public:
   explicit LlamaAttentionImpl(const LlamaConfig& config = {});
   void reset() override;
+  bool can_recompute(shardplan::RecomputeMode mode) const override {
+    return mode != shardplan::RecomputeMode::none;
+  }
   // x [B, T, E] (under sequence parallelism this rank's positions; the
   // projections gather them). Positions start at `past`; with a cache the
   // new keys and values are appended and the queries attend to all of them.
@@ -65,6 +71,9 @@ class LlamaAttentionImpl : public torch::nn::Cloneable<LlamaAttentionImpl> {
 
   LlamaConfig config;
   shardplan::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  at::Tensor body(const at::Tensor& x, int64_t past, shardplan::nn::KVCache* cache);
 };
 TORCH_MODULE(LlamaAttention);
 
@@ -79,7 +88,8 @@ class LlamaMLPImpl : public torch::nn::Cloneable<LlamaMLPImpl> {
 };
 TORCH_MODULE(LlamaMLP);
 
-class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl> {
+// Recomputable (full): a plan's `recompute: ['model\.layers\.\d+']` keeps only each layer's input.
+class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl>, public shardplan::Recomputable {
  public:
   explicit LlamaDecoderLayerImpl(const LlamaConfig& config = {});
   void reset() override;
@@ -89,6 +99,9 @@ class LlamaDecoderLayerImpl : public torch::nn::Cloneable<LlamaDecoderLayerImpl>
   shardplan::nn::RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
   LlamaAttention self_attn{nullptr};
   LlamaMLP mlp{nullptr};
+
+ private:
+  at::Tensor body(const at::Tensor& x, int64_t past, shardplan::nn::KVCache* cache);
 };
 TORCH_MODULE(LlamaDecoderLayer);
 

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -108,8 +109,13 @@ void build_sharded_model(TrainRank& r, const std::string& threads) {
   if (!a.plan.empty()) {
     r.plan = a.plan == "auto" ? plan_automatically(r) : load_plan(a.plan);
     r.report = parallelize(*r.m.module, r.plan, r.world);
-    if (r.lead())
+    if (r.lead()) {
       std::printf("plan %s: mesh %s over %d ranks\n", a.plan.c_str(), r.report.mesh.str().c_str(), r.world.size());
+      // What the plan's recompute: named, so a run says it recomputes.
+      std::map<std::string, int> modes;
+      for (const auto& rc : r.report.recompute) ++modes[rc.mode];
+      for (const auto& [mode, n] : modes) std::printf("recompute %s: %d modules\n", mode.c_str(), n);
+    }
     if (a.report && r.lead()) std::cout << r.report.table() << std::flush;
   } else if (r.world.size() > 1) {
     throw Error("several ranks but no --plan: every rank would train the whole model alone");

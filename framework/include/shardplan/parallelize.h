@@ -45,6 +45,14 @@ struct ReportRow {
   std::vector<ShardSplit> splits;
 };
 
+// A module the plan's `recompute:` names (shardplan/recompute.h).
+struct RecomputeRow {
+  std::string path;         // "blocks.0"
+  std::string module_type;  // "shardplan::examples::GPTBlockImpl"
+  std::string mode;         // "full" or "selective"
+  std::string rule;         // where its pattern is written, "plans/gpt.yaml:9:5"
+};
+
 struct ParallelReport {
   Mesh mesh;
   int rank = 0;
@@ -54,6 +62,7 @@ struct ParallelReport {
   std::vector<ReportRow> rows;
   std::vector<std::string> warnings;
   std::string plan_yaml;              // the plan applied, canonical (Plan::to_yaml)
+  std::vector<RecomputeRow> recompute;  // module order; empty without `recompute:`
 
   int64_t local_bytes() const;        // parameter bytes held by this rank (a tied tensor once)
   int64_t global_bytes() const;       // parameter bytes of the unsharded model (a tied tensor once)

@@ -124,6 +124,19 @@ struct DivideRule {
   bool matches(const std::string& module_path) const;
 };
 
+// One entry of the top-level `recompute` list (docs/PLAN_FORMAT.md,
+// "Activation recomputation"): modules whose forward is recomputed in
+// backward instead of keeping its activations (shardplan/recompute.h).
+struct RecomputeRule {
+  std::string pattern;          // full-match regex over module paths ("blocks.0")
+  std::string mode = "full";    // "full": the module's whole forward; "selective": attention's core
+  SourceLoc loc;                // the pattern
+  SourceLoc mode_loc;           // its `mode:` value, or the pattern's location
+  std::shared_ptr<const Matcher> matcher;
+
+  bool matches(const std::string& module_path) const;
+};
+
 class Plan {
  public:
   std::string source;                    // file path, or "<string>"
@@ -143,6 +156,8 @@ class Plan {
   SequenceParallelSpec sequence_parallel;
   std::vector<DivideRule> divide;        // in the order written
   SourceLoc divide_loc;
+  std::vector<RecomputeRule> recompute;  // in the order written; the first match of a module wins
+  SourceLoc recompute_loc;
   // Written by to_yaml as `#` lines at the top (auto_plan: what it left
   // replicated and why); not parsed back.
   std::string comment;

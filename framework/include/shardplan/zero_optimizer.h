@@ -2,7 +2,12 @@
 // ZeRO-1, the distributed optimizer, over a DataParallel's batch axis:
 // gradients are reduce-scattered (at the end of backward), each rank keeps the
 // optimizer state of its 1/D slice of every bucket only, updates that slice,
-// and the parameters are all-gathered back.
+// and the parameters are all-gathered back. Under ZeRO-3 a shardplan::nn
+// layer's bucket slice is the only copy of its parameters between uses
+// (they hold one NaN each): step() updates it in place and gathers nothing;
+// the layer's next forward does (shardplan/nn/param_gate.h). The layout
+// below is the same at every stage: a ZeRO-3 unit is one bucket, its
+// members that layer's own parameters.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>

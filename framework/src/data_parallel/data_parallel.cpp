@@ -37,12 +37,13 @@ std::string mib(int64_t bytes) {
 void DataParallel::Impl::on_grad(size_t index, const at::Tensor& grad) {
   std::lock_guard<std::mutex> lock(mu);
   finished = false;  // the gradients change: a later finish() must average them
+  note_unit_grad(entries[index]);
   if (no_sync > 0) return;
   open_round_until_backward_ends();
   if (!overlap) return;
   Entry& e = arriving(index);
   Bucket& b = buckets[e.bucket];
-  at::Tensor slot = ensure_flat(b).narrow(0, e.offset, e.param.numel());
+  at::Tensor slot = ensure_flat(b).narrow(0, e.offset, e.numel);
   // The hook runs before autograd adds `grad` to .grad: the bucket needs the
   // sum, which includes micro-batches accumulated under NoSync. It is
   // divided by D on the way in, as DDP and Megatron do, so that no pass over
@@ -128,11 +129,11 @@ void DataParallel::Impl::fill_and_launch_rest() {
       Entry& e = entries[i];
       if (e.ready) continue;
       if (main()) {  // every gradient went into the bucket already
-        if (!e.accumulated) ensure_flat(b).narrow(0, e.offset, e.param.numel()).zero_();
+        if (!e.accumulated) ensure_flat(b).narrow(0, e.offset, e.numel).zero_();
         e.ready = true;
         continue;
       }
-      at::Tensor slot = ensure_flat(b).narrow(0, e.offset, e.param.numel());
+      at::Tensor slot = ensure_flat(b).narrow(0, e.offset, e.numel);
       const at::Tensor& scale = b.scale;
       const at::Tensor& g = e.param.grad();
       e.used = g.defined();
@@ -179,13 +180,31 @@ std::vector<std::pair<std::string, at::Tensor>> named_parameters_of(torch::nn::M
   return out;
 }
 
+// ZeRO-3's units: every module whose forward opens a parameter gate, with its own parameters.
+std::vector<DataParallel::GatedLayerInfo> gated_layers_of(torch::nn::Module& model) {
+  std::vector<DataParallel::GatedLayerInfo> out;
+  const auto add = [&](const std::string& path, torch::nn::Module& m) {
+    auto* gated = dynamic_cast<nn::GatedLayer*>(&m);
+    if (!gated) return;
+    DataParallel::GatedLayerInfo info{path, gated, {}};
+    const std::string prefix = path.empty() ? "" : path + ".";
+    for (const auto& p : m.named_parameters(/*recurse=*/false))
+      if (p.value().defined()) info.params.push_back(prefix + p.key());
+    out.push_back(std::move(info));
+  };
+  add("", model);  // not through named_modules(): the model may live on the stack
+  for (const auto& item : model.named_modules(std::string(), /*include_self=*/false)) add(item.key(), *item.value());
+  return out;
+}
+
 }  // namespace
 
 DataParallel::DataParallel(torch::nn::Module& model, const ParallelReport& report, const Plan& plan, World& world)
-    : DataParallel(named_parameters_of(model), report, plan, world) {}
+    : DataParallel(named_parameters_of(model), report, plan, world, gated_layers_of(model)) {}
 
 DataParallel::DataParallel(const std::vector<std::pair<std::string, at::Tensor>>& parameters,
-                           const ParallelReport& report, const Plan& plan, World& world)
+                           const ParallelReport& report, const Plan& plan, World& world,
+                           const std::vector<GatedLayerInfo>& layers)
     : impl_(std::make_shared<Impl>()) {
   Impl& d = *impl_;
   d.axis = plan.batch_axis();
@@ -202,9 +221,6 @@ DataParallel::DataParallel(const std::vector<std::pair<std::string, at::Tensor>>
     throw Error("data parallel: the report's mesh " + report.mesh.str() + " has " +
                 std::to_string(report.mesh.size()) + " ranks but the world has " + std::to_string(world.size()) +
                 "; pass the report parallelize() returned");
-  if (spec.zero == 3)
-    throw PlanError(spec.zero_loc, "data_parallel.zero: 3 (parameters sharded over the batch axis) is not "
-                                   "implemented yet; use zero: 1 or 2");
   if (spec.zero && d.axis.empty())
     throw PlanError(spec.zero_loc, "data_parallel.zero shards the optimizer over the batch axis, but the mesh " +
                                   report.mesh.str() + " has none (name one with batch_axis)");
@@ -282,10 +298,13 @@ DataParallel::DataParallel(const std::vector<std::pair<std::string, at::Tensor>>
   d.bucket_bytes = spec.bucket_bytes;
   d.wire_dtype = reduce_dtype_of(spec);
   d.self = impl_;
+  if (d.stage3()) d.plan_units(layers, parameters);
   d.build_buckets();
+  if (d.stage3()) d.shard_units();
 }
 
 DataParallel::~DataParallel() {
+  impl_->remove_gates();
   impl_->remove_hooks();
   // Waiting is the only safe end for a reduction still running into our buffers.
   for (auto& b : impl_->buckets)
@@ -446,7 +465,7 @@ void DataParallel::Impl::complete() {
         Entry& e = entries[i];
         if (!used[i]) continue;
         at::Tensor g = at::empty({0}, b.flat.options());
-        g.set_(b.flat.storage(), b.flat.storage_offset() + e.offset, e.param.sizes());
+        g.set_(b.flat.storage(), b.flat.storage_offset() + e.offset, e.sizes);
         e.param.mutable_grad() = g;
       }
     } else {
@@ -467,6 +486,8 @@ void DataParallel::Impl::complete() {
   to_release.clear();
   round_open = false;
   finished = true;
+  release_all_units();  // ZeRO-3: nothing whole outlives a backward
+  order_known = true;
   zero_unconsumed = zero;
   main_unconsumed = main() && !zero;
   if (zero || main()) {
@@ -497,6 +518,7 @@ DataParallel::NoSync::~NoSync() {
 // ------------------------------------------------------------ consistency
 
 void DataParallel::check_replicas() const {
+  const WholeParameters whole(*this);  // ZeRO-3: compares the parameters, not this rank's slices
   const Impl& d = *impl_;
   std::vector<ReplicaAxis> axes;
   for (size_t a = 0; a < d.axis_names.size(); ++a) {

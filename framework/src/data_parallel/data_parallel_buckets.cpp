@@ -4,9 +4,11 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <tuple>
 
 #include "data_parallel_impl.h"
 #include "shardplan/error.h"
+#include "shardplan/recompute.h"
 
 namespace shardplan {
 
@@ -27,14 +29,18 @@ void DataParallel::Impl::build_buckets() {
   bucket_infos.clear();
   // Reverse registration order: backward produces the last layers' gradients
   // first. One bucket per dtype and device at a time.
-  std::map<std::pair<int, std::string>, size_t> open;  // (dtype, device) -> bucket index
+  // ZeRO-3: a unit's parameters are a bucket of their own, whatever its size.
+  std::map<std::tuple<int, std::string, int>, size_t> open;  // (dtype, device, unit) -> bucket index
   for (auto it = to_average.rbegin(); it != to_average.rend(); ++it) {
     const at::Tensor& p = it->second;
     const at::ScalarType dtype = main() ? main_dtype : p.scalar_type();
-    const auto key = std::make_pair(static_cast<int>(dtype), p.device().str());
+    const auto u = unit_of_path.find(it->first);
+    const int unit = u == unit_of_path.end() ? -1 : u->second;
+    const auto key = std::make_tuple(static_cast<int>(dtype), p.device().str(), unit);
     auto o = open.find(key);
-    if (o == open.end() || buckets[o->second].info.bytes() >= bucket_bytes) {
+    if (o == open.end() || (unit < 0 && buckets[o->second].info.bytes() >= bucket_bytes)) {
       buckets.emplace_back();
+      buckets.back().unit = unit;
       buckets.back().info.dtype = dtype;
       buckets.back().info.element_size = static_cast<int64_t>(c10::elementSize(dtype));
       o = open.insert_or_assign(key, buckets.size() - 1).first;
@@ -45,6 +51,9 @@ void DataParallel::Impl::build_buckets() {
     e.param = p;
     e.bucket = o->second;
     e.offset = b.info.numel;
+    e.numel = p.numel();
+    e.sizes = p.sizes().vec();
+    e.unit = unit;
     b.info.numel += p.numel();
     b.info.params.push_back(e.path);
     b.entries.push_back(entries.size());
@@ -71,6 +80,9 @@ void DataParallel::Impl::build_buckets() {
     for (size_t i = 0; i < entries.size(); ++i) {
       at::Tensor p = entries[i].param;
       entries[i].hook = p.register_hook([weak, i](const at::Tensor& grad) {
+        // A recomputed region's inner pass: the gradient comes again, once,
+        // when the region's node hands it to this backward.
+        if (in_recompute_backward()) return;
         if (auto impl = weak.lock()) {
           if (impl->main())
             impl->on_main_grad(i, grad);
@@ -128,6 +140,9 @@ void DataParallel::Impl::use_main_grads(at::ScalarType dtype,
   }
   if (round_open || finished || zero_attached)
     throw Error("data parallel: build the mixed-precision optimizer before the first backward");
+  if (stage3())
+    throw Error("data parallel: master weights (MixedPrecision::master_dtype) with data_parallel.zero: 3 are not "
+                "supported: the slices would need a second dtype; use zero: 1 or 2, or no master dtype");
   remove_hooks();
   main_dtype = dtype;
   // Without a batch axis nothing is averaged, but every trainable parameter
@@ -142,7 +157,7 @@ at::Tensor DataParallel::Impl::main_grad(size_t i) const {
   const Entry& e = entries[i];
   const at::Tensor& flat = buckets[e.bucket].flat;
   at::Tensor g = at::empty({0}, flat.options());
-  g.set_(flat.storage(), flat.storage_offset() + e.offset, e.param.sizes());
+  g.set_(flat.storage(), flat.storage_offset() + e.offset, e.sizes);
   return g;
 }
 
@@ -201,7 +216,7 @@ void DataParallel::Impl::on_main_grad(size_t index, const at::Tensor& grad) {
     keep_zero_unconsumed();  // ZeRO-1's slices are in the buffer this writes
   Entry& e = arriving(index);
   Bucket& b = buckets[e.bucket];
-  at::Tensor slot = ensure_flat(b).narrow(0, e.offset, e.param.numel());
+  at::Tensor slot = ensure_flat(b).narrow(0, e.offset, e.numel);
   if (!e.accumulated) slot.zero_();
   slot.add_(grad.reshape(-1), 1.0 / size);
   e.accumulated = e.used = true;

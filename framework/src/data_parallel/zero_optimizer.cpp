@@ -38,7 +38,10 @@ ZeroOptimizer::ZeroOptimizer(DataParallel& dp, const Factory& make) : dp_(dp) {
   std::vector<std::vector<Segment>> segments;
   for (auto& b : d.buckets) {
     const int64_t n = b.info.padded / d.size, lo = d.rank * n;
-    if (d.main()) {
+    if (b.params.defined()) {
+      // ZeRO-3: the unit's slice is the parameters' only copy; step it in place.
+      shards.push_back(b.params);
+    } else if (d.main()) {
       std::vector<at::Tensor> parts;
       for (size_t i : b.entries) parts.push_back(d.entries[i].param.detach().reshape(-1));
       at::Tensor flat = at::cat(parts).to(b.info.dtype);
@@ -50,12 +53,12 @@ ZeroOptimizer::ZeroOptimizer(DataParallel& dp, const Factory& make) : dp_(dp) {
     segments.emplace_back();
     for (size_t m = 0; m < b.entries.size(); ++m) {
       const auto& e = d.entries[b.entries[m]];
-      const int64_t begin = std::max(e.offset, lo), end = std::min(e.offset + e.param.numel(), lo + n);
+      const int64_t begin = std::max(e.offset, lo), end = std::min(e.offset + e.numel, lo + n);
       if (begin >= end) continue;
       // A leaf of its own (the slice requires no gradient) whose in-place
       // updates land in the slice (or the parameter).
-      at::Tensor view = d.main() ? shards.back().narrow(0, begin - lo, end - begin)
-                                 : e.param.detach().view(-1).narrow(0, begin - e.offset, end - begin);
+      at::Tensor view = shards.back().defined() ? shards.back().narrow(0, begin - lo, end - begin)
+                                                : e.param.detach().view(-1).narrow(0, begin - e.offset, end - begin);
       view.requires_grad_(true);
       segments.back().push_back(Segment{view, m, begin - lo});
       params.push_back(view);
@@ -167,7 +170,7 @@ std::vector<std::pair<at::Tensor, at::Tensor>> ZeroOptimizer::gather_masters() {
       whole.copy_(shards_[i].detach());
     for (size_t k : b.entries) {
       auto& e = d.entries[k];
-      out.emplace_back(e.param, whole.narrow(0, e.offset, e.param.numel()).view(e.param.sizes()));
+      out.emplace_back(e.param, whole.narrow(0, e.offset, e.numel).view(e.sizes));
     }
   }
   return out;
@@ -184,6 +187,12 @@ void ZeroOptimizer::step() {
   // Consumed: no gradient slice outlives the step (prepare() makes them again).
   for (auto& b : segments_)
     for (auto& s : b) s.tensor.mutable_grad() = at::Tensor();
+  // ZeRO-3's units are gathered by their next forward, from the slices just
+  // stepped; anything still whole would be stale.
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    d.release_all_units();
+  }
   // ZeRO-1 gathers into the buckets' buffers; ZeRO-2 has none between
   // steps, so into one per bucket, the next gather running while this one is
   // copied into the model and freed.
@@ -194,16 +203,19 @@ void ZeroOptimizer::step() {
   auto install = [&](size_t i) {
     if (works[i]) works[i]->wait();
     auto& b = d.buckets[i];
+    if (b.params.defined()) return;
     for (size_t k : b.entries) {
       auto& e = d.entries[k];
-      e.param.copy_(whole[i].narrow(0, e.offset, e.param.numel()).view(e.param.sizes()));
+      e.param.copy_(whole[i].narrow(0, e.offset, e.numel).view(e.sizes));
     }
     whole[i].reset();
   };
   for (size_t i = 0; i < n; ++i) {
     auto& b = d.buckets[i];
-    whole[i] = d.zero2() ? at::empty({b.info.padded}, b.options) : b.flat;
-    works[i] = d.group->all_gather_async(slice(i), whole[i]);
+    if (!b.params.defined()) {
+      whole[i] = d.zero2() ? at::empty({b.info.padded}, b.options) : b.flat;
+      works[i] = d.group->all_gather_async(slice(i), whole[i]);
+    }
     if (d.zero2() && i > 0) install(i - 1);
   }
   for (size_t i = d.zero2() && n > 0 ? n - 1 : 0; i < n; ++i) install(i);

@@ -200,23 +200,40 @@ std::tuple<at::Tensor, at::Tensor> MultiheadAttentionImpl::attend(const at::Tens
     if (attn_mask_.defined()) attn_mask_ = pad_source(attn_mask_);
     if (key_padding_mask_.defined()) key_padding_mask_ = pad_source(key_padding_mask_);
   }
-  auto attn_output_weights = torch::bmm(q, k.transpose(1, 2));
   if (attn_mask_.defined()) {
     const bool per_head = attn_mask_.dim() == 3;
-    TORCH_CHECK(per_head ? attn_mask_.sizes() == attn_output_weights.sizes()
+    TORCH_CHECK(per_head ? attn_mask_.sizes() == at::IntArrayRef({bsz * num_heads, tgt_len, src_len})
                          : (attn_mask_.size(0) == tgt_len && attn_mask_.size(1) == src_len),
                 "MultiheadAttention: attn_mask must be [L, S] = [", tgt_len, ", ", src_len, "] or [N * num_heads, L, S] = [",
                 bsz * num_heads, ", ", tgt_len, ", ", src_len, "] (S counting bias_k and the zero attention), got ",
                 attn_mask.sizes());
-    if (!per_head) attn_mask_ = attn_mask_.unsqueeze(0);
+  }
+  // Selective recomputation keeps q, k, v and the masks of what follows.
+  const std::vector<at::Tensor> out = recompute_selective(
+      [this, bsz, num_heads](const std::vector<at::Tensor>& in) {
+        return core(in[0], in[1], in[2], in[3], in[4], bsz, num_heads);
+      },
+      {q, k, v, attn_mask_, key_padding_mask_});
+  return std::make_tuple(out[0], out[1]);
+}
+
+std::vector<at::Tensor> MultiheadAttentionImpl::core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                     const at::Tensor& attn_mask, const at::Tensor& key_padding_mask,
+                                                     int64_t bsz, int64_t num_heads) {
+  namespace F = torch::nn::functional;
+  const int64_t tgt_len = q.size(1), src_len = k.size(1), embed_dim = num_heads * head_dim;
+  at::Tensor attn_mask_ = attn_mask;
+  auto attn_output_weights = torch::bmm(q, k.transpose(1, 2));
+  if (attn_mask_.defined()) {
+    if (attn_mask_.dim() != 3) attn_mask_ = attn_mask_.unsqueeze(0);
     if (attn_mask_.scalar_type() == at::kBool)
       attn_output_weights = attn_output_weights.masked_fill(attn_mask_, -std::numeric_limits<double>::infinity());
     else
       attn_output_weights += attn_mask_;
   }
-  if (key_padding_mask_.defined()) {
+  if (key_padding_mask.defined()) {
     attn_output_weights = attn_output_weights.view({bsz, num_heads, tgt_len, src_len});
-    attn_output_weights = attn_output_weights.masked_fill(key_padding_mask_.unsqueeze(1).unsqueeze(2),
+    attn_output_weights = attn_output_weights.masked_fill(key_padding_mask.unsqueeze(1).unsqueeze(2),
                                                           -std::numeric_limits<double>::infinity());
     attn_output_weights = attn_output_weights.view({bsz * num_heads, tgt_len, src_len});
   }
@@ -227,7 +244,7 @@ std::tuple<at::Tensor, at::Tensor> MultiheadAttentionImpl::attend(const at::Tens
   attn_output_weights = shardplan::dropout(attn_output_weights, options.dropout(), is_training());
   auto attn_output = torch::bmm(attn_output_weights, v);
   attn_output = attn_output.transpose(0, 1).contiguous().view({tgt_len, bsz, embed_dim});
-  return std::make_tuple(attn_output, attn_output_weights);
+  return {attn_output, attn_output_weights};
 }
 
 std::tuple<at::Tensor, at::Tensor> MultiheadAttentionImpl::forward(const at::Tensor& query, const at::Tensor& key,
@@ -235,12 +252,13 @@ std::tuple<at::Tensor, at::Tensor> MultiheadAttentionImpl::forward(const at::Ten
                                                                    const at::Tensor& key_padding_mask,
                                                                    bool need_weights, const at::Tensor& attn_mask,
                                                                    bool average_attn_weights) {
+  const ParamGateScope gate(*this);
   for (const at::Tensor* p : {&in_proj_weight, &q_proj_weight, &k_proj_weight, &v_proj_weight, &in_proj_bias, &bias_k,
                               &bias_v})
     check_materialized(*p, "shardplan::nn::MultiheadAttention", "parameter");
   if (strategy_)
-    return strategy_->forward(*this, query, key, value, key_padding_mask, need_weights, attn_mask,
-                              average_attn_weights);
+    return gate.out(strategy_->forward(*this, query, key, value, key_padding_mask, need_weights, attn_mask,
+                                       average_attn_weights));
   if (const auto& s = out_proj->strategy())
     if (s->sharded_input_group() && s->sharded_input_group()->size() > 1)
       throw Error(
@@ -250,12 +268,12 @@ std::tuple<at::Tensor, at::Tensor> MultiheadAttentionImpl::forward(const at::Ten
   at::Tensor attn_output, attn_output_weights;
   std::tie(attn_output, attn_output_weights) = attend(query, key, value, key_padding_mask, attn_mask);
   attn_output = out_proj->forward(attn_output);
-  if (!need_weights) return std::make_tuple(attn_output, at::Tensor());
+  if (!need_weights) return gate.out(std::make_tuple(attn_output, at::Tensor()));
   const int64_t num_heads = options.num_heads();
   attn_output_weights =
       attn_output_weights.view({query.size(1), num_heads, query.size(0), attn_output_weights.size(-1)});
   if (average_attn_weights) attn_output_weights = attn_output_weights.sum(/*dim=*/1) / num_heads;
-  return std::make_tuple(attn_output, attn_output_weights);
+  return gate.out(std::make_tuple(attn_output, attn_output_weights));
 }
 
 at::Tensor MultiheadAttentionImpl::forward_cached(const at::Tensor& x, KVCache& cache, const at::Tensor& attn_mask) {

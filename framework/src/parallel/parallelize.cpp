@@ -38,6 +38,7 @@ ParallelReport report_of(Planned&& p, int world_size, int rank, torch::nn::Modul
   r.rows = std::move(p.rows);
   r.warnings = std::move(p.warnings);
   r.plan_yaml = p.plan_yaml;
+  r.recompute = std::move(p.recompute_rows);
   auto params = model.named_parameters(true);
   for (auto& row : r.rows) {
     auto* t = params.find(row.path);
@@ -114,6 +115,12 @@ void apply_shards(Planned& p, const std::map<std::string, std::shared_ptr<Commun
   check_ties_kept(p, ties);
 }
 
+std::string path_of(const Planned& p, const Recomputable* module) {
+  for (size_t i = 0; i < p.recompute.size(); ++i)
+    if (p.recompute[i].first == module) return p.recompute_rows[i].path;
+  return "";
+}
+
 // get_parallel_dim(param) answers for what a plan cut as for what a user
 // declared by hand (helpers.h).
 void register_splits(torch::nn::Module& model, const ParallelReport& report) {
@@ -172,6 +179,7 @@ ParallelReport parallelize(torch::nn::Module& model, const Plan& plan, World& wo
   // 10,000-parameter model at world size 2.
   at::NoGradGuard no_grad;
   apply_shards(p, groups, world.rank());
+  for (const auto& [module, mode] : p.recompute) module->set_recompute_mode(mode, path_of(p, module));
   ParallelReport report = report_of(std::move(p), world.size(), world.rank(), model);
   register_splits(model, report);
   return report;

@@ -68,7 +68,17 @@ std::string ParallelReport::json() const {
   }
   os << (rows.empty() ? "" : "\n  ") << "],\n  \"warnings\": [";
   for (size_t i = 0; i < warnings.size(); ++i) os << (i ? ", " : "") << json_str(warnings[i]);
-  os << "],\n  \"local_bytes\": " << local_bytes() << ",\n  \"global_bytes\": " << global_bytes() << "\n}";
+  os << "]";
+  // Only with `recompute:`: reports of plans without it keep their form.
+  if (!recompute.empty()) {
+    os << ",\n  \"recompute\": [";
+    for (size_t i = 0; i < recompute.size(); ++i)
+      os << (i ? ", " : "") << "{\"path\": " << json_str(recompute[i].path)
+         << ", \"module_type\": " << json_str(recompute[i].module_type) << ", \"mode\": " << json_str(recompute[i].mode)
+         << ", \"rule\": " << json_str(recompute[i].rule) << "}";
+    os << "]";
+  }
+  os << ",\n  \"local_bytes\": " << local_bytes() << ",\n  \"global_bytes\": " << global_bytes() << "\n}";
   return os.str();
 }
 
@@ -102,6 +112,8 @@ std::string ParallelReport::table() const {
     col(pw) << (r.plugin.empty() ? "-" : r.plugin);
     os << r.rule << (r.rule.empty() || r.note.empty() ? "" : " ") << r.note << "\n";
   }
+  for (const auto& rc : recompute)
+    os << "recompute " << rc.mode << ": " << rc.path << " (" << rc.module_type << "), " << rc.rule << "\n";
   for (const auto& wmsg : warnings) os << "warning: " << wmsg << "\n";
   os << "parameter bytes on this rank: " << local_bytes() << " of " << global_bytes() << "\n";
   return os.str();

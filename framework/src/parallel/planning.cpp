@@ -152,6 +152,7 @@ Planned plan_model(torch::nn::Module& model, const Plan& plan, int world_size, i
   if (st.keras) note_keras_names(st);
   check_ties(st);
   plan_bare_modules(st);
+  plan_recompute(st, model);
   return std::move(st.out);
 }
 

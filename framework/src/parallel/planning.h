@@ -14,6 +14,7 @@
 #include "shardplan/layer_plugin.h"
 #include "shardplan/parallelize.h"
 #include "shardplan/plan.h"
+#include "shardplan/recompute.h"
 #include "plan/keras_paths.h"
 
 namespace shardplan::parallel_detail {
@@ -33,6 +34,9 @@ struct Planned {
   Mesh mesh;
   std::vector<std::vector<TieUse>> ties;  // tensors registered more than once, first use first
   std::string plan_yaml;
+  // The modules `recompute:` names and their modes (set by parallelize), and their report rows.
+  std::vector<std::pair<Recomputable*, RecomputeMode>> recompute;
+  std::vector<RecomputeRow> recompute_rows;
 };
 
 // With `errors`, a problem found in a module or a tie is appended there and
@@ -134,5 +138,6 @@ struct Planning {
 void check_modules(Planning& st);      // planning_modules.cpp
 void check_ties(Planning& st);         // planning_ties.cpp
 void plan_bare_modules(Planning& st);  // planning_bare.cpp
+void plan_recompute(Planning& st, torch::nn::Module& model);  // planning_recompute.cpp
 
 }  // namespace shardplan::parallel_detail

@@ -8,6 +8,7 @@
 
 #include "plan_data_parallel.h"
 #include "plan_divide.h"
+#include "plan_recompute.h"
 #include "plan_sequence_parallel.h"
 #include "plan_internal.h"
 #include "base/utf8.h"
@@ -83,6 +84,8 @@ class Parser {
         detail::parse_sequence_parallel(e.value, at(e.value, e.key_loc), plan);
       else if (e.key == "divide")
         detail::parse_divide(e.value, at(e.value, e.key_loc), plan);
+      else if (e.key == "recompute")
+        detail::parse_recompute(e.value, at(e.value, e.key_loc), plan);
       else if (!e.value.IsScalar() && !e.value.IsNull())  // name, description
         throw PlanError(at(e.value, e.key_loc), e.key + " must be text, got " + kind_name(e.value));
       else if (e.value.IsScalar())
@@ -107,7 +110,7 @@ class Parser {
 
   inline static const std::vector<std::string> kTopKeys = {
       "version", "mesh",         "plugins",           "strict", "paths",      "batch_axis",
-      "data_parallel", "sequence_parallel", "divide", "rules",  "name",       "description"};
+      "data_parallel", "sequence_parallel", "divide", "recompute", "rules",  "name", "description"};
   inline static const std::vector<std::string> kRuleKeys = {"match", "layout", "output",
                                                             "input", "blocks", "plugin",
                                                             "sequence_parallel", "sequence_dim", "overlap",

@@ -34,7 +34,7 @@ std::vector<GradPiece> zero_pieces(const DataParallel::Impl& d) {
     const int64_t n = b.info.padded / d.size, lo = d.rank * n;
     for (size_t k : b.entries) {
       const auto& e = d.entries[k];
-      const int64_t begin = std::max(e.offset, lo), end = std::min(e.offset + e.param.numel(), lo + n);
+      const int64_t begin = std::max(e.offset, lo), end = std::min(e.offset + e.numel, lo + n);
       if (begin >= end) continue;
       const ReportRow& row = *rows.at(e.path);
       pieces.push_back({b.shard.narrow(0, begin - lo, end - begin),

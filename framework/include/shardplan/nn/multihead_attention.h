@@ -17,11 +17,18 @@
 //    asserts their sizes are equal).
 // out_proj is a shardplan::nn::Linear, so the plan shards it like any Linear
 // (row-parallel, `input: sharded`, after head-parallel attention).
+//
+// Recomputable in mode selective (a plan's `recompute: [{module: ...attn,
+// mode: selective}]`): attention's core (scores, masks, softmax, dropout,
+// weights times values) keeps only q, k and v and runs again in backward,
+// Megatron's selective recomputation.
 #include <torch/nn/cloneable.h>
 #include <torch/nn/modules/common.h>
 #include <torch/nn/modules/container/any_value.h>
 #include <torch/nn/options/activation.h>
 #include <torch/nn/pimpl.h>
+
+#include "shardplan/nn/param_gate.h"
 
 #include <memory>
 #include <string>
@@ -29,6 +36,7 @@
 
 #include "shardplan/nn/kv_cache.h"
 #include "shardplan/nn/linear.h"
+#include "shardplan/recompute.h"
 
 namespace shardplan {
 namespace nn {
@@ -48,7 +56,8 @@ class MultiheadAttentionStrategy {
   virtual std::string describe() const = 0;  // "head-parallel over 'model' (2): 2 of 4 heads per rank"
 };
 
-class MultiheadAttentionImpl : public torch::nn::Cloneable<MultiheadAttentionImpl> {
+class MultiheadAttentionImpl : public torch::nn::Cloneable<MultiheadAttentionImpl>, public GatedLayer,
+                               public Recomputable {
  public:
   MultiheadAttentionImpl(int64_t embed_dim, int64_t num_heads)
       : MultiheadAttentionImpl(torch::nn::MultiheadAttentionOptions(embed_dim, num_heads)) {}
@@ -88,6 +97,7 @@ class MultiheadAttentionImpl : public torch::nn::Cloneable<MultiheadAttentionImp
   void reset() override;
   void _reset_parameters();
   void pretty_print(std::ostream& stream) const override;
+  bool can_recompute(RecomputeMode mode) const override { return mode == RecomputeMode::selective; }
 
   void set_strategy(std::shared_ptr<MultiheadAttentionStrategy> strategy) { strategy_ = std::move(strategy); }
   const std::shared_ptr<MultiheadAttentionStrategy>& strategy() const { return strategy_; }
@@ -109,6 +119,10 @@ class MultiheadAttentionImpl : public torch::nn::Cloneable<MultiheadAttentionImp
                            {5, torch::nn::AnyValue(at::Tensor())}, {6, torch::nn::AnyValue(true)})
 
  private:
+  // attend() from the scores on: [attn_output [L, N, heads * head_dim], weights].
+  std::vector<at::Tensor> core(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& attn_mask, const at::Tensor& key_padding_mask, int64_t bsz,
+                               int64_t num_heads);
   std::shared_ptr<MultiheadAttentionStrategy> strategy_;
   KVCache* cache_ = nullptr;  // set for the duration of forward_cached()
 };
