@@ -430,7 +430,7 @@ void PrintTo(const Param2d& p, std::ostream* os) { *os << p.opt << (p.zero ? " z
 class Checkpoint2d : public ::testing::TestWithParam<Param2d> {};
 
 // {data: 2, model: 2} -> {model: 2} -> plain -> {data: 2, model: 2} (and,
-// with ZeRO-1, -> {data: 4}): every load written straight back is the same
+// with ZeRO 1, 2 or 3, -> {data: 4} at ZeRO-1): every load written straight back is the same
 // checkpoint bit for bit (parameters, optimizer state, steps), every stage
 // continues with the uninterrupted run's losses, and the 2-D checkpoint
 // holds each tensor once, written by the data-coordinate-0 ranks.
@@ -493,7 +493,7 @@ TEST_P(Checkpoint2d, ReshardsBothWaysWithOptimizerState) {
   expect_same_checkpoint(base / "a", base / "a_at_plain", "2d -> plain");
   if (zero) {
     // ZeRO-1 at another batch-axis size: {data: 4}, the model replicated
-    // (a ZeRO-2 checkpoint loads at stage 1 too: the same format).
+    // (a ZeRO-2 or ZeRO-3 checkpoint loads at stage 1 too: the same format).
     const Layout data4{"data4", 4, "version: 1\nmesh: {data: 4}\ndata_parallel: {bucket_mb: 0.004, zero: 1}\nrules: []\n"};
     expect_losses(stage(c, data4, other, data, kind, base / "a", base / "a_at_data4", 2, kAll, ""), slice(2, kAll),
                   "2d -> data4");
@@ -504,9 +504,11 @@ TEST_P(Checkpoint2d, ReshardsBothWaysWithOptimizerState) {
 
 INSTANTIATE_TEST_SUITE_P(Meshes, Checkpoint2d,
                          ::testing::Values(Param2d{"adam", 0}, Param2d{"adam", 1}, Param2d{"sgd", 0},
-                                           Param2d{"sgd", 1}, Param2d{"adam", 2}),
+                                           Param2d{"sgd", 1}, Param2d{"adam", 2}, Param2d{"adam", 3},
+                                           Param2d{"sgd", 3}),
                          [](const ::testing::TestParamInfo<Param2d>& i) {
-                           return i.param.opt + (i.param.zero == 2 ? "_zero2" : i.param.zero ? "_zero" : "_replicated");
+                           return i.param.opt + (i.param.zero >= 2 ? "_zero" + std::to_string(i.param.zero)
+                                                                   : i.param.zero ? "_zero" : "_replicated");
                          });
 
 // A ZeRO-1 checkpoint with a rank's file gone: one line naming it, nothing
