@@ -27,8 +27,8 @@ if(TARGET train_gpt AND TARGET shardplan_cli)
     e2e_zero2_gpt_data4_sgd_accumulate_gloo4_f64 e2e_zero2_gpt_2d_sgd_threads4_f64 e2e_zero2_clip_gpt_2d_gloo4_f64
     PROPERTIES TIMEOUT 300 LABELS "data_parallel;zero")
 endif()
-# The memory and traffic bench (benchmarks/zero_memory), small: ZeRO-1 and
-# ZeRO-2 within 5 % of the theoretical bytes per parameter and 1 % of the
+# The memory and traffic bench (benchmarks/zero_memory), small: ZeRO-1, 2 and
+# 3 within 5 % of the theoretical bytes per parameter and 1 % of the
 # theoretical bytes per step, and its count option. (The benchmarks'
 # directory is added after this one: the guard tests the options.)
 if(SHARDPLAN_BUILD_BENCHMARKS AND SHARDPLAN_BUILD_EXAMPLES)

@@ -1,8 +1,9 @@
 // What a rank holds of the example GPT's training state (float32 Adam) and
 // what it moves on the data axis per step, under ZeRO stages 1 and 2 at
 // {data: 2, model: 2} (plans/gpt_2d.yaml with `zero: S`), ranks as threads:
+// stages 1, 2 and 3.
 //
-//   bench_zero_memory [--config embed=256,...] [--batch 8] [--bucket-mb 1] [--stages 1,2] [--check 1]
+//   bench_zero_memory [--config embed=256,...] [--batch 8] [--bucket-mb 1] [--stages 1,2,3] [--check 1]
 //
 // Memory: shardplan::state_bytes (live storages, each once: parameters,
 // every gradient buffer, the optimizer's moments, any copy of the
@@ -13,11 +14,14 @@
 // ZeRO-3 16/(T D) bytes per parameter (the model's replicated parameters,
 // LayerNorms and a few biases, and each bucket's padding make the rest).
 // Traffic: the bytes each rank hands to the data axis' collectives
-// (Communicator stats of that group) during backward (reduce-scatters,
-// plus the used-parameter flags) and during the step (all-gathers), as a
-// ring moves them per rank: (D-1)/D of a reduce-scatter's input, D-1 times
-// an all-gather's; theory 2 (D-1)/D x the parameter bytes this rank holds
-// (its TP shards and the replicated parameters: what its buckets hold).
+// (Communicator stats of that group) in forward (ZeRO-3's all-gathers),
+// backward (reduce-scatters, the used-parameter flags, and ZeRO-3's
+// all-gathers again, as many as forward's: checked by their count) and the
+// step (all-gathers), as a ring moves them per rank: (D-1)/D of a
+// reduce-scatter's input, D-1 times an all-gather's; theory 2 (ZeRO-1/2)
+// or 3 (ZeRO-3) x (D-1)/D x the parameter bytes this rank holds (its TP
+// shards and the replicated parameters: what its buckets hold). ZeRO-3's
+// parameters are its slices, counted under copies (the optimizer's tensors).
 // --check 1 fails unless both are within 5 % and 1 %.
 #include <torch/torch.h>
 
@@ -27,6 +31,7 @@
 #include <fstream>
 #include <iterator>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -49,14 +54,14 @@ struct Args {
   std::string config = "context=64,embed=256,heads=8,layers=4,mlp=1024";
   int64_t batch = 8;
   std::string bucket_mb = "1";
-  std::vector<int> stages = {1, 2};
+  std::vector<int> stages = {1, 2, 3};
   bool check = false;
 };
 
 [[noreturn]] void usage(const char* prog, const std::string& why) {
   std::fprintf(stderr,
                "bench_zero_memory: error: %s\nusage: %s [--config K=V,...] [--batch N] [--bucket-mb X] "
-               "[--stages 1,2] [--check 1]\n",
+               "[--stages 1,2,3] [--check 1]\n",
                why.c_str(), prog);
   std::exit(2);
 }
@@ -131,24 +136,46 @@ Measured measure(const ex::ModelHandle& ref, const shardplan::Plan& plan, const 
       if (p.requires_grad())
         p.register_hook([&](const at::Tensor&) { peak = std::max(peak, shardplan::state_bytes(opt).grads); });
     const double d = dp.size();
+    bool same_gathers = true;
+    // This rank's parameters whole (ZeRO-3's keep their shape while free).
+    int64_t whole_bytes = 0;
+    std::set<const void*> seen;
+    for (const auto& p : h.module->parameters())
+      if (seen.insert(p.unsafeGetTensorImpl()).second) whole_bytes += p.numel() * p.element_size();
     for (const auto& b : batches) {
       opt.zero_grad();
-      dp.group()->reset_stats();
-      h.model->loss({t.local_batch(b.input), t.local_batch(b.target)}).backward();
-      const double scattered = static_cast<double>(dp.group()->stats().bytes);
+      // Per phase, the bytes handed to the data axis: forward all-gathers
+      // (ZeRO-3's units), backward reduce-scatters (and ZeRO-3's gathers
+      // again: as many units as forward's, so as many bytes), the step's
+      // all-gathers.
+      auto handed = [&] {
+        const double n = static_cast<double>(dp.group()->stats().bytes);
+        dp.group()->reset_stats();
+        return n;
+      };
+      handed();
+      const int64_t g0 = dp.gather_stats().gathers;
+      at::Tensor loss = h.model->loss({t.local_batch(b.input), t.local_batch(b.target)});
+      const double forward = handed();
+      const int64_t g1 = dp.gather_stats().gathers;
+      loss.backward();
+      const double backward = handed();
+      same_gathers = same_gathers && dp.gather_stats().gathers - g1 == g1 - g0;
       back = shardplan::state_bytes(opt);
-      dp.group()->reset_stats();
       opt.step();
-      const double gathered = static_cast<double>(dp.group()->stats().bytes);
+      const double stepped = handed();
       step = shardplan::state_bytes(opt);
-      wire = scattered * (d - 1) / d + gathered * (d - 1);
+      // A ring moves D-1 times an all-gather's input and (D-1)/D of a
+      // reduce-scatter's per rank.
+      wire = 2 * forward * (d - 1) + (backward - forward) * (d - 1) / d + stepped * (d - 1);
     }
+    if (!same_gathers) wire = -1;  // the backward gathers are not forward's: not read
     std::lock_guard<std::mutex> lock(mu);
     keep_larger(m.after_backward, back);
     keep_larger(m.after_step, step);
     if (wire > m.wire) {
       m.wire = wire;
-      m.wire_params = static_cast<double>(step.params);
+      m.wire_params = static_cast<double>(whole_bytes);
     }
     m.wire_formula = std::max(m.wire_formula, dp.wire_bytes());
     m.peak_grads = std::max(m.peak_grads, peak);
