@@ -84,5 +84,10 @@ if(TARGET train_gpt AND TARGET shardplan_cli)
       list(APPEND _tests e2e_zero3_llama_tie${_tie}_2d_gloo4_f64)
     endforeach()
   endif()
+  # The trainer's summary names the stage whose slices it counts.
+  add_test(NAME e2e_zero3_trainer_names_the_stage COMMAND ${_gpt} --optimizer adam --ranks 2 --plan ${_dp})
+  set_tests_properties(e2e_zero3_trainer_names_the_stage PROPERTIES
+    PASS_REGULAR_EXPRESSION "rank 1: optimizer state [0-9]+ bytes \\(ZeRO-3 slices\\)")
+  list(APPEND _tests e2e_zero3_trainer_names_the_stage)
   set_tests_properties(${_tests} PROPERTIES TIMEOUT 300 LABELS zero3)
 endif()

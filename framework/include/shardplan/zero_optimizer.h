@@ -49,8 +49,9 @@ class ZeroOptimizer {
   void zero_grad();
   // step() in halves, for a loss scaler or clipping in between: the
   // gradients of the inner optimizer's tensors (this rank's slices, the
-  // averaging completed; undefined for a parameter no rank used), then
-  // step() updates with them. Collective when it completes the averaging.
+  // averaging completed; undefined for a parameter no rank used; then
+  // locals()' own gradients), then step() updates with them. Collective
+  // when it completes the averaging.
   std::vector<at::Tensor> slice_grads();
   // Consumes the gradients without updating anything (a loss scaler's
   // skipped step; every rank of the batch axis must skip alike).
@@ -85,6 +86,11 @@ class ZeroOptimizer {
     std::vector<Segment> segments;
   };
   std::vector<Bucket> layout() const;
+  // The trainable parameters outside the buckets (data_parallel.ignore, or
+  // split over the batch axis), in the model's order: never averaged nor
+  // sliced (whole on every rank, under ZeRO-3 too), the inner optimizer
+  // steps them with this rank's own gradient, after the slices' segments.
+  const std::vector<at::Tensor>& locals() const { return locals_; }
   DataParallel& data_parallel() const { return dp_; }
 
  private:
@@ -94,6 +100,7 @@ class ZeroOptimizer {
   // masters (the segments are views of the model's parameters).
   std::vector<at::Tensor> shards_;
   std::vector<std::vector<Segment>> segments_;  // per bucket
+  std::vector<at::Tensor> locals_;
   bool prepared_ = false;  // slice_grads() ran since the last step
   void prepare();
   at::Tensor slice(size_t bucket) const;

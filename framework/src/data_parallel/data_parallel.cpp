@@ -245,9 +245,7 @@ DataParallel::DataParallel(const std::vector<std::pair<std::string, at::Tensor>>
   std::set<const void*> seen;
   std::vector<size_t> ignore_hits(spec.ignore.size(), 0);
   std::vector<std::pair<std::string, at::Tensor>> to_average;
-  std::map<std::string, at::Tensor> by_name;
   for (const auto& [key, p] : parameters) {
-    by_name.emplace(key, p);
     if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // a tied tensor: reduced once
     d.unique.emplace_back(key, p);
     const auto it = rows.find(key);
@@ -278,17 +276,6 @@ DataParallel::DataParallel(const std::vector<std::pair<std::string, at::Tensor>>
     d.averaged.push_back(key);
     to_average.emplace_back(key, p);
   }
-  // ZeRO-1's optimizer holds slices of the buckets only: a trainable
-  // parameter outside them would silently never be updated.
-  if (d.zero)
-    for (const auto& list : {std::make_pair(&d.ignored, "is in data_parallel.ignore"),
-                             std::make_pair(&d.split, "is split over the batch axis")})
-      for (const std::string& name : *list.first)
-        if (by_name.at(name).requires_grad())
-          throw PlanError(spec.loc, "data_parallel.zero: parameter '" + name + "' " + list.second +
-                                        ", so it is in no bucket and ZeRO-1's optimizer would never update it; "
-                                        "ZeRO-1 needs every trainable parameter averaged over '" + d.axis +
-                                        "' (drop zero, or that parameter's ignore entry / batch-axis layout)");
   for (size_t i = 0; i < spec.ignore.size(); ++i)
     if (ignore_hits[i] == 0 && !d.axis.empty())
       d.warnings.push_back(spec.ignore[i].pattern_loc.str() + ": data_parallel.ignore '" +

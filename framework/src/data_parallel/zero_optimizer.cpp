@@ -6,9 +6,17 @@
 #include "shardplan/error.h"
 
 #include <algorithm>
+#include <set>
+#include <string>
 
 namespace shardplan {
 namespace {
+
+std::set<std::string> outside_buckets(const DataParallel::Impl& d) {
+  std::set<std::string> out(d.ignored.begin(), d.ignored.end());
+  out.insert(d.split.begin(), d.split.end());
+  return out;
+}
 
 // Updates that read each element of a parameter alone: on a slice they do
 // exactly what they do on the whole tensor.
@@ -64,6 +72,16 @@ ZeroOptimizer::ZeroOptimizer(DataParallel& dp, const Factory& make) : dp_(dp) {
       params.push_back(view);
     }
   }
+  // Parameters outside the buckets (ignored, or split over the batch axis)
+  // are not averaged: the optimizer steps them whole with this rank's own
+  // gradient, as a plain optimizer beside DataParallel does.
+  std::vector<at::Tensor> locals;
+  const std::set<std::string> outside = outside_buckets(d);
+  for (const auto& [name, p] : d.unique) {
+    if (!outside.count(name) || !p.requires_grad()) continue;
+    locals.push_back(p);
+    params.push_back(p);
+  }
   auto inner = make(params);
   if (!inner) throw Error("ZeroOptimizer: the factory returned no optimizer");
   if (elementwise_name(*inner).empty())
@@ -73,6 +91,7 @@ ZeroOptimizer::ZeroOptimizer(DataParallel& dp, const Factory& make) : dp_(dp) {
   inner_ = std::move(inner);
   shards_ = std::move(shards);
   segments_ = std::move(segments);
+  locals_ = std::move(locals);
   d.zero_attached = true;
 }
 
@@ -121,6 +140,7 @@ void ZeroOptimizer::zero_grad() {
     if (e.param.grad().defined()) e.param.mutable_grad() = at::Tensor();
   for (auto& b : segments_)
     for (auto& s : b) s.tensor.mutable_grad() = at::Tensor();
+  for (auto& p : locals_) p.mutable_grad() = at::Tensor();
   std::fill(d.zero_used.begin(), d.zero_used.end(), false);
 }
 
@@ -146,6 +166,7 @@ std::vector<at::Tensor> ZeroOptimizer::slice_grads() {
   std::vector<at::Tensor> out;
   for (auto& b : segments_)
     for (auto& s : b) out.push_back(s.tensor.grad());
+  for (auto& p : locals_) out.push_back(p.grad());
   return out;
 }
 
