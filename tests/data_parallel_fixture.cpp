@@ -173,6 +173,7 @@ std::vector<double> run_dp(const Task& task, const DpCase& c, const RefRun& ref)
       mine.push_back(training.average(local));
     }
     dp.check_replicas();
+    const DataParallel::WholeParameters whole(dp);  // ZeRO-3: the parameters, not this rank's slices
     auto expected = shardplan::relocate_state_dict(full, report);
     double err = 0;
     auto params = model.named_parameters();

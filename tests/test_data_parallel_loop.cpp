@@ -143,6 +143,31 @@ TEST(DataParallel, StepInsideNoSyncIsAnErrorAndAPlanWithoutABatchAxisTrainsAlone
 
 // ------------------------------------------------------------ plan keys and bad input
 
+// `zero` is a ZeRO stage; `true` and `false` stay 1 and 0, and the canonical
+// form writes the stage.
+TEST(DataParallel, ZeroStagesParseAndRoundTrip) {
+  const std::vector<std::pair<std::string, int>> cases = {{"0", 0}, {"1", 1}, {"2", 2}, {"3", 3},
+                                                          {"true", 1}, {"false", 0}};
+  for (const auto& [value, stage] : cases) {
+    const auto p = shardplan::parse_plan("mesh: {data: 2}\ndata_parallel: {zero: " + value + "}\nrules: []\n");
+    EXPECT_EQ(p.data_parallel.zero, stage) << value;
+    const std::string yaml = p.to_yaml();
+    EXPECT_EQ(yaml.find("zero: " + std::to_string(stage)) != std::string::npos, stage != 0) << yaml;
+    EXPECT_EQ(shardplan::parse_plan(yaml).data_parallel.zero, stage) << yaml;
+    EXPECT_EQ(shardplan::parse_plan(yaml).to_yaml(), yaml);
+  }
+  for (const std::string bad : {"4", "-1", "2.0", "two", "[2]", "{}"}) {
+    try {
+      shardplan::parse_plan("mesh: {data: 2}\ndata_parallel: {zero: " + bad + "}\nrules: []\n", "z.yaml");
+      ADD_FAILURE() << bad << ": no error";
+    } catch (const shardplan::PlanError& e) {
+      EXPECT_NE(std::string(e.what()).find("z.yaml:2:23: data_parallel.zero must be a ZeRO stage 0, 1, 2 or 3"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(DataParallel, PlanKeysParseAndRoundTrip) {
   auto p = shardplan::parse_plan(
       "mesh: {replica: 2, model: auto}\nbatch_axis: replica\n"
@@ -180,7 +205,7 @@ TEST(DataParallel, BadPlanKeysAreErrorsAtTheirLine) {
   expect_plan_error("mesh: {data: 2}\ndata_parallel: {bucket_mb: 0}\nrules: []",
                     "p.yaml:2:28: data_parallel.bucket_mb must be a positive number of MiB, got '0'");
   expect_plan_error("mesh: {data: 2}\ndata_parallel: {zero: maybe}\nrules: []",
-                    "p.yaml:2:23: data_parallel.zero must be true or false");
+                    "p.yaml:2:23: data_parallel.zero must be a ZeRO stage 0, 1, 2 or 3 (true is 1, false 0), got 'maybe'");
   try {
     shardplan::parse_plan("mesh: {data: 2}\ndata_parallel: {ignore: ['fc(']}\nrules: []", "p.yaml");
     FAIL();
@@ -231,7 +256,7 @@ TEST(DataParallel, BadInputIsAClearErrorThatChangesNothing) {
       DataParallel dp(plain, none, p, w);
       ADD_FAILURE() << "no error";
     } catch (const shardplan::PlanError& e) {
-      EXPECT_NE(std::string(e.what()).find("z.yaml:2:16: data_parallel.zero shards the optimizer over the batch axis"),
+      EXPECT_NE(std::string(e.what()).find("z.yaml:2:23: data_parallel.zero shards the optimizer over the batch axis"),
                 std::string::npos)
           << e.what();
     }

@@ -77,7 +77,8 @@ class DataParallel {
   const std::string& axis() const;  // "" without a batch axis
   int size() const;                 // ranks along the batch axis (1 without)
   int rank() const;                 // this rank's coordinate on it
-  bool zero() const;                // ZeRO-1: gradients reduce-scattered
+  bool zero() const;                // ZeRO stage >= 1: gradients reduce-scattered
+  int zero_stage() const;           // data_parallel.zero: 0..3
   Communicator* group() const;      // nullptr without a batch axis
 
   // The rows of `global` (dim 0: the global batch) this rank trains on:
@@ -121,6 +122,37 @@ class DataParallel {
     DataParallel& dp_;
   };
 
+  // ZeRO-3 (`zero: 3`): between uses a parameter in a shardplan::nn layer
+  // keeps its shape over a single NaN; this rank keeps its 1/D slice in its unit's bucket
+  // (layout: shardplan/zero_optimizer.h, ZeroOptimizer::layout()). For the
+  // scope's life every parameter is whole again, to read (evaluation
+  // outside the layers, checkpoints, replica checks) or to write (loading
+  // weights): on leaving it, this rank's slices take the parameters' values
+  // and they are freed again. Collective over the batch axis; a no-op below
+  // stage 3. Not across a backward or an optimizer step. The parameters stay
+  // free when the DataParallel is destroyed (a destructor cannot run a
+  // collective): the model is usable only while it lives.
+  class WholeParameters {
+   public:
+    explicit WholeParameters(const DataParallel& dp);
+    ~WholeParameters();
+    WholeParameters(const WholeParameters&) = delete;
+    WholeParameters& operator=(const WholeParameters&) = delete;
+
+   private:
+    const DataParallel& dp_;
+  };
+
+  // ZeRO-3's parameter all-gathers since construction: how many, how many
+  // a gate started ahead of their use (the next unit in forward order, the
+  // previous one in backward, once the first step has shown the order), and
+  // the seconds gates waited for them (what compute did not hide).
+  struct GatherStats {
+    int64_t gathers = 0, prefetched = 0;
+    double wait_seconds = 0;
+  };
+  GatherStats gather_stats() const;
+
   // Opt-in consistency check, collective over every mesh axis: compares a
   // checksum of the bytes of each parameter that should be identical across
   // an axis' group (not split over it; for the batch axis, not ignored) and
@@ -150,15 +182,16 @@ class DataParallel {
   std::string describe() const;       // the bucket plan and the traffic, several lines
 
   struct Impl;
+  struct GatedLayerInfo;
   // The state behind it (data_parallel_impl.h), for the framework's own
   // sources only (clip_grad.h reads the buckets).
   Impl& impl() const { return *impl_; }
 
  private:
   // Both kinds of model come here with their parameters by path (a tied
-  // tensor under each of its paths).
+  // tensor under each of its paths), and ZeRO-3's gated layers.
   DataParallel(const std::vector<std::pair<std::string, at::Tensor>>& parameters, const ParallelReport& report,
-               const Plan& plan, World& world);
+               const Plan& plan, World& world, const std::vector<GatedLayerInfo>& layers);
   std::shared_ptr<Impl> impl_;
   friend class ZeroOptimizer;
   friend class Optimizer;

@@ -88,7 +88,10 @@ struct DataParallelSpec {
   int64_t bucket_bytes = 25 * 1024 * 1024;  // `bucket_mb`, MiB as written
   std::string bucket_mb = "25";             // as written, for to_yaml
   bool overlap = true;         // start each bucket's reduction during backward
-  bool zero = false;           // ZeRO-1: optimizer state sharded over the batch axis
+  // `zero`: the ZeRO stage over the batch axis, 0..3 (`true` is 1, `false` 0):
+  // 1 shards the optimizer state, 2 also the gradients, 3 also the parameters.
+  int zero = 0;
+  SourceLoc zero_loc;
   // `reduce_dtype`: the dtype the batch axis' collectives run in (float32,
   // bfloat16, float16, float64); "": the gradient buckets' own.
   std::string reduce_dtype;

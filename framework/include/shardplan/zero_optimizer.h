@@ -2,7 +2,12 @@
 // ZeRO-1, the distributed optimizer, over a DataParallel's batch axis:
 // gradients are reduce-scattered (at the end of backward), each rank keeps the
 // optimizer state of its 1/D slice of every bucket only, updates that slice,
-// and the parameters are all-gathered back.
+// and the parameters are all-gathered back. Under ZeRO-3 a shardplan::nn
+// layer's bucket slice is the only copy of its parameters between uses
+// (they hold one NaN each): step() updates it in place and gathers nothing;
+// the layer's next forward does (shardplan/nn/param_gate.h). The layout
+// below is the same at every stage: a ZeRO-3 unit is one bucket, its
+// members that layer's own parameters.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -20,7 +25,8 @@ namespace shardplan {
 // ZeRO-1 over the batch axis of a DataParallel built from a plan with
 // `data_parallel: {zero: true}`. `make` builds the real optimizer over the
 // tensors it is given (views of this rank's slices, one per parameter
-// each slice overlaps), e.g.
+// each slice overlaps: of the model's parameters themselves, or with master
+// weights of this rank's slice of them), e.g.
 //   [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::Adam>(p, AdamOptions(1e-3)); }
 // Its update must be element-wise: Adam, AdamW, SGD, RMSprop and Adagrad
 // are; anything else (LBFGS) is refused before anything changes. Each rank
@@ -43,8 +49,9 @@ class ZeroOptimizer {
   void zero_grad();
   // step() in halves, for a loss scaler or clipping in between: the
   // gradients of the inner optimizer's tensors (this rank's slices, the
-  // averaging completed; undefined for a parameter no rank used), then
-  // step() updates with them. Collective when it completes the averaging.
+  // averaging completed; undefined for a parameter no rank used; then
+  // locals()' own gradients), then step() updates with them. Collective
+  // when it completes the averaging.
   std::vector<at::Tensor> slice_grads();
   // Consumes the gradients without updating anything (a loss scaler's
   // skipped step; every rank of the batch axis must skip alike).
@@ -79,15 +86,24 @@ class ZeroOptimizer {
     std::vector<Segment> segments;
   };
   std::vector<Bucket> layout() const;
+  // The trainable parameters outside the buckets (data_parallel.ignore, or
+  // split over the batch axis), in the model's order: never averaged nor
+  // sliced (whole on every rank, under ZeRO-3 too), the inner optimizer
+  // steps them with this rank's own gradient, after the slices' segments.
+  const std::vector<at::Tensor>& locals() const { return locals_; }
   DataParallel& data_parallel() const { return dp_; }
 
  private:
   DataParallel& dp_;
   std::unique_ptr<torch::optim::Optimizer> inner_;
-  std::vector<at::Tensor> shards_;  // per bucket: this rank's slice of the parameters
+  // Per bucket: this rank's slice of the master weights; undefined without
+  // masters (the segments are views of the model's parameters).
+  std::vector<at::Tensor> shards_;
   std::vector<std::vector<Segment>> segments_;  // per bucket
+  std::vector<at::Tensor> locals_;
   bool prepared_ = false;  // slice_grads() ran since the last step
   void prepare();
+  at::Tensor slice(size_t bucket) const;
 };
 
 }  // namespace shardplan

@@ -26,6 +26,8 @@
 #include "base/shape_text.h"
 #include "shardplan/checkpoint_meta.h"
 #include "shardplan/communicator.h"
+#include "shardplan/data_parallel.h"
+#include "shardplan/zero_optimizer.h"
 #include "shardplan/error.h"
 #include "shardplan/plan.h"
 #include "shardplan/shard.h"
@@ -182,14 +184,21 @@ std::string rank_file(int rank) {
 
 // ------------------------------------------------------------------- public
 
+// ZeRO-3: the parameters are whole for the checkpoint's life (the format is
+// ZeRO-1's: whole parameters, sliced optimizer state), and a load's values
+// go back into this rank's slices when it ends.
 void save_checkpoint(const std::string& dir, torch::nn::Module& model, const ParallelReport& report, World& world,
                      const CheckpointOptions& options) {
+  std::optional<DataParallel::WholeParameters> whole;
+  if (options.zero) whole.emplace(options.zero->data_parallel());
   ckpt_detail::save_model_checkpoint(dir, ckpt_detail::model_tensors(model), report, world, options);
 }
 
 std::map<std::string, std::string> load_checkpoint(const std::string& dir, torch::nn::Module& model,
                                                    const ParallelReport& report, World& world,
                                                    const CheckpointOptions& options) {
+  std::optional<DataParallel::WholeParameters> whole;
+  if (options.zero) whole.emplace(options.zero->data_parallel());
   return ckpt_detail::load_model_checkpoint(dir, ckpt_detail::model_tensors(model), report, world, options);
 }
 

@@ -160,6 +160,7 @@ class ZeroInstall {
     std::optional<int64_t> step;
   };
   std::vector<std::vector<Slice>> slices_;  // per bucket, per segment
+  std::vector<ParamState> locals_;          // ZeroOptimizer::locals(), whole
 };
 
 }  // namespace shardplan::ckpt_detail

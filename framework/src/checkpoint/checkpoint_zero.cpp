@@ -88,6 +88,15 @@ std::vector<ParamState> gather_zero_state(ZeroOptimizer& zero) {
       out.push_back(std::move(st));
     }
   }
+  // Outside the buckets: whole on this rank, as a plain optimizer holds them.
+  for (const at::Tensor& p : zero.locals()) {
+    ParamState st{p, "", {}, std::nullopt};
+    int64_t* step = nullptr;
+    for (auto& f : state_tensors(opt, p, false, &step))
+      if (f.second->defined()) st.fields.emplace_back(f.first, f.second->detach().clone());
+    if (step && !st.fields.empty() && kind != "sgd") st.step = *step;
+    out.push_back(std::move(st));
+  }
   return out;
 }
 
@@ -96,6 +105,10 @@ ZeroInstall::ZeroInstall(ZeroOptimizer& zero, const std::vector<ParamState>& sta
     : zero_(zero), values_(std::move(values)) {
   std::map<const void*, const ParamState*> by_param;
   for (const auto& s : states) by_param[s.param.unsafeGetTensorImpl()] = &s;
+  for (const at::Tensor& p : zero.locals()) {
+    const auto it = by_param.find(p.unsafeGetTensorImpl());
+    locals_.push_back(it != by_param.end() ? *it->second : ParamState{p, "", {}, std::nullopt});
+  }
   DataParallel& dp = zero.data_parallel();
   for (const auto& b : zero.layout()) {
     // Each parameter's state placed whole in the bucket, then cut into this
@@ -161,6 +174,7 @@ void ZeroInstall::apply() {
       if (step && s.step) *step = *s.step;
     }
   }
+  install_optimizer_states(opt, locals_);
 }
 
 }  // namespace shardplan::ckpt_detail

@@ -37,12 +37,13 @@ std::string mib(int64_t bytes) {
 void DataParallel::Impl::on_grad(size_t index, const at::Tensor& grad) {
   std::lock_guard<std::mutex> lock(mu);
   finished = false;  // the gradients change: a later finish() must average them
+  note_unit_grad(entries[index]);
   if (no_sync > 0) return;
   open_round_until_backward_ends();
   if (!overlap) return;
   Entry& e = arriving(index);
   Bucket& b = buckets[e.bucket];
-  at::Tensor slot = b.flat.narrow(0, e.offset, e.param.numel());
+  at::Tensor slot = ensure_flat(b).narrow(0, e.offset, e.numel);
   // The hook runs before autograd adds `grad` to .grad: the bucket needs the
   // sum, which includes micro-batches accumulated under NoSync. It is
   // divided by D on the way in, as DDP and Megatron do, so that no pass over
@@ -60,6 +61,12 @@ void DataParallel::Impl::on_grad(size_t index, const at::Tensor& grad) {
   // .grad unset it keeps `grad` itself (no copy) where it would otherwise
   // add it into .grad, one more pass over the gradient on backward's path.
   acc.reset();
+  // ZeRO: and the .grad autograd sets next, at the next hook (it is in the
+  // bucket, and the step reads only the slices).
+  if (zero) {
+    release_grads();
+    to_release.push_back(index);
+  }
   e.ready = true;
   e.used = true;
   if (--b.pending == 0) launch_ready();
@@ -90,6 +97,9 @@ DataParallel::Impl::Entry& DataParallel::Impl::arriving(size_t index) {
 // collectives in the same order whatever order its gradients arrive in.
 void DataParallel::Impl::launch_ready() {
   while (next_launch < buckets.size() && buckets[next_launch].pending == 0) launch(buckets[next_launch++]);
+  // ZeRO-2: two buckets reducing while backward fills the next (DeepSpeed's
+  // bucket pair), the older ones only slices.
+  if (zero2()) drain(2);
 }
 
 void DataParallel::Impl::launch(Bucket& b) {
@@ -100,9 +110,12 @@ void DataParallel::Impl::launch(Bucket& b) {
     if (zero) b.wire_shard = at::empty(b.shard.sizes(), b.wire.options());
   }
   at::Tensor& in = b.wire.defined() ? b.wire : b.flat;
-  if (zero)
-    b.work = group->reduce_scatter_async(in, b.wire.defined() ? b.wire_shard : b.shard);
-  else
+  if (zero) {
+    // ZeRO-1's slice is part of `in`: the collective writes elsewhere.
+    if (!b.wire.defined() && !zero2()) b.scattered = at::empty(b.shard.sizes(), b.shard.options());
+    b.work = group->reduce_scatter_async(in, b.wire.defined() ? b.wire_shard
+                                             : b.scattered.defined() ? b.scattered : b.shard);
+  } else
     b.work = group->all_reduce_async(in);
 }
 
@@ -116,11 +129,11 @@ void DataParallel::Impl::fill_and_launch_rest() {
       Entry& e = entries[i];
       if (e.ready) continue;
       if (main()) {  // every gradient went into the bucket already
-        if (!e.accumulated) b.flat.narrow(0, e.offset, e.param.numel()).zero_();
+        if (!e.accumulated) ensure_flat(b).narrow(0, e.offset, e.numel).zero_();
         e.ready = true;
         continue;
       }
-      at::Tensor slot = b.flat.narrow(0, e.offset, e.param.numel());
+      at::Tensor slot = ensure_flat(b).narrow(0, e.offset, e.numel);
       const at::Tensor& scale = b.scale;
       const at::Tensor& g = e.param.grad();
       e.used = g.defined();
@@ -147,7 +160,7 @@ std::vector<bool> DataParallel::Impl::used_anywhere() {
   for (size_t i = 0; i < entries.size(); ++i) c[i] = entries[i].used ? 1 : 0;
   if (group && size > 1 && !buckets.empty()) {
     // On the buckets' device: a GPU backend reduces device memory only.
-    at::Tensor on_device = counts.to(buckets.front().flat.device());
+    at::Tensor on_device = counts.to(buckets.front().options.device());
     group->all_reduce(on_device);
     counts = on_device.cpu();
   }
@@ -167,13 +180,31 @@ std::vector<std::pair<std::string, at::Tensor>> named_parameters_of(torch::nn::M
   return out;
 }
 
+// ZeRO-3's units: every module whose forward opens a parameter gate, with its own parameters.
+std::vector<DataParallel::GatedLayerInfo> gated_layers_of(torch::nn::Module& model) {
+  std::vector<DataParallel::GatedLayerInfo> out;
+  const auto add = [&](const std::string& path, torch::nn::Module& m) {
+    auto* gated = dynamic_cast<nn::GatedLayer*>(&m);
+    if (!gated) return;
+    DataParallel::GatedLayerInfo info{path, gated, {}};
+    const std::string prefix = path.empty() ? "" : path + ".";
+    for (const auto& p : m.named_parameters(/*recurse=*/false))
+      if (p.value().defined()) info.params.push_back(prefix + p.key());
+    out.push_back(std::move(info));
+  };
+  add("", model);  // not through named_modules(): the model may live on the stack
+  for (const auto& item : model.named_modules(std::string(), /*include_self=*/false)) add(item.key(), *item.value());
+  return out;
+}
+
 }  // namespace
 
 DataParallel::DataParallel(torch::nn::Module& model, const ParallelReport& report, const Plan& plan, World& world)
-    : DataParallel(named_parameters_of(model), report, plan, world) {}
+    : DataParallel(named_parameters_of(model), report, plan, world, gated_layers_of(model)) {}
 
 DataParallel::DataParallel(const std::vector<std::pair<std::string, at::Tensor>>& parameters,
-                           const ParallelReport& report, const Plan& plan, World& world)
+                           const ParallelReport& report, const Plan& plan, World& world,
+                           const std::vector<GatedLayerInfo>& layers)
     : impl_(std::make_shared<Impl>()) {
   Impl& d = *impl_;
   d.axis = plan.batch_axis();
@@ -191,7 +222,7 @@ DataParallel::DataParallel(const std::vector<std::pair<std::string, at::Tensor>>
                 std::to_string(report.mesh.size()) + " ranks but the world has " + std::to_string(world.size()) +
                 "; pass the report parallelize() returned");
   if (spec.zero && d.axis.empty())
-    throw PlanError(spec.loc, "data_parallel.zero shards the optimizer over the batch axis, but the mesh " +
+    throw PlanError(spec.zero_loc, "data_parallel.zero shards the optimizer over the batch axis, but the mesh " +
                                   report.mesh.str() + " has none (name one with batch_axis)");
   d.zero = spec.zero;
   d.overlap = spec.overlap;
@@ -214,9 +245,7 @@ DataParallel::DataParallel(const std::vector<std::pair<std::string, at::Tensor>>
   std::set<const void*> seen;
   std::vector<size_t> ignore_hits(spec.ignore.size(), 0);
   std::vector<std::pair<std::string, at::Tensor>> to_average;
-  std::map<std::string, at::Tensor> by_name;
   for (const auto& [key, p] : parameters) {
-    by_name.emplace(key, p);
     if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;  // a tied tensor: reduced once
     d.unique.emplace_back(key, p);
     const auto it = rows.find(key);
@@ -247,17 +276,6 @@ DataParallel::DataParallel(const std::vector<std::pair<std::string, at::Tensor>>
     d.averaged.push_back(key);
     to_average.emplace_back(key, p);
   }
-  // ZeRO-1's optimizer holds slices of the buckets only: a trainable
-  // parameter outside them would silently never be updated.
-  if (d.zero)
-    for (const auto& list : {std::make_pair(&d.ignored, "is in data_parallel.ignore"),
-                             std::make_pair(&d.split, "is split over the batch axis")})
-      for (const std::string& name : *list.first)
-        if (by_name.at(name).requires_grad())
-          throw PlanError(spec.loc, "data_parallel.zero: parameter '" + name + "' " + list.second +
-                                        ", so it is in no bucket and ZeRO-1's optimizer would never update it; "
-                                        "ZeRO-1 needs every trainable parameter averaged over '" + d.axis +
-                                        "' (drop zero, or that parameter's ignore entry / batch-axis layout)");
   for (size_t i = 0; i < spec.ignore.size(); ++i)
     if (ignore_hits[i] == 0 && !d.axis.empty())
       d.warnings.push_back(spec.ignore[i].pattern_loc.str() + ": data_parallel.ignore '" +
@@ -267,10 +285,13 @@ DataParallel::DataParallel(const std::vector<std::pair<std::string, at::Tensor>>
   d.bucket_bytes = spec.bucket_bytes;
   d.wire_dtype = reduce_dtype_of(spec);
   d.self = impl_;
+  if (d.stage3()) d.plan_units(layers, parameters);
   d.build_buckets();
+  if (d.stage3()) d.shard_units();
 }
 
 DataParallel::~DataParallel() {
+  impl_->remove_gates();
   impl_->remove_hooks();
   // Waiting is the only safe end for a reduction still running into our buffers.
   for (auto& b : impl_->buckets)
@@ -285,7 +306,8 @@ DataParallel::~DataParallel() {
 const std::string& DataParallel::axis() const { return impl_->axis; }
 int DataParallel::size() const { return impl_->size; }
 int DataParallel::rank() const { return impl_->rank; }
-bool DataParallel::zero() const { return impl_->zero; }
+bool DataParallel::zero() const { return impl_->zero >= 1; }
+int DataParallel::zero_stage() const { return impl_->zero; }
 Communicator* DataParallel::group() const { return impl_->group.get(); }
 const std::vector<GradBucket>& DataParallel::buckets() const { return impl_->bucket_infos; }
 const std::vector<std::string>& DataParallel::averaged() const { return impl_->averaged; }
@@ -329,7 +351,7 @@ std::string DataParallel::describe() const {
   if (d.axis.empty()) return "data parallel: none (the plan has no batch axis)\n";
   s << "data parallel over axis '" << d.axis << "' (" << d.size << " ranks): " << d.averaged.size()
     << " parameters averaged, " << grad_bytes() << " gradient bytes in " << d.bucket_infos.size()
-    << " bucket(s), overlap " << (d.overlap ? "on" : "off") << ", ZeRO-1 " << (d.zero ? "on" : "off") << "\n";
+    << " bucket(s), overlap " << (d.overlap ? "on" : "off") << ", ZeRO " << (d.zero ? "stage " + std::to_string(d.zero) : std::string("off")) << "\n";
   for (size_t i = 0; i < d.bucket_infos.size(); ++i) {
     const auto& b = d.bucket_infos[i];
     s << "  bucket " << i << ": " << c10::toString(b.dtype) << ", " << b.params.size() << " parameters, "
@@ -386,14 +408,13 @@ double DataParallel::average(double local) const {
 // overwrites them, and added back once this round's arrive.
 void DataParallel::Impl::open_round() {
   round_open = true;
-  if (zero && zero_unconsumed)
-    for (auto& b : buckets) b.carry = b.shard.clone();
+  keep_zero_unconsumed();
   keep_main_unconsumed();
 }
 
 void DataParallel::Impl::complete() {
   if (zero && !zero_attached)
-    throw Error("data parallel: the plan sets data_parallel.zero: true, so step with a shardplan::Optimizer (or "
+    throw Error("data parallel: the plan sets data_parallel.zero: " + std::to_string(zero) + ", so step with a shardplan::Optimizer (or "
                 "ZeroOptimizer) built on this DataParallel (the averaged gradients exist only as its slices)");
   const auto t0 = std::chrono::steady_clock::now();
   {
@@ -417,6 +438,7 @@ void DataParallel::Impl::complete() {
       for (size_t i : b.entries) entries[i].param.mutable_grad().reset();
       if (b.carry.defined()) (zero ? b.shard : b.flat).add_(b.carry);
       b.carry.reset();
+      if (zero2()) b.flat.reset();
     } else if (!zero) {
       // .grad becomes the averaged bucket's memory (DDP's
       // gradient_as_bucket_view): nothing to copy back after the wait, and
@@ -430,7 +452,7 @@ void DataParallel::Impl::complete() {
         Entry& e = entries[i];
         if (!used[i]) continue;
         at::Tensor g = at::empty({0}, b.flat.options());
-        g.set_(b.flat.storage(), b.flat.storage_offset() + e.offset, e.param.sizes());
+        g.set_(b.flat.storage(), b.flat.storage_offset() + e.offset, e.sizes);
         e.param.mutable_grad() = g;
       }
     } else {
@@ -441,14 +463,18 @@ void DataParallel::Impl::complete() {
         b.shard.add_(b.carry);
         b.carry.reset();
       }
+      if (zero2()) b.flat.reset();  // no whole gradient outlives its bucket's reduction
     }
     for (size_t i : b.entries) entries[i].ready = entries[i].used = entries[i].accumulated = false;
     b.pending = b.entries.size();
     b.launched = false;
   }
-  next_launch = 0;
+  next_launch = next_drain = 0;
+  to_release.clear();
   round_open = false;
   finished = true;
+  release_all_units();  // ZeRO-3: nothing whole outlives a backward
+  order_known = true;
   zero_unconsumed = zero;
   main_unconsumed = main() && !zero;
   if (zero || main()) {
@@ -479,6 +505,7 @@ DataParallel::NoSync::~NoSync() {
 // ------------------------------------------------------------ consistency
 
 void DataParallel::check_replicas() const {
+  const WholeParameters whole(*this);  // ZeRO-3: compares the parameters, not this rank's slices
   const Impl& d = *impl_;
   std::vector<ReplicaAxis> axes;
   for (size_t a = 0; a < d.axis_names.size(); ++a) {

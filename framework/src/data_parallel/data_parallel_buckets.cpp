@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <tuple>
 
 #include "data_parallel_impl.h"
 #include "shardplan/error.h"
@@ -28,14 +29,18 @@ void DataParallel::Impl::build_buckets() {
   bucket_infos.clear();
   // Reverse registration order: backward produces the last layers' gradients
   // first. One bucket per dtype and device at a time.
-  std::map<std::pair<int, std::string>, size_t> open;  // (dtype, device) -> bucket index
+  // ZeRO-3: a unit's parameters are a bucket of their own, whatever its size.
+  std::map<std::tuple<int, std::string, int>, size_t> open;  // (dtype, device, unit) -> bucket index
   for (auto it = to_average.rbegin(); it != to_average.rend(); ++it) {
     const at::Tensor& p = it->second;
     const at::ScalarType dtype = main() ? main_dtype : p.scalar_type();
-    const auto key = std::make_pair(static_cast<int>(dtype), p.device().str());
+    const auto u = unit_of_path.find(it->first);
+    const int unit = u == unit_of_path.end() ? -1 : u->second;
+    const auto key = std::make_tuple(static_cast<int>(dtype), p.device().str(), unit);
     auto o = open.find(key);
-    if (o == open.end() || buckets[o->second].info.bytes() >= bucket_bytes) {
+    if (o == open.end() || (unit < 0 && buckets[o->second].info.bytes() >= bucket_bytes)) {
       buckets.emplace_back();
+      buckets.back().unit = unit;
       buckets.back().info.dtype = dtype;
       buckets.back().info.element_size = static_cast<int64_t>(c10::elementSize(dtype));
       o = open.insert_or_assign(key, buckets.size() - 1).first;
@@ -46,6 +51,9 @@ void DataParallel::Impl::build_buckets() {
     e.param = p;
     e.bucket = o->second;
     e.offset = b.info.numel;
+    e.numel = p.numel();
+    e.sizes = p.sizes().vec();
+    e.unit = unit;
     b.info.numel += p.numel();
     b.info.params.push_back(e.path);
     b.entries.push_back(entries.size());
@@ -55,9 +63,13 @@ void DataParallel::Impl::build_buckets() {
     // Only a reduce-scatter needs D equal slices.
     b.info.padded = zero ? (b.info.numel + size - 1) / size * size : b.info.numel;
     const at::Tensor& first = entries[b.entries.front()].param;
-    b.flat = at::zeros({b.info.padded}, first.options().dtype(b.info.dtype).requires_grad(false));
-    if (zero) b.shard = at::zeros({b.info.padded / size}, b.flat.options());
-    b.scale = at::scalar_tensor(1.0 / size, b.flat.options());
+    b.options = first.options().dtype(b.info.dtype).requires_grad(false);
+    // ZeRO-2 keeps no whole gradient between steps: the buffer comes with
+    // the bucket's first gradient.
+    if (!zero2()) b.flat = at::zeros({b.info.padded}, b.options);
+    const int64_t n = b.info.padded / size;
+    if (zero) b.shard = zero2() ? at::zeros({n}, b.options) : b.flat.narrow(0, rank * n, n);
+    b.scale = at::scalar_tensor(1.0 / size, b.options);
     b.pending = b.entries.size();
     bucket_infos.push_back(b.info);
   }
@@ -82,6 +94,31 @@ void DataParallel::Impl::build_buckets() {
   }
 }
 
+at::Tensor& DataParallel::Impl::ensure_flat(Bucket& b) {
+  // Zeros: the padding at the end must add nothing to the reduce-scatter.
+  if (!b.flat.defined()) b.flat = at::zeros({b.info.padded}, b.options);
+  return b.flat;
+}
+
+void DataParallel::Impl::release_grads() {
+  for (size_t i : to_release) entries[i].param.mutable_grad().reset();
+  to_release.clear();
+}
+
+// Bucket k's reduce-scatter is waited for once bucket k + keep launched: at
+// most keep + 1 whole buckets live at a time, the rest only as slices.
+void DataParallel::Impl::drain(size_t keep) {
+  for (; next_drain + keep < next_launch; ++next_drain) {
+    Bucket& b = buckets[next_drain];
+    if (b.work) {
+      b.work->wait();
+      b.work.reset();
+    }
+    finish_wire(b);
+    b.flat.reset();
+  }
+}
+
 void DataParallel::Impl::remove_hooks() {
   if (!(size > 1 || zero || main())) return;
   for (auto& e : entries) {
@@ -103,6 +140,9 @@ void DataParallel::Impl::use_main_grads(at::ScalarType dtype,
   }
   if (round_open || finished || zero_attached)
     throw Error("data parallel: build the mixed-precision optimizer before the first backward");
+  if (stage3())
+    throw Error("data parallel: master weights (MixedPrecision::master_dtype) with data_parallel.zero: 3 are not "
+                "supported: the slices would need a second dtype; use zero: 1 or 2, or no master dtype");
   remove_hooks();
   main_dtype = dtype;
   // Without a batch axis nothing is averaged, but every trainable parameter
@@ -117,7 +157,7 @@ at::Tensor DataParallel::Impl::main_grad(size_t i) const {
   const Entry& e = entries[i];
   const at::Tensor& flat = buckets[e.bucket].flat;
   at::Tensor g = at::empty({0}, flat.options());
-  g.set_(flat.storage(), flat.storage_offset() + e.offset, e.param.sizes());
+  g.set_(flat.storage(), flat.storage_offset() + e.offset, e.sizes);
   return g;
 }
 
@@ -127,7 +167,11 @@ void DataParallel::Impl::discard_main_grads() {
     e.accumulated = false;
     if (e.param.grad().defined()) e.param.mutable_grad().reset();
   }
-  for (auto& b : buckets) b.carry.reset();
+  for (auto& b : buckets) {
+    b.carry.reset();
+    if (zero2()) b.flat.reset();
+  }
+  to_release.clear();
   main_unconsumed = false;
   finished = false;
   std::fill(zero_used.begin(), zero_used.end(), false);
@@ -139,7 +183,17 @@ void DataParallel::Impl::keep_main_unconsumed() {
   main_unconsumed = false;
 }
 
+void DataParallel::Impl::keep_zero_unconsumed() {
+  if (!zero || !zero_unconsumed) return;
+  for (auto& b : buckets) b.carry = b.shard.clone();
+  zero_unconsumed = false;
+}
+
 void DataParallel::Impl::finish_wire(Bucket& b) {
+  if (b.scattered.defined()) {
+    b.shard.copy_(b.scattered);
+    b.scattered.reset();
+  }
   if (!b.wire.defined()) return;
   if (zero)
     b.shard.copy_(b.wire_shard);
@@ -156,16 +210,23 @@ void DataParallel::Impl::on_main_grad(size_t index, const at::Tensor& grad) {
   std::lock_guard<std::mutex> lock(mu);
   finished = false;
   keep_main_unconsumed();
-  if (no_sync == 0) open_round_until_backward_ends();
+  if (no_sync == 0)
+    open_round_until_backward_ends();
+  else
+    keep_zero_unconsumed();  // ZeRO-1's slices are in the buffer this writes
   Entry& e = arriving(index);
   Bucket& b = buckets[e.bucket];
-  at::Tensor slot = b.flat.narrow(0, e.offset, e.param.numel());
+  at::Tensor slot = ensure_flat(b).narrow(0, e.offset, e.numel);
   if (!e.accumulated) slot.zero_();
   slot.add_(grad.reshape(-1), 1.0 / size);
   e.accumulated = e.used = true;
   // Autograd then stores `grad` itself in .grad (no add): dropped at the
   // end of the round.
   e.param.mutable_grad().reset();
+  if (zero) {
+    release_grads();
+    to_release.push_back(index);
+  }
   if (no_sync > 0 || !overlap) return;
   e.ready = true;
   if (--b.pending == 0) launch_ready();

@@ -3,17 +3,25 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "shardplan/data_parallel.h"
+#include "shardplan/nn/param_gate.h"
 
 namespace shardplan {
 
 // data_parallel.reduce_dtype as a ScalarType (Undefined when unset).
 at::ScalarType reduce_dtype_of(const DataParallelSpec& spec);
+
+struct DataParallel::GatedLayerInfo {
+  std::string path;
+  nn::GatedLayer* layer = nullptr;
+  std::vector<std::string> params;  // its own parameters' paths
+};
 
 struct DataParallel::Impl {
   struct Entry {
@@ -25,15 +33,32 @@ struct DataParallel::Impl {
     bool used = false;   // this rank had a gradient for it this step
     bool accumulated = false;  // main grads: its slot holds this step's sum so far
     unsigned hook = 0;
+    // Its numel and shape, fixed: under ZeRO-3 the parameter itself holds
+    // one NaN between uses.
+    int64_t numel = 0;
+    std::vector<int64_t> sizes;
+    int unit = -1;  // ZeRO-3: index into units, or -1 (kept whole)
   };
   struct Bucket {
     GradBucket info;
     std::vector<size_t> entries;
-    at::Tensor flat;   // [padded] gradients, then their sum
-    at::Tensor shard;  // ZeRO: [padded / D] this rank's slice of the sum
+    // [padded] gradients, then their sum. ZeRO-2: allocated when the
+    // bucket's first gradient arrives and released once its reduce-scatter
+    // completes (only `shard` outlives it); see ensure_flat().
+    at::Tensor flat;
+    at::TensorOptions options;  // the flat buffer's
+    // ZeRO: [padded / D] this rank's slice of the sum. ZeRO-1: a view of
+    // its part of `flat` (the reduce-scatter lands in `scattered`, copied
+    // in once complete), so it costs no memory of its own; ZeRO-2: its own.
+    at::Tensor shard, scattered;
     at::Tensor scale;  // 1/D in the bucket's dtype: gradients enter divided
     at::Tensor carry;  // a reduced slice (ZeRO) or bucket (main grads) no step consumed yet, added to the next one
     at::Tensor wire, wire_shard;  // data_parallel.reduce_dtype: the bucket (and slice) as the collective sees it
+    // ZeRO-3, a unit's bucket: this rank's slice of the unit's parameters,
+    // [padded / D], elements [rank * padded / D, (rank + 1) * padded / D) of
+    // the parameters flattened in bucket order (the ZeroOptimizer steps it).
+    at::Tensor params;
+    int unit = -1;
     size_t pending = 0;
     bool launched = false;
     std::unique_ptr<Work> work;
@@ -41,7 +66,12 @@ struct DataParallel::Impl {
 
   std::string axis;
   int size = 1, rank = 0;
-  bool zero = false, overlap = true;
+  int zero = 0;  // the ZeRO stage (data_parallel.zero)
+  // ZeRO: entries whose gradient is in its bucket but whose .grad
+  // autograd sets right after the hook; dropped at the next hook.
+  std::vector<size_t> to_release;
+  size_t next_drain = 0;  // ZeRO-2: buckets before it were waited for and released
+  bool overlap = true;
   std::shared_ptr<Communicator> group;
   std::vector<std::shared_ptr<Communicator>> axis_groups;  // every mesh axis, for check_replicas
   std::vector<std::string> axis_names;
@@ -83,7 +113,56 @@ struct DataParallel::Impl {
   std::weak_ptr<Impl> self;
   std::mutex mu;  // hooks may run on autograd's device threads
 
+  // ZeRO-3 (zero3.cpp): each shardplan::nn layer's own averaged parameters
+  // are a unit with a bucket of its own; between uses they hold one NaN each.
+  struct Unit {
+    std::string layer;  // its module path
+    nn::GatedLayer* gated = nullptr;
+    size_t bucket = 0;
+    bool whole = true;
+    size_t arrived = 0;  // gradients of its parameters since it was last gathered
+    bool done = false;   // all arrived: free it at the next chance
+    int position = -1;   // in the forward order
+    std::unique_ptr<Work> prefetch;  // an all-gather started ahead of its use
+    at::Tensor incoming;             // ... into this buffer
+  };
+  std::vector<Unit> units;
+  std::map<std::string, int> unit_of_path;
+  bool release_queued = false;  // a callback frees every unit when this backward ends
+  int hold = 0;                 // WholeParameters scopes open: nothing is freed
+  // The units in the order the first forward met them (known once its
+  // backward ended): a gate prefetches the next unit in forward and the
+  // previous one in backward.
+  std::vector<size_t> order;
+  bool order_known = false;
+  GatherStats gather_stats;
+  bool stage3() const { return zero == 3; }
+  // Assigns units to the averaged parameters of `layers` (a parameter tied
+  // to another path stays whole): before build_buckets.
+  void plan_units(const std::vector<GatedLayerInfo>& layers,
+                  const std::vector<std::pair<std::string, at::Tensor>>& parameters);
+  // After build_buckets: cuts the slices, frees the parameters, installs the gates.
+  void shard_units();
+  void gather_unit(size_t u);   // whole (collective over the batch axis)
+  // After gathering u for a forward (+1) or a backward (-1): starts the
+  // all-gather of the unit next in that direction.
+  void prefetch_after(size_t u, int direction);
+  void drop_prefetches();
+  void release_unit(size_t u);  // one NaN again
+  void release_done_units(size_t except);
+  void release_all_units();
+  void hold_whole();     // WholeParameters: gathers every unit and keeps it whole
+  void unhold_whole();   // writes this rank's slices back and frees them
+  void note_unit_grad(const Entry& e);  // a gradient of a unit's parameter arrived (under mu)
+  void remove_gates();
+
   bool main() const { return main_dtype != at::ScalarType::Undefined; }
+  bool zero2() const { return zero >= 2; }
+  at::Tensor& ensure_flat(Bucket& b);
+  // ZeRO-2: drops the .grad of entries already in their buckets, and waits
+  // for (and releases) every bucket launched more than `keep` launches ago.
+  void release_grads();
+  void drain(size_t keep);
   void on_grad(size_t index, const at::Tensor& grad);
   void on_main_grad(size_t index, const at::Tensor& grad);
   // Packs `to_average` into buckets of their (or main_dtype's) dtype and
@@ -98,6 +177,9 @@ struct DataParallel::Impl {
   // zero_grad() with main grads: drops what the buckets accumulated.
   void discard_main_grads();
   void finish_wire(Bucket& b);
+  // ZeRO-1: slices no step consumed yet set aside before gradients
+  // overwrite `flat`, where they live.
+  void keep_zero_unconsumed();
   // Main grads without ZeRO: averages no step used yet move aside before
   // the buckets accumulate again, and are added back when they are averaged.
   void keep_main_unconsumed();

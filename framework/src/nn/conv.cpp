@@ -134,15 +134,15 @@ at::Tensor ConvNdImpl<D, Derived>::convolve(const at::Tensor& input, const at::T
 
 template <size_t D, typename Derived>
 at::Tensor ConvNdImpl<D, Derived>::forward(const at::Tensor& input) {
+  const ParamGateScope gate(*this);
   check_materialized(weight, "shardplan::nn::Conv", "weight");
   check_materialized(bias, "shardplan::nn::Conv", "bias");
   if (strategy_) {
-    return strategy_->forward(input, weight, bias,
-                              [this](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, int64_t groups) {
-                                return convolve(x, w, b, groups);
-                              });
+    return gate.out(strategy_->forward(input, weight, bias,
+                                       [this](const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
+                                              int64_t groups) { return convolve(x, w, b, groups); }));
   }
-  return convolve(input, weight, bias, options.groups());
+  return gate.out(convolve(input, weight, bias, options.groups()));
 }
 
 template class ConvNdImpl<1, Conv1dImpl>;

@@ -56,9 +56,10 @@ void EmbeddingImpl::pretty_print(std::ostream& stream) const {
 }
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& indices) {
+  const ParamGateScope gate(*this);
   check_materialized(weight, "shardplan::nn::Embedding", "weight");
-  if (strategy_) return strategy_->forward(indices, weight, options);
-  return embedding_lookup(indices, weight, options);
+  if (strategy_) return gate.out(strategy_->forward(indices, weight, options));
+  return gate.out(embedding_lookup(indices, weight, options));
 }
 
 at::Tensor embedding_lookup(const at::Tensor& indices, const at::Tensor& weight,

@@ -39,10 +39,11 @@ void LayerNormImpl::pretty_print(std::ostream& stream) const {
 }
 
 at::Tensor LayerNormImpl::forward(const at::Tensor& input) {
+  const ParamGateScope gate(*this);
   check_materialized(weight, "shardplan::nn::LayerNorm", "weight");
   check_materialized(bias, "shardplan::nn::LayerNorm", "bias");
-  if (strategy_) return strategy_->forward(input, weight, bias, options);
-  return at::layer_norm(input, options.normalized_shape(), weight, bias, options.eps());
+  if (strategy_) return gate.out(strategy_->forward(input, weight, bias, options));
+  return gate.out(at::layer_norm(input, options.normalized_shape(), weight, bias, options.eps()));
 }
 
 }  // namespace nn

@@ -43,10 +43,11 @@ void LinearImpl::pretty_print(std::ostream& stream) const {
 }
 
 at::Tensor LinearImpl::forward(const at::Tensor& input) {
+  const ParamGateScope gate(*this);
   check_materialized(weight, "shardplan::nn::Linear", "weight");
   check_materialized(bias, "shardplan::nn::Linear", "bias");
-  if (strategy_) return strategy_->forward(input, weight, bias);
-  return torch::nn::functional::linear(input, weight, bias);
+  if (strategy_) return gate.out(strategy_->forward(input, weight, bias));
+  return gate.out(torch::nn::functional::linear(input, weight, bias));
 }
 
 }  // namespace nn

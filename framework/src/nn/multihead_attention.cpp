@@ -252,12 +252,13 @@ std::tuple<at::Tensor, at::Tensor> MultiheadAttentionImpl::forward(const at::Ten
                                                                    const at::Tensor& key_padding_mask,
                                                                    bool need_weights, const at::Tensor& attn_mask,
                                                                    bool average_attn_weights) {
+  const ParamGateScope gate(*this);
   for (const at::Tensor* p : {&in_proj_weight, &q_proj_weight, &k_proj_weight, &v_proj_weight, &in_proj_bias, &bias_k,
                               &bias_v})
     check_materialized(*p, "shardplan::nn::MultiheadAttention", "parameter");
   if (strategy_)
-    return strategy_->forward(*this, query, key, value, key_padding_mask, need_weights, attn_mask,
-                              average_attn_weights);
+    return gate.out(strategy_->forward(*this, query, key, value, key_padding_mask, need_weights, attn_mask,
+                                       average_attn_weights));
   if (const auto& s = out_proj->strategy())
     if (s->sharded_input_group() && s->sharded_input_group()->size() > 1)
       throw Error(
@@ -267,12 +268,12 @@ std::tuple<at::Tensor, at::Tensor> MultiheadAttentionImpl::forward(const at::Ten
   at::Tensor attn_output, attn_output_weights;
   std::tie(attn_output, attn_output_weights) = attend(query, key, value, key_padding_mask, attn_mask);
   attn_output = out_proj->forward(attn_output);
-  if (!need_weights) return std::make_tuple(attn_output, at::Tensor());
+  if (!need_weights) return gate.out(std::make_tuple(attn_output, at::Tensor()));
   const int64_t num_heads = options.num_heads();
   attn_output_weights =
       attn_output_weights.view({query.size(1), num_heads, query.size(0), attn_output_weights.size(-1)});
   if (average_attn_weights) attn_output_weights = attn_output_weights.sum(/*dim=*/1) / num_heads;
-  return std::make_tuple(attn_output, attn_output_weights);
+  return gate.out(std::make_tuple(attn_output, attn_output_weights));
 }
 
 at::Tensor MultiheadAttentionImpl::forward_cached(const at::Tensor& x, KVCache& cache, const at::Tensor& attn_mask) {

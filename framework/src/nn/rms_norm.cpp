@@ -38,9 +38,10 @@ void RMSNormImpl::pretty_print(std::ostream& stream) const {
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& input) {
+  const ParamGateScope gate(*this);
   check_materialized(weight, "shardplan::nn::RMSNorm", "weight");
-  if (strategy_) return strategy_->forward(input, weight, options);
-  return rms_norm(input, weight, options.eps());
+  if (strategy_) return gate.out(strategy_->forward(input, weight, options));
+  return gate.out(rms_norm(input, weight, options.eps()));
 }
 
 }  // namespace nn

@@ -17,6 +17,20 @@ namespace {
 
 bool as_bool(const YAML::Node& n, bool& out) { return n.IsScalar() && YAML::convert<bool>::decode(n, out); }
 
+// `zero: 1|2|3`, or `true` (1) / `false` (0) as before stages existed.
+void parse_zero(const YAML::Node& v, const SourceLoc& vloc, DataParallelSpec& dp) {
+  bool flag = false;
+  const std::string s = v.IsScalar() ? v.Scalar() : "";
+  if (s == "0" || s == "1" || s == "2" || s == "3")
+    dp.zero = s[0] - '0';
+  else if (as_bool(v, flag))
+    dp.zero = flag ? 1 : 0;
+  else
+    throw PlanError(vloc, "data_parallel.zero must be a ZeRO stage 0, 1, 2 or 3 (true is 1, false 0), got '" +
+                              (valid_utf8(s) ? s : std::string("<not UTF-8>")) + "'");
+  dp.zero_loc = vloc;
+}
+
 }  // namespace
 
 void parse_batch_axis(const YAML::Node& value, const SourceLoc& value_loc, Plan& plan) {
@@ -73,7 +87,7 @@ void parse_data_parallel(const YAML::Node& value, const SourceLoc& value_loc, Pl
     } else if (key == "overlap") {
       if (!as_bool(v, dp.overlap)) throw PlanError(vloc, "data_parallel.overlap must be true or false");
     } else if (key == "zero") {
-      if (!as_bool(v, dp.zero)) throw PlanError(vloc, "data_parallel.zero must be true or false");
+      parse_zero(v, vloc, dp);
     } else if (key == "reduce_dtype") {
       static const std::set<std::string> kDtypes = {"float32", "bfloat16", "float16", "float64"};
       const std::string s = v.IsScalar() ? v.Scalar() : "";
@@ -126,7 +140,7 @@ std::string data_parallel_yaml(const Plan& plan) {
     items.push_back(std::string("bucket_mb: ") + e.c_str());
   }
   if (dp.overlap != defaults.overlap) items.push_back(std::string("overlap: ") + (dp.overlap ? "true" : "false"));
-  if (dp.zero != defaults.zero) items.push_back(std::string("zero: ") + (dp.zero ? "true" : "false"));
+  if (dp.zero != defaults.zero) items.push_back("zero: " + std::to_string(dp.zero));
   if (!dp.reduce_dtype.empty()) items.push_back("reduce_dtype: " + plan_detail::scalar(dp.reduce_dtype));
   y << "data_parallel: {" << plan_detail::join(items, ", ") << "}\n";
   return y.str();

@@ -34,12 +34,20 @@ std::vector<GradPiece> zero_pieces(const DataParallel::Impl& d) {
     const int64_t n = b.info.padded / d.size, lo = d.rank * n;
     for (size_t k : b.entries) {
       const auto& e = d.entries[k];
-      const int64_t begin = std::max(e.offset, lo), end = std::min(e.offset + e.param.numel(), lo + n);
+      const int64_t begin = std::max(e.offset, lo), end = std::min(e.offset + e.numel, lo + n);
       if (begin >= end) continue;
       const ReportRow& row = *rows.at(e.path);
       pieces.push_back({b.shard.narrow(0, begin - lo, end - begin),
                         counts_on_this_rank(row, d.mesh, d.world_rank, d.axis)});
     }
+  }
+  // Outside the buckets: their own gradients (ZeroOptimizer::locals()).
+  const std::set<std::string> ignored(d.ignored.begin(), d.ignored.end()), split(d.split.begin(), d.split.end());
+  for (size_t i = 0; i < d.unique.size(); ++i) {
+    const bool own = ignored.count(d.unique[i].first) > 0;
+    const at::Tensor& g = d.unique[i].second.grad();
+    if ((own || split.count(d.unique[i].first)) && g.defined())
+      pieces.push_back({g, counts_on_this_rank(d.unique_rows[i], d.mesh, d.world_rank, own ? d.axis : "")});
   }
   return pieces;
 }
@@ -97,6 +105,17 @@ std::vector<GradPiece> optimizer_pieces(Optimizer& opt) {
         const ReportRow& row = *rows.at(b.members[s.member].first.unsafeGetTensorImpl());
         pieces.push_back({g, counts_on_this_rank(row, d.mesh, d.world_rank, d.axis)});
       }
+    // Then the locals, in the model's order: an ignored one is this rank's own.
+    const std::set<std::string> ignored(d.ignored.begin(), d.ignored.end());
+    std::set<const void*> locals;
+    for (const auto& p : opt.zero()->locals()) locals.insert(p.unsafeGetTensorImpl());
+    for (size_t i = 0; i < d.unique.size(); ++i) {
+      if (!locals.count(d.unique[i].second.unsafeGetTensorImpl())) continue;
+      const at::Tensor& g = grads[k++];
+      const bool own = ignored.count(d.unique[i].first) > 0;
+      if (g.defined())
+        pieces.push_back({g, counts_on_this_rank(d.unique_rows[i], d.mesh, d.world_rank, own ? d.axis : "")});
+    }
     return pieces;
   }
   const std::set<std::string> ignored(d.ignored.begin(), d.ignored.end());

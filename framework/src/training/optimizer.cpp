@@ -55,6 +55,15 @@ void Optimizer::init(const Factory& make, const MixedPrecision& mixed) {
       trainable.emplace_back(name, p);
       masters = masters || (mixed.master_dtype && p.scalar_type() != *mixed.master_dtype);
     }
+  // ZeRO's masters are its slices: a parameter outside the buckets has none.
+  if (masters && dp_.zero())
+    for (const auto* list : {&d.ignored, &d.split})
+      for (const std::string& name : *list)
+        for (const auto& t : trainable)
+          if (t.first == name)
+            throw Error("shardplan::Optimizer: master weights (MixedPrecision::master_dtype) with data_parallel.zero "
+                        "do not cover parameter '" + name + "' (outside the buckets: data_parallel.ignore or split "
+                        "over the batch axis); drop the master dtype or that parameter's ignore entry");
   if (masters) d.use_main_grads(*mixed.master_dtype, trainable);
   scaler_ = std::move(scaler);
   if (dp_.zero()) {
@@ -123,6 +132,7 @@ std::vector<at::Tensor> Optimizer::step_tensors() {
   if (zero_) {
     for (const auto& b : zero_->layout())
       for (const auto& s : b.segments) out.push_back(s.tensor);
+    out.insert(out.end(), zero_->locals().begin(), zero_->locals().end());
   } else if (masters_) {
     out = masters_->copies;
   } else {

@@ -9,6 +9,8 @@
 #include <torch/nn/options/conv.h>
 #include <torch/nn/pimpl.h>
 
+#include "shardplan/nn/param_gate.h"
+
 #include <functional>
 #include <memory>
 #include <string>
@@ -34,7 +36,7 @@ class ConvStrategy {
 };
 
 template <size_t D, typename Derived>
-class ConvNdImpl : public torch::nn::Cloneable<Derived> {
+class ConvNdImpl : public torch::nn::Cloneable<Derived>, public GatedLayer {
  public:
   explicit ConvNdImpl(const torch::nn::ConvOptions<D>& options_);
 

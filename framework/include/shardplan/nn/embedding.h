@@ -8,6 +8,8 @@
 #include <torch/nn/options/embedding.h>
 #include <torch/nn/pimpl.h>
 
+#include "shardplan/nn/param_gate.h"
+
 #include <memory>
 #include <string>
 
@@ -24,7 +26,7 @@ class EmbeddingStrategy {
   virtual std::string describe() const = 0;  // "vocab-parallel over 'model' (2)"
 };
 
-class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl> {
+class EmbeddingImpl : public torch::nn::Cloneable<EmbeddingImpl>, public GatedLayer {
  public:
   EmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim)
       : EmbeddingImpl(torch::nn::EmbeddingOptions(num_embeddings, embedding_dim)) {}

@@ -12,6 +12,8 @@
 #include <torch/nn/options/normalization.h>
 #include <torch/nn/pimpl.h>
 
+#include "shardplan/nn/param_gate.h"
+
 #include <memory>
 #include <string>
 
@@ -26,7 +28,7 @@ class LayerNormStrategy {
   virtual std::string describe() const = 0;
 };
 
-class LayerNormImpl : public torch::nn::Cloneable<LayerNormImpl> {
+class LayerNormImpl : public torch::nn::Cloneable<LayerNormImpl>, public GatedLayer {
  public:
   LayerNormImpl(std::vector<int64_t> normalized_shape)
       : LayerNormImpl(torch::nn::LayerNormOptions(std::move(normalized_shape))) {}

@@ -8,6 +8,8 @@
 #include <torch/nn/options/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include "shardplan/nn/param_gate.h"
+
 #include <memory>
 #include <string>
 
@@ -36,7 +38,7 @@ class LinearStrategy {
   virtual Communicator* sharded_output_group() const { return nullptr; }
 };
 
-class LinearImpl : public torch::nn::Cloneable<LinearImpl> {
+class LinearImpl : public torch::nn::Cloneable<LinearImpl>, public GatedLayer {
  public:
   LinearImpl(int64_t in_features, int64_t out_features)
       : LinearImpl(torch::nn::LinearOptions(in_features, out_features)) {}

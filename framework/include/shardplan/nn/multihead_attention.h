@@ -28,6 +28,8 @@
 #include <torch/nn/options/activation.h>
 #include <torch/nn/pimpl.h>
 
+#include "shardplan/nn/param_gate.h"
+
 #include <memory>
 #include <string>
 #include <tuple>
@@ -54,7 +56,8 @@ class MultiheadAttentionStrategy {
   virtual std::string describe() const = 0;  // "head-parallel over 'model' (2): 2 of 4 heads per rank"
 };
 
-class MultiheadAttentionImpl : public torch::nn::Cloneable<MultiheadAttentionImpl>, public Recomputable {
+class MultiheadAttentionImpl : public torch::nn::Cloneable<MultiheadAttentionImpl>, public GatedLayer,
+                               public Recomputable {
  public:
   MultiheadAttentionImpl(int64_t embed_dim, int64_t num_heads)
       : MultiheadAttentionImpl(torch::nn::MultiheadAttentionOptions(embed_dim, num_heads)) {}

@@ -18,6 +18,8 @@
 #include <torch/nn/cloneable.h>
 #include <torch/nn/pimpl.h>
 
+#include "shardplan/nn/param_gate.h"
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -49,7 +51,7 @@ class RMSNormStrategy {
   virtual std::string describe() const = 0;
 };
 
-class RMSNormImpl : public torch::nn::Cloneable<RMSNormImpl> {
+class RMSNormImpl : public torch::nn::Cloneable<RMSNormImpl>, public GatedLayer {
  public:
   explicit RMSNormImpl(int64_t dim) : RMSNormImpl(RMSNormOptions(dim)) {}
   explicit RMSNormImpl(const RMSNormOptions& options_);
