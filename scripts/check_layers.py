@@ -36,7 +36,7 @@ LAYERS = [
     (8, "data_parallel", ["data_parallel.h", "zero_optimizer.h"]),
     (9, "checkpoint", ["checkpoint.h", "checkpoint_meta.h"]),
     (9, "check", ["plan_check.h", "dry_run.h"]),
-    (10, "training", ["optimizer.h", "training.h", "clip_grad.h", "replicas.h", "mixed_precision.h"]),
+    (10, "training", ["optimizer.h", "training.h", "clip_grad.h", "replicas.h", "mixed_precision.h", "state_bytes.h"]),
     (10, "weights", ["weights.h"]),
 ]
 RANK = {name: rank for rank, name, _ in LAYERS}

@@ -316,12 +316,12 @@ std::string read_text(const fs::path& path) {
 // plans/gpt_2d.yaml ({data: 2, model: 2}) with small buckets (several per
 // model, so ZeRO's slices cut parameters at arbitrary offsets), with or
 // without ZeRO-1.
-std::string gpt_2d_plan(bool zero) {
+std::string gpt_2d_plan(int zero) {
   std::string text = read_text(std::string(SHARDPLAN_SOURCE_DIR) + "/plans/gpt_2d.yaml");
   const std::string key = "data_parallel: {bucket_mb: 25}";
   const auto at = text.find(key);
   if (at == std::string::npos) throw std::runtime_error("plans/gpt_2d.yaml has no '" + key + "'");
-  return text.replace(at, key.size(), std::string("data_parallel: {bucket_mb: 0.004") + (zero ? ", zero: true}" : "}"));
+  return text.replace(at, key.size(), std::string("data_parallel: {bucket_mb: 0.004") + (zero ? ", zero: " + std::to_string(zero) + "}" : std::string("}")));
 }
 
 // Every tensor of a checkpoint (model and optimizer state) whole, as dtype,
@@ -421,16 +421,16 @@ std::vector<double> stage(const Case& c, const Layout& l, const std::shared_ptr<
 
 struct Param2d {
   std::string opt;
-  bool zero = false;
+  int zero = 0;  // the ZeRO stage
 };
 
 // Test names without GetParam()'s bytes.
-void PrintTo(const Param2d& p, std::ostream* os) { *os << p.opt << (p.zero ? " zero" : ""); }
+void PrintTo(const Param2d& p, std::ostream* os) { *os << p.opt << (p.zero ? " zero " + std::to_string(p.zero) : ""); }
 
 class Checkpoint2d : public ::testing::TestWithParam<Param2d> {};
 
 // {data: 2, model: 2} -> {model: 2} -> plain -> {data: 2, model: 2} (and,
-// with ZeRO-1, -> {data: 4}): every load written straight back is the same
+// with ZeRO 1, 2 or 3, -> {data: 4} at ZeRO-1): every load written straight back is the same
 // checkpoint bit for bit (parameters, optimizer state, steps), every stage
 // continues with the uninterrupted run's losses, and the 2-D checkpoint
 // holds each tensor once, written by the data-coordinate-0 ranks.
@@ -438,11 +438,11 @@ TEST_P(Checkpoint2d, ReshardsBothWaysWithOptimizerState) {
   const Case& c = cases().front();  // gpt
   ASSERT_EQ(c.model, "gpt");
   const std::string kind = GetParam().opt;
-  const bool zero = GetParam().zero;
+  const int zero = GetParam().zero;
   constexpr int kAll = 7;
   const auto ref = build(c, 3);
   const auto data = batches(c, ref, kAll, /*rows=*/4);
-  const fs::path base = fs::temp_directory_path() / ("shardplan_ckpt2d_" + kind + (zero ? "_zero_" : "_") +
+  const fs::path base = fs::temp_directory_path() / ("shardplan_ckpt2d_" + kind + (zero ? "_zero" + std::to_string(zero) + "_" : "_") +
                                                      std::to_string(::getpid()));
   fs::remove_all(base);
   fs::create_directories(base);
@@ -492,8 +492,9 @@ TEST_P(Checkpoint2d, ReshardsBothWaysWithOptimizerState) {
                 "2d -> plain");
   expect_same_checkpoint(base / "a", base / "a_at_plain", "2d -> plain");
   if (zero) {
-    // ZeRO-1 at another batch-axis size: {data: 4}, the model replicated.
-    const Layout data4{"data4", 4, "version: 1\nmesh: {data: 4}\ndata_parallel: {bucket_mb: 0.004, zero: true}\nrules: []\n"};
+    // ZeRO-1 at another batch-axis size: {data: 4}, the model replicated
+    // (a ZeRO-2 or ZeRO-3 checkpoint loads at stage 1 too: the same format).
+    const Layout data4{"data4", 4, "version: 1\nmesh: {data: 4}\ndata_parallel: {bucket_mb: 0.004, zero: 1}\nrules: []\n"};
     expect_losses(stage(c, data4, other, data, kind, base / "a", base / "a_at_data4", 2, kAll, ""), slice(2, kAll),
                   "2d -> data4");
     expect_same_checkpoint(base / "a", base / "a_at_data4", "2d -> data4");
@@ -502,10 +503,12 @@ TEST_P(Checkpoint2d, ReshardsBothWaysWithOptimizerState) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Meshes, Checkpoint2d,
-                         ::testing::Values(Param2d{"adam", false}, Param2d{"adam", true}, Param2d{"sgd", false},
-                                           Param2d{"sgd", true}),
+                         ::testing::Values(Param2d{"adam", 0}, Param2d{"adam", 1}, Param2d{"sgd", 0},
+                                           Param2d{"sgd", 1}, Param2d{"adam", 2}, Param2d{"adam", 3},
+                                           Param2d{"sgd", 3}),
                          [](const ::testing::TestParamInfo<Param2d>& i) {
-                           return i.param.opt + (i.param.zero ? "_zero" : "_replicated");
+                           return i.param.opt + (i.param.zero >= 2 ? "_zero" + std::to_string(i.param.zero)
+                                                                   : i.param.zero ? "_zero" : "_replicated");
                          });
 
 // A ZeRO-1 checkpoint with a rank's file gone: one line naming it, nothing

@@ -116,10 +116,12 @@ TEST(ClipGradDp, DataTwoModelTwoPlainAndZeroEqualTorchOnTheGlobalBatch) {
     expect_same(data_parallel(task, dp_test::plan_2d(dp_test::kGptRules), max_norm, p), want, max_norm, what);
     // ZeRO-1: the norm is read from the reduced slices, small buckets so
     // that slices cut parameters (and the last one is padded).
-    expect_same(data_parallel(task,
-                              dp_test::plan_2d(dp_test::kGptRules, "data_parallel: {zero: true, bucket_mb: 0.001}\n"),
-                              max_norm, p),
-                want, max_norm, what + " zero");
+    for (const char* stage : {"1", "2"})
+      expect_same(data_parallel(task,
+                                dp_test::plan_2d(dp_test::kGptRules,
+                                                 "data_parallel: {zero: " + std::string(stage) + ", bucket_mb: 0.001}\n"),
+                                max_norm, p),
+                  want, max_norm, what + " zero " + stage);
   }
 }
 
@@ -127,8 +129,10 @@ TEST(ClipGradDp, MlpOverFourDataRanksWithZero) {
   const auto task = dp_test::mlp_task(3, 8);
   const Trial want = torch_clipped(task, 0.05, 2);
   expect_same(data_parallel(task, dp_test::plan_dp(), 0.05, 2), want, 0.05, "mlp {data: 4}");
-  expect_same(data_parallel(task, dp_test::plan_dp("data_parallel: {zero: true, bucket_mb: 0.0001}\n"), 0.05, 2),
-              want, 0.05, "mlp {data: 4} zero");
+  for (const char* stage : {"1", "2"})
+    expect_same(data_parallel(task, dp_test::plan_dp("data_parallel: {zero: " + std::string(stage) + ", bucket_mb: 0.0001}\n"),
+                              0.05, 2),
+                want, 0.05, "mlp {data: 4} zero " + std::string(stage));
 }
 
 // data_parallel.ignore: not averaged, so each data rank's gradient is its

@@ -187,6 +187,14 @@ TEST(MixedPrecision, MastersZeroEqualReferenceLoop) {
   expect_like_reference({"version: 1\nmesh: {data: 2}\ndata_parallel: {zero: true}\nrules: []\n"});
 }
 
+// ZeRO-2: the float32 main grads live in the buckets only while they reduce.
+TEST(MixedPrecision, MastersZeroTwoEqualReferenceLoop) {
+  expect_like_reference({"version: 1\nmesh: {data: 2}\ndata_parallel: {zero: 2, bucket_mb: 0.001}\nrules: []\n"});
+  Case c{"version: 1\nmesh: {data: 2}\ndata_parallel: {zero: 2, bucket_mb: 0.001}\nrules: []\n"};
+  c.every_syncs = true;
+  expect_like_reference(c);
+}
+
 TEST(MixedPrecision, MastersWithoutBatchAxisEqualReferenceLoop) {
   // Every training loop builds a DataParallel, of size 1 here: the float32
   // accumulation must not depend on a batch axis. (No rules: the layers'

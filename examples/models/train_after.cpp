@@ -164,7 +164,7 @@ void print_totals(const TrainRank& r, const DataParallel& dp, const Optimizer& o
     std::printf(")\n");
     if (dp.size() > 1)
       std::printf("rank %d: optimizer state %lld bytes%s\n", r.world.rank(), static_cast<long long>(opt.state_bytes()),
-                  opt.zero() ? " (ZeRO-1 slices)" : "");
+                  opt.zero() ? (" (ZeRO-" + std::to_string(dp.zero_stage()) + " slices)").c_str() : "");
   });
 }
 

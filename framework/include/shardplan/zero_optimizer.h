@@ -25,7 +25,8 @@ namespace shardplan {
 // ZeRO-1 over the batch axis of a DataParallel built from a plan with
 // `data_parallel: {zero: true}`. `make` builds the real optimizer over the
 // tensors it is given (views of this rank's slices, one per parameter
-// each slice overlaps), e.g.
+// each slice overlaps: of the model's parameters themselves, or with master
+// weights of this rank's slice of them), e.g.
 //   [](std::vector<at::Tensor> p) { return std::make_unique<torch::optim::Adam>(p, AdamOptions(1e-3)); }
 // Its update must be element-wise: Adam, AdamW, SGD, RMSprop and Adagrad
 // are; anything else (LBFGS) is refused before anything changes. Each rank
@@ -89,10 +90,13 @@ class ZeroOptimizer {
  private:
   DataParallel& dp_;
   std::unique_ptr<torch::optim::Optimizer> inner_;
-  std::vector<at::Tensor> shards_;  // per bucket: this rank's slice of the parameters
+  // Per bucket: this rank's slice of the master weights; undefined without
+  // masters (the segments are views of the model's parameters).
+  std::vector<at::Tensor> shards_;
   std::vector<std::vector<Segment>> segments_;  // per bucket
   bool prepared_ = false;  // slice_grads() ran since the last step
   void prepare();
+  at::Tensor slice(size_t bucket) const;
 };
 
 }  // namespace shardplan

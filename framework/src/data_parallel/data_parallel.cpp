@@ -43,7 +43,7 @@ void DataParallel::Impl::on_grad(size_t index, const at::Tensor& grad) {
   if (!overlap) return;
   Entry& e = arriving(index);
   Bucket& b = buckets[e.bucket];
-  at::Tensor slot = b.flat.narrow(0, e.offset, e.numel);
+  at::Tensor slot = ensure_flat(b).narrow(0, e.offset, e.numel);
   // The hook runs before autograd adds `grad` to .grad: the bucket needs the
   // sum, which includes micro-batches accumulated under NoSync. It is
   // divided by D on the way in, as DDP and Megatron do, so that no pass over
@@ -61,6 +61,12 @@ void DataParallel::Impl::on_grad(size_t index, const at::Tensor& grad) {
   // .grad unset it keeps `grad` itself (no copy) where it would otherwise
   // add it into .grad, one more pass over the gradient on backward's path.
   acc.reset();
+  // ZeRO: and the .grad autograd sets next, at the next hook (it is in the
+  // bucket, and the step reads only the slices).
+  if (zero) {
+    release_grads();
+    to_release.push_back(index);
+  }
   e.ready = true;
   e.used = true;
   if (--b.pending == 0) launch_ready();
@@ -91,6 +97,9 @@ DataParallel::Impl::Entry& DataParallel::Impl::arriving(size_t index) {
 // collectives in the same order whatever order its gradients arrive in.
 void DataParallel::Impl::launch_ready() {
   while (next_launch < buckets.size() && buckets[next_launch].pending == 0) launch(buckets[next_launch++]);
+  // ZeRO-2: two buckets reducing while backward fills the next (DeepSpeed's
+  // bucket pair), the older ones only slices.
+  if (zero2()) drain(2);
 }
 
 void DataParallel::Impl::launch(Bucket& b) {
@@ -101,9 +110,12 @@ void DataParallel::Impl::launch(Bucket& b) {
     if (zero) b.wire_shard = at::empty(b.shard.sizes(), b.wire.options());
   }
   at::Tensor& in = b.wire.defined() ? b.wire : b.flat;
-  if (zero)
-    b.work = group->reduce_scatter_async(in, b.wire.defined() ? b.wire_shard : b.shard);
-  else
+  if (zero) {
+    // ZeRO-1's slice is part of `in`: the collective writes elsewhere.
+    if (!b.wire.defined() && !zero2()) b.scattered = at::empty(b.shard.sizes(), b.shard.options());
+    b.work = group->reduce_scatter_async(in, b.wire.defined() ? b.wire_shard
+                                             : b.scattered.defined() ? b.scattered : b.shard);
+  } else
     b.work = group->all_reduce_async(in);
 }
 
@@ -117,11 +129,11 @@ void DataParallel::Impl::fill_and_launch_rest() {
       Entry& e = entries[i];
       if (e.ready) continue;
       if (main()) {  // every gradient went into the bucket already
-        if (!e.accumulated) b.flat.narrow(0, e.offset, e.numel).zero_();
+        if (!e.accumulated) ensure_flat(b).narrow(0, e.offset, e.numel).zero_();
         e.ready = true;
         continue;
       }
-      at::Tensor slot = b.flat.narrow(0, e.offset, e.numel);
+      at::Tensor slot = ensure_flat(b).narrow(0, e.offset, e.numel);
       const at::Tensor& scale = b.scale;
       const at::Tensor& g = e.param.grad();
       e.used = g.defined();
@@ -148,7 +160,7 @@ std::vector<bool> DataParallel::Impl::used_anywhere() {
   for (size_t i = 0; i < entries.size(); ++i) c[i] = entries[i].used ? 1 : 0;
   if (group && size > 1 && !buckets.empty()) {
     // On the buckets' device: a GPU backend reduces device memory only.
-    at::Tensor on_device = counts.to(buckets.front().flat.device());
+    at::Tensor on_device = counts.to(buckets.front().options.device());
     group->all_reduce(on_device);
     counts = on_device.cpu();
   }
@@ -409,14 +421,13 @@ double DataParallel::average(double local) const {
 // overwrites them, and added back once this round's arrive.
 void DataParallel::Impl::open_round() {
   round_open = true;
-  if (zero && zero_unconsumed)
-    for (auto& b : buckets) b.carry = b.shard.clone();
+  keep_zero_unconsumed();
   keep_main_unconsumed();
 }
 
 void DataParallel::Impl::complete() {
   if (zero && !zero_attached)
-    throw Error("data parallel: the plan sets data_parallel.zero: true, so step with a shardplan::Optimizer (or "
+    throw Error("data parallel: the plan sets data_parallel.zero: " + std::to_string(zero) + ", so step with a shardplan::Optimizer (or "
                 "ZeroOptimizer) built on this DataParallel (the averaged gradients exist only as its slices)");
   const auto t0 = std::chrono::steady_clock::now();
   {
@@ -440,6 +451,7 @@ void DataParallel::Impl::complete() {
       for (size_t i : b.entries) entries[i].param.mutable_grad().reset();
       if (b.carry.defined()) (zero ? b.shard : b.flat).add_(b.carry);
       b.carry.reset();
+      if (zero2()) b.flat.reset();
     } else if (!zero) {
       // .grad becomes the averaged bucket's memory (DDP's
       // gradient_as_bucket_view): nothing to copy back after the wait, and
@@ -464,12 +476,14 @@ void DataParallel::Impl::complete() {
         b.shard.add_(b.carry);
         b.carry.reset();
       }
+      if (zero2()) b.flat.reset();  // no whole gradient outlives its bucket's reduction
     }
     for (size_t i : b.entries) entries[i].ready = entries[i].used = entries[i].accumulated = false;
     b.pending = b.entries.size();
     b.launched = false;
   }
-  next_launch = 0;
+  next_launch = next_drain = 0;
+  to_release.clear();
   round_open = false;
   finished = true;
   release_all_units();  // ZeRO-3: nothing whole outlives a backward

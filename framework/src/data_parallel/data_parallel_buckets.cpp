@@ -63,9 +63,13 @@ void DataParallel::Impl::build_buckets() {
     // Only a reduce-scatter needs D equal slices.
     b.info.padded = zero ? (b.info.numel + size - 1) / size * size : b.info.numel;
     const at::Tensor& first = entries[b.entries.front()].param;
-    b.flat = at::zeros({b.info.padded}, first.options().dtype(b.info.dtype).requires_grad(false));
-    if (zero) b.shard = at::zeros({b.info.padded / size}, b.flat.options());
-    b.scale = at::scalar_tensor(1.0 / size, b.flat.options());
+    b.options = first.options().dtype(b.info.dtype).requires_grad(false);
+    // ZeRO-2 keeps no whole gradient between steps: the buffer comes with
+    // the bucket's first gradient.
+    if (!zero2()) b.flat = at::zeros({b.info.padded}, b.options);
+    const int64_t n = b.info.padded / size;
+    if (zero) b.shard = zero2() ? at::zeros({n}, b.options) : b.flat.narrow(0, rank * n, n);
+    b.scale = at::scalar_tensor(1.0 / size, b.options);
     b.pending = b.entries.size();
     bucket_infos.push_back(b.info);
   }
@@ -87,6 +91,31 @@ void DataParallel::Impl::build_buckets() {
         }
       });
     }
+  }
+}
+
+at::Tensor& DataParallel::Impl::ensure_flat(Bucket& b) {
+  // Zeros: the padding at the end must add nothing to the reduce-scatter.
+  if (!b.flat.defined()) b.flat = at::zeros({b.info.padded}, b.options);
+  return b.flat;
+}
+
+void DataParallel::Impl::release_grads() {
+  for (size_t i : to_release) entries[i].param.mutable_grad().reset();
+  to_release.clear();
+}
+
+// Bucket k's reduce-scatter is waited for once bucket k + keep launched: at
+// most keep + 1 whole buckets live at a time, the rest only as slices.
+void DataParallel::Impl::drain(size_t keep) {
+  for (; next_drain + keep < next_launch; ++next_drain) {
+    Bucket& b = buckets[next_drain];
+    if (b.work) {
+      b.work->wait();
+      b.work.reset();
+    }
+    finish_wire(b);
+    b.flat.reset();
   }
 }
 
@@ -138,7 +167,11 @@ void DataParallel::Impl::discard_main_grads() {
     e.accumulated = false;
     if (e.param.grad().defined()) e.param.mutable_grad().reset();
   }
-  for (auto& b : buckets) b.carry.reset();
+  for (auto& b : buckets) {
+    b.carry.reset();
+    if (zero2()) b.flat.reset();
+  }
+  to_release.clear();
   main_unconsumed = false;
   finished = false;
   std::fill(zero_used.begin(), zero_used.end(), false);
@@ -150,7 +183,17 @@ void DataParallel::Impl::keep_main_unconsumed() {
   main_unconsumed = false;
 }
 
+void DataParallel::Impl::keep_zero_unconsumed() {
+  if (!zero || !zero_unconsumed) return;
+  for (auto& b : buckets) b.carry = b.shard.clone();
+  zero_unconsumed = false;
+}
+
 void DataParallel::Impl::finish_wire(Bucket& b) {
+  if (b.scattered.defined()) {
+    b.shard.copy_(b.scattered);
+    b.scattered.reset();
+  }
   if (!b.wire.defined()) return;
   if (zero)
     b.shard.copy_(b.wire_shard);
@@ -167,16 +210,23 @@ void DataParallel::Impl::on_main_grad(size_t index, const at::Tensor& grad) {
   std::lock_guard<std::mutex> lock(mu);
   finished = false;
   keep_main_unconsumed();
-  if (no_sync == 0) open_round_until_backward_ends();
+  if (no_sync == 0)
+    open_round_until_backward_ends();
+  else
+    keep_zero_unconsumed();  // ZeRO-1's slices are in the buffer this writes
   Entry& e = arriving(index);
   Bucket& b = buckets[e.bucket];
-  at::Tensor slot = b.flat.narrow(0, e.offset, e.numel);
+  at::Tensor slot = ensure_flat(b).narrow(0, e.offset, e.numel);
   if (!e.accumulated) slot.zero_();
   slot.add_(grad.reshape(-1), 1.0 / size);
   e.accumulated = e.used = true;
   // Autograd then stores `grad` itself in .grad (no add): dropped at the
   // end of the round.
   e.param.mutable_grad().reset();
+  if (zero) {
+    release_grads();
+    to_release.push_back(index);
+  }
   if (no_sync > 0 || !overlap) return;
   e.ready = true;
   if (--b.pending == 0) launch_ready();

@@ -42,8 +42,15 @@ struct DataParallel::Impl {
   struct Bucket {
     GradBucket info;
     std::vector<size_t> entries;
-    at::Tensor flat;   // [padded] gradients, then their sum
-    at::Tensor shard;  // ZeRO: [padded / D] this rank's slice of the sum
+    // [padded] gradients, then their sum. ZeRO-2: allocated when the
+    // bucket's first gradient arrives and released once its reduce-scatter
+    // completes (only `shard` outlives it); see ensure_flat().
+    at::Tensor flat;
+    at::TensorOptions options;  // the flat buffer's
+    // ZeRO: [padded / D] this rank's slice of the sum. ZeRO-1: a view of
+    // its part of `flat` (the reduce-scatter lands in `scattered`, copied
+    // in once complete), so it costs no memory of its own; ZeRO-2: its own.
+    at::Tensor shard, scattered;
     at::Tensor scale;  // 1/D in the bucket's dtype: gradients enter divided
     at::Tensor carry;  // a reduced slice (ZeRO) or bucket (main grads) no step consumed yet, added to the next one
     at::Tensor wire, wire_shard;  // data_parallel.reduce_dtype: the bucket (and slice) as the collective sees it
@@ -60,6 +67,10 @@ struct DataParallel::Impl {
   std::string axis;
   int size = 1, rank = 0;
   int zero = 0;  // the ZeRO stage (data_parallel.zero)
+  // ZeRO: entries whose gradient is in its bucket but whose .grad
+  // autograd sets right after the hook; dropped at the next hook.
+  std::vector<size_t> to_release;
+  size_t next_drain = 0;  // ZeRO-2: buckets before it were waited for and released
   bool overlap = true;
   std::shared_ptr<Communicator> group;
   std::vector<std::shared_ptr<Communicator>> axis_groups;  // every mesh axis, for check_replicas
@@ -146,6 +157,12 @@ struct DataParallel::Impl {
   void remove_gates();
 
   bool main() const { return main_dtype != at::ScalarType::Undefined; }
+  bool zero2() const { return zero >= 2; }
+  at::Tensor& ensure_flat(Bucket& b);
+  // ZeRO-2: drops the .grad of entries already in their buckets, and waits
+  // for (and releases) every bucket launched more than `keep` launches ago.
+  void release_grads();
+  void drain(size_t keep);
   void on_grad(size_t index, const at::Tensor& grad);
   void on_main_grad(size_t index, const at::Tensor& grad);
   // Packs `to_average` into buckets of their (or main_dtype's) dtype and
@@ -160,6 +177,9 @@ struct DataParallel::Impl {
   // zero_grad() with main grads: drops what the buckets accumulated.
   void discard_main_grads();
   void finish_wire(Bucket& b);
+  // ZeRO-1: slices no step consumed yet set aside before gradients
+  // overwrite `flat`, where they live.
+  void keep_zero_unconsumed();
   // Main grads without ZeRO: averages no step used yet move aside before
   // the buckets accumulate again, and are added back when they are averaged.
   void keep_main_unconsumed();

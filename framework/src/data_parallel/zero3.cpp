@@ -83,7 +83,7 @@ void DataParallel::Impl::shard_units() {
     Bucket& b = buckets[bi];
     if (b.unit < 0) continue;
     std::vector<at::Tensor> parts;
-    for (size_t i : b.entries) parts.push_back(entries[i].param.detach().reshape(-1).to(b.flat.scalar_type()));
+    for (size_t i : b.entries) parts.push_back(entries[i].param.detach().reshape(-1).to(b.info.dtype));
     at::Tensor flat = at::cat(parts);
     if (b.info.padded > b.info.numel)
       flat = at::cat({flat, at::zeros({b.info.padded - b.info.numel}, flat.options())});

@@ -31,6 +31,9 @@ ZeroOptimizer::ZeroOptimizer(DataParallel& dp, const Factory& make) : dp_(dp) {
   if (d.zero_attached) throw Error("ZeroOptimizer: this DataParallel already has one");
   // This rank's slice of each bucket's parameters, flattened in bucket order,
   // and a view of it per parameter it overlaps: the optimizer's tensors.
+  // With master weights the slice is their copy (the buckets have the
+  // masters' dtype); without, the views are of the model's parameters
+  // themselves, so ZeRO keeps no second copy of them (shards_ undefined).
   std::vector<at::Tensor> shards, params;
   std::vector<std::vector<Segment>> segments;
   for (auto& b : d.buckets) {
@@ -38,14 +41,14 @@ ZeroOptimizer::ZeroOptimizer(DataParallel& dp, const Factory& make) : dp_(dp) {
     if (b.params.defined()) {
       // ZeRO-3: the unit's slice is the parameters' only copy; step it in place.
       shards.push_back(b.params);
-    } else {
+    } else if (d.main()) {
       std::vector<at::Tensor> parts;
       for (size_t i : b.entries) parts.push_back(d.entries[i].param.detach().reshape(-1));
-      // With master weights the buckets have the masters' dtype.
-      at::Tensor flat = at::cat(parts).to(b.flat.scalar_type());
-      if (b.info.padded > b.info.numel)
-        flat = at::cat({flat, at::zeros({b.info.padded - b.info.numel}, flat.options())});
+      at::Tensor flat = at::cat(parts).to(b.info.dtype);
+      if (b.info.padded > b.info.numel) flat = at::cat({flat, at::zeros({b.info.padded - b.info.numel}, flat.options())});
       shards.push_back(flat.narrow(0, lo, n).clone());
+    } else {
+      shards.emplace_back();
     }
     segments.emplace_back();
     for (size_t m = 0; m < b.entries.size(); ++m) {
@@ -53,8 +56,9 @@ ZeroOptimizer::ZeroOptimizer(DataParallel& dp, const Factory& make) : dp_(dp) {
       const int64_t begin = std::max(e.offset, lo), end = std::min(e.offset + e.numel, lo + n);
       if (begin >= end) continue;
       // A leaf of its own (the slice requires no gradient) whose in-place
-      // updates land in the slice.
-      at::Tensor view = shards.back().narrow(0, begin - lo, end - begin);
+      // updates land in the slice (or the parameter).
+      at::Tensor view = shards.back().defined() ? shards.back().narrow(0, begin - lo, end - begin)
+                                                : e.param.detach().view(-1).narrow(0, begin - e.offset, end - begin);
       view.requires_grad_(true);
       segments.back().push_back(Segment{view, m, begin - lo});
       params.push_back(view);
@@ -78,12 +82,28 @@ torch::optim::Optimizer& ZeroOptimizer::inner() { return *inner_; }
 
 int64_t ZeroOptimizer::state_bytes() const { return optimizer_state_bytes(*inner_); }
 
+// Without masters the slice is assembled from the parameters' views: a copy.
+at::Tensor ZeroOptimizer::slice(size_t i) const {
+  if (shards_[i].defined()) return shards_[i];
+  const DataParallel::Impl& d = *dp_.impl_;
+  const auto& b = d.buckets[i];
+  std::vector<at::Tensor> parts;
+  int64_t used = 0;
+  for (const auto& s : segments_[i]) {
+    parts.push_back(s.tensor.detach());
+    used += s.tensor.numel();
+  }
+  const int64_t n = b.info.padded / d.size;
+  if (used < n) parts.push_back(at::zeros({n - used}, b.options));
+  return at::cat(parts);
+}
+
 std::vector<ZeroOptimizer::Bucket> ZeroOptimizer::layout() const {
   const DataParallel::Impl& d = *dp_.impl_;
   std::vector<Bucket> out;
   for (size_t i = 0; i < d.buckets.size(); ++i) {
     Bucket b;
-    b.slice = shards_[i];
+    b.slice = slice(i);
     b.padded = d.buckets[i].info.padded;
     for (size_t k : d.buckets[i].entries) b.members.emplace_back(d.entries[k].param, d.entries[k].offset);
     b.segments = segments_[i];
@@ -164,26 +184,41 @@ void ZeroOptimizer::step() {
     torch::NoGradGuard no_grad;
     inner_->step();
   }
+  // Consumed: no gradient slice outlives the step (prepare() makes them again).
+  for (auto& b : segments_)
+    for (auto& s : b) s.tensor.mutable_grad() = at::Tensor();
   // ZeRO-3's units are gathered by their next forward, from the slices just
   // stepped; anything still whole would be stale.
   {
     std::lock_guard<std::mutex> lock(d.mu);
     d.release_all_units();
   }
-  std::vector<std::unique_ptr<Work>> works;
-  for (size_t i = 0; i < d.buckets.size(); ++i)
-    works.push_back(d.buckets[i].params.defined() ? nullptr
-                                                  : d.group->all_gather_async(shards_[i], d.buckets[i].flat));
+  // ZeRO-1 gathers into the buckets' buffers; ZeRO-2 has none between
+  // steps, so into one per bucket, the next gather running while this one is
+  // copied into the model and freed.
+  const size_t n = d.buckets.size();
+  std::vector<at::Tensor> whole(n);
+  std::vector<std::unique_ptr<Work>> works(n);
   torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < d.buckets.size(); ++i) {
+  auto install = [&](size_t i) {
     if (works[i]) works[i]->wait();
     auto& b = d.buckets[i];
-    if (b.params.defined()) continue;
+    if (b.params.defined()) return;
     for (size_t k : b.entries) {
       auto& e = d.entries[k];
-      e.param.copy_(b.flat.narrow(0, e.offset, e.numel).view(e.sizes));
+      e.param.copy_(whole[i].narrow(0, e.offset, e.numel).view(e.sizes));
     }
+    whole[i].reset();
+  };
+  for (size_t i = 0; i < n; ++i) {
+    auto& b = d.buckets[i];
+    if (!b.params.defined()) {
+      whole[i] = d.zero2() ? at::empty({b.info.padded}, b.options) : b.flat;
+      works[i] = d.group->all_gather_async(slice(i), whole[i]);
+    }
+    if (d.zero2() && i > 0) install(i - 1);
   }
+  for (size_t i = d.zero2() && n > 0 ? n - 1 : 0; i < n; ++i) install(i);
 }
 
 }  // namespace shardplan
