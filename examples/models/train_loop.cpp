@@ -11,6 +11,7 @@
 #include "models/corpus.h"
 #include "models/heap.h"
 #include "models/model.h"
+#include "models/out_of_memory.h"
 #include "models/ranks.h"
 #include "models/schedule.h"
 #include "models/train_after.h"
@@ -36,11 +37,13 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
   TrainRank r{a, world, corpus, ranks_in_process, dtype_from_name(a.dtype, "--dtype")};
   build_sharded_model(r, threads.str());
   // Gradients averaged over the plan's batch axis, if it has one.
-  DataParallel dp(*r.m.module, r.report, r.plan, world);
+  DataParallel dp = naming_out_of_memory("the data-parallel gradient buckets",
+                                         [&] { return DataParallel(*r.m.module, r.report, r.plan, world); });
   check_data_parallel(r, dp);
   check_generation_fits(a, *r.m.module, std::max(ranks_in_process, world.options().local_world_size));
   print_parameter_bytes(r, dp.size());
-  const std::unique_ptr<Optimizer> opt = make_optimizer(a, dp);
+  const std::unique_ptr<Optimizer> opt =
+      naming_out_of_memory("the optimizer's slices", [&] { return make_optimizer(a, dp); });
   Schedule schedule(schedule_settings(a));
 
   // The same data stream on every rank.
@@ -53,7 +56,7 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
   StepLog log(r, start);
   for (int step = start; step <= a.steps; ++step) {
     // Every rank draws the global batch and trains on its data rank's slice.
-    const StepResult s = train_step(r, dp, *opt, schedule, r.m.model->sample(gen, a.batch, corpus));
+    const StepResult s = train_step(r, dp, *opt, schedule, r.m.model->sample(gen, a.batch, corpus), step);
     if (a.check_replicas > 0 && step % a.check_replicas == 0) check_replicas_at(step, dp);
     log.after_step(step, s);
     checkpoints.maybe_save(step);

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <string>
 
+#include "models/out_of_memory.h"
 #include "shardplan/clip_grad.h"
 #include "shardplan/data_parallel.h"
 #include "shardplan/error.h"
@@ -30,9 +31,8 @@ double clip(const TrainRank& r, Optimizer& opt) {
   return clip_grad_norm_(opt, r.a.clip);
 }
 
-}  // namespace
-
-StepResult train_step(const TrainRank& r, DataParallel& dp, Optimizer& opt, Schedule& schedule, Batch batch) {
+// The micro-batches' forwards and backwards; this rank's summed loss.
+double forward_backward(const TrainRank& r, DataParallel& dp, Optimizer& opt, Batch batch) {
   const int n = r.a.micro_batches;
   if (batch.input.is_floating_point()) batch.input = batch.input.to(r.dtype);
   const at::Tensor input = dp.local_batch(batch.input), target = dp.local_batch(batch.target);
@@ -52,11 +52,23 @@ StepResult train_step(const TrainRank& r, DataParallel& dp, Optimizer& opt, Sche
     }
   }
   dp.finish();
+  return local_loss;
+}
+
+}  // namespace
+
+StepResult train_step(const TrainRank& r, DataParallel& dp, Optimizer& opt, Schedule& schedule, Batch batch,
+                      int step) {
+  const std::string of_step = "step " + std::to_string(step) + "'s ";
+  const double local_loss = naming_out_of_memory(
+      of_step + "forward and backward (activations, gradients" +
+          (dp.zero_stage() >= 3 ? ", gathered parameters)" : ")"),
+      [&] { return forward_backward(r, dp, opt, std::move(batch)); });
   StepResult out;
   out.lr = schedule.apply(opt.inner());
   if (r.a.clip > 0) out.norm = clip(r, opt);
   if (LossScaler* scaler = opt.loss_scaler()) out.scale = scaler->scale();
-  opt.step();
+  naming_out_of_memory(of_step + "optimizer step (the optimizer's state)", [&] { opt.step(); });
   out.skipped = opt.last_step_skipped();
   // Megatron's: a step the loss scaler skipped does not move the schedule.
   if (!out.skipped) schedule.advance();

@@ -29,8 +29,10 @@ struct StepResult {
 };
 
 // Trains one step on `batch`, the global batch every rank drew alike, at
-// the schedule's lr.
-StepResult train_step(const TrainRank& r, DataParallel& dp, Optimizer& opt, Schedule& schedule, Batch batch);
+// the schedule's lr. Running out of memory names the step and its phase
+// (models/out_of_memory.h).
+StepResult train_step(const TrainRank& r, DataParallel& dp, Optimizer& opt, Schedule& schedule, Batch batch,
+                      int step);
 
 // --check-replicas: every replicated parameter compared across its ranks
 // (DataParallel::check_replicas, every mesh axis); a drift stops the run

@@ -22,21 +22,7 @@ gen=(--model llama --load-weights "$work/w" --steps 0 --generate 4 --samples 1 -
   >"$work/write.txt" 2>&1 || { cat "$work/write.txt"; exit 1; }
 model_kb=$(($(stat -c %s "$work/w/model.safetensors") / 1024))
 
-# Runs "$@" to the end and prints the largest VmData any process whose
-# command line names $work/w had meanwhile (kB).
-peak_vmdata() {
-  "$@" >"$work/peak.txt" 2>&1 &
-  local pid=$! peak=0 v p
-  while kill -0 $pid 2>/dev/null; do
-    for p in $(pgrep -f -- "$work/w --steps"); do
-      v=$(awk '/^VmData/{print $2}' /proc/$p/status 2>/dev/null)
-      [ -n "$v" ] && [ "$v" -gt "$peak" ] && peak=$v
-    done
-    sleep 0.02
-  done
-  wait $pid || { cat "$work/peak.txt" >&2; echo 0; return; }
-  echo $peak
-}
+source "$(dirname "$0")/peak_vmdata.sh"
 whole=$(peak_vmdata "$train" "${gen[@]}")
 want=$(sed -n 's/^sample 1: "\(.*\)"$/\1/p' "$work/peak.txt")
 half=$(peak_vmdata "$cli" launch -n 2 --backend gloo -- "$train" "${gen[@]}" --plan "$plan")
