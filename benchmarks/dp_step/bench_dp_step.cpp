@@ -304,27 +304,30 @@ double slowest(shardplan::World& world, double v) {
 }
 
 // ZeRO-3's gathers: the gates' wait per step with prefetch (what compute did
-// not hide) against without (each gather's whole time), slowest rank, median
-// over rounds and paired per round.
+// not hide) against without (each gather's whole time), median over rounds
+// and paired per round. Reported for the rank that waited most (which also
+// waits for slower ranks to reach each gather: their skew, which no prefetch
+// hides) and the rank that waited least (the slowest to compute, whose wait
+// is the gathers' own).
 void report_zero3(shardplan::World& world, const Args& a, std::map<std::string, Series>& series) {
-  std::vector<double> on, off, hidden, step_on, step_off;
-  for (int r = 0; r < a.rounds; ++r) {
-    on.push_back(slowest(world, series["z3"].blocks[r].gather_wait_ms));
-    off.push_back(slowest(world, series["z3np"].blocks[r].gather_wait_ms));
-    step_on.push_back(slowest(world, series["z3"].blocks[r].step_ms));
-    step_off.push_back(slowest(world, series["z3np"].blocks[r].step_ms));
-    hidden.push_back(off.back() > 0 ? 1 - on.back() / off.back() : 0.0);
+  for (const double sign : {1.0, -1.0}) {
+    std::vector<double> on, off, hidden;
+    for (int r = 0; r < a.rounds; ++r) {
+      on.push_back(sign * slowest(world, sign * series["z3"].blocks[r].gather_wait_ms));
+      off.push_back(sign * slowest(world, sign * series["z3np"].blocks[r].gather_wait_ms));
+      hidden.push_back(off.back() > 0 ? 1 - on.back() / off.back() : 0.0);
+    }
+    if (world.rank() != 0) continue;
+    const Block& b = series["z3"].blocks[0];
+    const double won = median(on), woff = median(off);
+    std::printf("ZeRO-3, rank waiting %s: all-gathers per step %.0f (prefetched %.0f); gate wait per step, ms: "
+                "prefetch on %.2f, off %.2f (the gathers' whole time)\n",
+                sign > 0 ? "most" : "least", b.gathers, b.prefetched, won, woff);
+    std::printf("ZeRO-3 gathers hidden 1 - wait(on)/wait(off), rank waiting %s: %.2f from the medians, %.2f paired "
+                "per round (rounds %.2f..%.2f)\n",
+                sign > 0 ? "most" : "least", woff > 0 ? 1 - won / woff : 0.0, median(hidden),
+                *std::min_element(hidden.begin(), hidden.end()), *std::max_element(hidden.begin(), hidden.end()));
   }
-  if (world.rank() != 0) return;
-  const Block& b = series["z3"].blocks[0];
-  const double won = median(on), woff = median(off);
-  std::printf("ZeRO-3 all-gathers per step %.0f (prefetched %.0f); gate wait per step, ms: prefetch on %.2f, "
-              "off %.2f (the gathers' whole time); step on %.2f, off %.2f\n",
-              b.gathers, b.prefetched, won, woff, median(step_on), median(step_off));
-  std::printf("ZeRO-3 gathers hidden 1 - wait(on)/wait(off): %.2f from the medians, %.2f paired per round "
-              "(rounds %.2f..%.2f)\n",
-              woff > 0 ? 1 - won / woff : 0.0, median(hidden), *std::min_element(hidden.begin(), hidden.end()),
-              *std::max_element(hidden.begin(), hidden.end()));
 }
 
 int run(const Args& a, shardplan::World& world) {
