@@ -368,6 +368,10 @@ int run(const Args& a, shardplan::World& world) {
     for (int r = 0; r < a.rounds; ++r)
       if (series["z3"].blocks[r].losses != series["z3np"].blocks[r].losses)
         bad.push_back("ZeRO-3's losses with prefetch on and off differ in round " + std::to_string(r));
+  // The switch must switch: gathers ahead of use with it on, none with it off.
+  if (has("z3") && series["z3"].blocks[0].prefetched == 0) bad.push_back("ZeRO-3 prefetched no all-gather");
+  if (has("z3np") && series["z3np"].blocks[0].prefetched != 0)
+    bad.push_back("ZeRO-3 prefetched with SHARDPLAN_ZERO3_PREFETCH=0");
 
   auto dp = bench.probe();
   const int d = dp.size();
