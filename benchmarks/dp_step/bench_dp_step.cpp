@@ -3,7 +3,9 @@
 // backward ("on"), the same sync started only after backward ("off"), no
 // gradient sync at all ("none": the step without DataParallel::finish, a
 // lower bound that trains nothing useful, since the replicas drift), and
-// ZeRO-1 ("zero"). Every mode, like train_gpt, averages the loss over the
+// ZeRO-1 ("zero"); with --modes z3,z3np, ZeRO-3 with its all-gathers
+// prefetched ("z3") and not ("z3np": SHARDPLAN_ZERO3_PREFETCH=0, each gate
+// waits for its whole gather). Every mode, like train_gpt, averages the loss over the
 // data ranks once per step (8 bytes). Run under the launcher, one process
 // per rank:
 //
@@ -21,7 +23,10 @@
 //   sockets (/proc/self/io wchar, which counts gloo TCP transport writes),
 //   "on" minus "none", which leaves the model axis' traffic out, against the
 //   ring all-reduce's minimum 2 (D-1)/D x gradient bytes;
-// - ZeRO-1 optimizer state bytes per rank against the unsharded optimizer's.
+// - ZeRO-1 optimizer state bytes per rank against the unsharded optimizer's;
+// - ZeRO-3's all-gathers per step and the gates' wait for them: without
+//   prefetch the wait is the gathers' whole time, so 1 - wait(z3)/wait(z3np)
+//   is the share of it hidden behind compute.
 // It also checks what it measures: "on" and "off" must give bit-identical
 // losses, and the replicas must agree after every synchronised block.
 //
@@ -77,7 +82,7 @@ struct Args {
   std::fprintf(stderr,
                "%s: %s\nusage (under `shardplan launch -n N --backend gloo --`): %s [--plan PLAN.yaml]\n"
                "       [--config KEY=VALUE,...] [--batch GLOBAL] [--steps PER_BLOCK] [--rounds N]\n"
-               "       [--bucket-mb X] [--modes on,off,none,zero] [--check 1] [--system-malloc 1]\n"
+               "       [--bucket-mb X] [--modes on,off,none,zero,z3,z3np] [--check 1] [--system-malloc 1]\n"
                "--check 1 fails the run unless the bytes per step and ZeRO-1's optimizer bytes are the\n"
                "expected ones (timings are reported, never checked)\n",
                program, why.c_str(), program);
@@ -116,7 +121,7 @@ Args parse(int argc, char** argv) {
     }
   }
   for (const auto& m : a.modes)
-    if (m != "on" && m != "off" && m != "none" && m != "zero") usage(argv[0], "unknown mode '" + m + "'");
+    if (m != "on" && m != "off" && m != "none" && m != "zero" && m != "z3" && m != "z3np") usage(argv[0], "unknown mode '" + m + "'");
   if (a.steps < 1 || a.rounds < 1 || a.batch < 1) usage(argv[0], "--steps, --rounds and --batch must be positive");
   return a;
 }
@@ -152,6 +157,7 @@ struct Block {
   double cpu_ms = 0;         // per step, CPU time of every thread of the process
   double group_bytes = 0;    // per step, handed to the batch axis' Communicator
   double written = 0;        // per step, written to sockets by this process
+  double gathers = 0, prefetched = 0, gather_wait_ms = 0;  // per step, ZeRO-3's
   std::vector<double> losses;
 };
 
@@ -178,21 +184,31 @@ class Bench {
     for (int i = 0; i < a.steps + 1; ++i) batches_.push_back(m_.model->sample(gen, a.batch, &corpus));
   }
 
-  shardplan::DataParallel probe() { return shardplan::DataParallel(*m_.module, report_, plan_, world_); }
+  shardplan::DataParallel probe() {
+    restore();
+    return shardplan::DataParallel(*m_.module, report_, plan_, world_);
+  }
   std::string config() const { return m_.model->config_str(); }
   const shardplan::ParallelReport& report() const { return report_; }
 
+  // The initial weights, new storage: a ZeRO-3 block left each parameter a
+  // broadcast NaN (its slice lived in that DataParallel).
+  void restore() {
+    torch::NoGradGuard no_grad;
+    auto params = m_.module->parameters();
+    for (size_t i = 0; i < params.size(); ++i) params[i].set_data(initial_[i].clone());
+    // The last block's gradients may live in its DataParallel's buckets.
+    for (auto& p : params) p.mutable_grad().reset();
+  }
+
   Block run(const std::string& mode, Series& series) {
-    {
-      torch::NoGradGuard no_grad;
-      auto params = m_.module->parameters();
-      for (size_t i = 0; i < params.size(); ++i) params[i].copy_(initial_[i]);
-      // The last block's gradients may live in its DataParallel's buckets.
-      for (auto& p : params) p.mutable_grad().reset();
-    }
+    restore();
     shardplan::Plan plan = plan_;
+    const bool z3 = mode == "z3" || mode == "z3np";
     plan.data_parallel.overlap = mode != "off" && mode != "none";
-    plan.data_parallel.zero = mode == "zero";
+    plan.data_parallel.zero = mode == "zero" ? 1 : z3 ? 3 : 0;
+    // Read when the DataParallel is made.
+    setenv("SHARDPLAN_ZERO3_PREFETCH", mode == "z3np" ? "0" : "1", 1);
     shardplan::DataParallel dp(*m_.module, report_, plan, world_);
     const bool sync = mode != "none";
     auto make = [](std::vector<at::Tensor> p) -> std::unique_ptr<torch::optim::Optimizer> {
@@ -249,6 +265,7 @@ class Bench {
     const uint64_t g0 = group ? group->stats().bytes : 0;
     const int64_t w0 = written_bytes();
     const double c0 = process_cpu_ms();
+    const shardplan::DataParallel::GatherStats s0 = dp.gather_stats();
     std::vector<double> losses;
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < a_.steps; ++i) losses.push_back(step(local[i]));
@@ -260,6 +277,10 @@ class Bench {
     out.backward_ms = backward / a_.steps;
     out.wait_ms = wait / a_.steps;
     out.losses = losses;
+    const shardplan::DataParallel::GatherStats s1 = dp.gather_stats();
+    out.gathers = static_cast<double>(s1.gathers - s0.gathers) / a_.steps;
+    out.prefetched = static_cast<double>(s1.prefetched - s0.prefetched) / a_.steps;
+    out.gather_wait_ms = (s1.wait_seconds - s0.wait_seconds) * 1e3 / a_.steps;
     series.state_bytes = zero ? zero->state_bytes() : shardplan::optimizer_state_bytes(*opt);
     if (sync) dp.check_replicas();  // throws naming the parameter if the sync is broken
     return out;
@@ -280,6 +301,33 @@ double slowest(shardplan::World& world, double v) {
   at::Tensor t = at::full({1}, v, at::kDouble);
   world.comm().all_reduce(t, shardplan::ReduceOp::Max);
   return t.item<double>();
+}
+
+// ZeRO-3's gathers: the gates' wait per step with prefetch (what compute did
+// not hide) against without (each gather's whole time), median over rounds
+// and paired per round. Reported for the rank that waited most (which also
+// waits for slower ranks to reach each gather: their skew, which no prefetch
+// hides) and the rank that waited least (the slowest to compute, whose wait
+// is the gathers' own).
+void report_zero3(shardplan::World& world, const Args& a, std::map<std::string, Series>& series) {
+  for (const double sign : {1.0, -1.0}) {
+    std::vector<double> on, off, hidden;
+    for (int r = 0; r < a.rounds; ++r) {
+      on.push_back(sign * slowest(world, sign * series["z3"].blocks[r].gather_wait_ms));
+      off.push_back(sign * slowest(world, sign * series["z3np"].blocks[r].gather_wait_ms));
+      hidden.push_back(off.back() > 0 ? 1 - on.back() / off.back() : 0.0);
+    }
+    if (world.rank() != 0) continue;
+    const Block& b = series["z3"].blocks[0];
+    const double won = median(on), woff = median(off);
+    std::printf("ZeRO-3, rank waiting %s: all-gathers per step %.0f (prefetched %.0f); gate wait per step, ms: "
+                "prefetch on %.2f, off %.2f (the gathers' whole time)\n",
+                sign > 0 ? "most" : "least", b.gathers, b.prefetched, won, woff);
+    std::printf("ZeRO-3 gathers hidden 1 - wait(on)/wait(off), rank waiting %s: %.2f from the medians, %.2f paired "
+                "per round (rounds %.2f..%.2f)\n",
+                sign > 0 ? "most" : "least", woff > 0 ? 1 - won / woff : 0.0, median(hidden),
+                *std::min_element(hidden.begin(), hidden.end()), *std::max_element(hidden.begin(), hidden.end()));
+  }
 }
 
 int run(const Args& a, shardplan::World& world) {
@@ -315,6 +363,15 @@ int run(const Args& a, shardplan::World& world) {
         if (std::abs(x - z) > 1e-4 * std::abs(x))
           bad.push_back("ZeRO-1's loss " + std::to_string(z) + " differs from the all-reduce's " + std::to_string(x));
       }
+  // Prefetching changes when a gather starts, never what it brings.
+  if (has("z3") && has("z3np"))
+    for (int r = 0; r < a.rounds; ++r)
+      if (series["z3"].blocks[r].losses != series["z3np"].blocks[r].losses)
+        bad.push_back("ZeRO-3's losses with prefetch on and off differ in round " + std::to_string(r));
+  // The switch must switch: gathers ahead of use with it on, none with it off.
+  if (has("z3") && series["z3"].blocks[0].prefetched == 0) bad.push_back("ZeRO-3 prefetched no all-gather");
+  if (has("z3np") && series["z3np"].blocks[0].prefetched != 0)
+    bad.push_back("ZeRO-3 prefetched with SHARDPLAN_ZERO3_PREFETCH=0");
 
   auto dp = bench.probe();
   const int d = dp.size();
@@ -365,6 +422,7 @@ int run(const Args& a, shardplan::World& world) {
                 "off %.2f ms, on %.2f ms\n",
                 fraction(wait_ms["on"], wait_ms["off"]), cpu_ms["off"] - cpu_ms["none"], cpu_ms["on"] - cpu_ms["none"]);
   }
+  if (has("z3") && has("z3np")) report_zero3(world, a, series);
   if (d > 1) {
     const double minimum = static_cast<double>(dp.min_wire_bytes());
     // "none" is the lower bound only if it syncs nothing but the loss.

@@ -147,6 +147,8 @@ class DataParallel {
   // a gate started ahead of their use (the next unit in forward order, the
   // previous one in backward, once the first step has shown the order), and
   // the seconds gates waited for them (what compute did not hide).
+  // SHARDPLAN_ZERO3_PREFETCH=0 when a DataParallel is made turns its
+  // prefetching off (for benchmarks: the wait is then the gathers' whole time).
   struct GatherStats {
     int64_t gathers = 0, prefetched = 0;
     double wait_seconds = 0;

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
@@ -285,6 +286,8 @@ DataParallel::DataParallel(const std::vector<std::pair<std::string, at::Tensor>>
   d.bucket_bytes = spec.bucket_bytes;
   d.wire_dtype = reduce_dtype_of(spec);
   d.self = impl_;
+  const char* prefetch = std::getenv("SHARDPLAN_ZERO3_PREFETCH");
+  d.prefetch = prefetch == nullptr || std::string(prefetch) != "0";
   if (d.stage3()) d.plan_units(layers, parameters);
   d.build_buckets();
   if (d.stage3()) d.shard_units();

@@ -135,6 +135,9 @@ struct DataParallel::Impl {
   // previous one in backward.
   std::vector<size_t> order;
   bool order_known = false;
+  // SHARDPLAN_ZERO3_PREFETCH=0 at construction: every gather waits in full
+  // (benchmarks measure what prefetching hides against it).
+  bool prefetch = true;
   GatherStats gather_stats;
   bool stage3() const { return zero == 3; }
   // Assigns units to the averaged parameters of `layers` (a parameter tied

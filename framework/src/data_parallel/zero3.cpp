@@ -151,7 +151,7 @@ void DataParallel::Impl::prefetch_after(size_t u, int direction) {
     }
     return;
   }
-  if (hold > 0 || units[u].position < 0) return;
+  if (!prefetch || hold > 0 || units[u].position < 0) return;
   const int next = units[u].position + direction;
   if (next < 0 || next >= static_cast<int>(order.size())) return;
   Unit& un = units[order[next]];
