@@ -3,14 +3,25 @@
 # process' losses on the same global batch to 1e-10, with Adam, AdamW and
 # SGD, at {data: 2}, {data: 4} (with micro-batches: NoSync keeps whole
 # gradients) and {data: 2, model: 2}, replicas checked; clipping reads the
-# reduced slices. The plans: tests/e2e/gpt_2d_zero2.yaml, tests/e2e/dp_zero2.yaml.
+# reduced slices. The plans: plans/gpt_2d.yaml and plans/data_parallel.yaml with
+# ZeRO-2 and small buckets (several, slices cutting parameters), written to the
+# build tree.
 if(TARGET train_gpt AND TARGET shardplan_cli)
   set(_e2e ${CMAKE_CURRENT_SOURCE_DIR}/e2e/losses_match.sh)
   set(_gloo $<TARGET_FILE:shardplan_cli> launch --backend gloo -n)
   set(_gpt $<TARGET_FILE:train_gpt> --steps 10 --log-every 1 --batch 8 --dtype float64
     --config context=16,embed=32,mlp=64)
-  set(_2d ${CMAKE_CURRENT_SOURCE_DIR}/e2e/gpt_2d_zero2.yaml)
-  set(_dp ${CMAKE_CURRENT_SOURCE_DIR}/e2e/dp_zero2.yaml)
+  file(READ ${PROJECT_SOURCE_DIR}/plans/gpt_2d.yaml _plan)
+  string(REPLACE "data_parallel: {bucket_mb: 25}" "data_parallel: {bucket_mb: 0.02, zero: 2}" _z2 "${_plan}")
+  file(READ ${PROJECT_SOURCE_DIR}/plans/data_parallel.yaml _plan_dp)
+  string(REPLACE "rules: []" "data_parallel: {zero: 2, bucket_mb: 0.05}\nrules: []" _z2_dp "${_plan_dp}")
+  if(_z2 STREQUAL _plan OR _z2_dp STREQUAL _plan_dp)
+    message(FATAL_ERROR "plans/gpt_2d.yaml or plans/data_parallel.yaml changed: tests/e2e_zero.cmake finds no line to edit")
+  endif()
+  file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/gpt_2d_zero2.yaml "${_z2}")
+  file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/data_parallel_zero2.yaml "${_z2_dp}")
+  set(_2d ${CMAKE_CURRENT_BINARY_DIR}/gpt_2d_zero2.yaml)
+  set(_dp ${CMAKE_CURRENT_BINARY_DIR}/data_parallel_zero2.yaml)
   add_test(NAME e2e_zero2_gpt_2d_adam_gloo4_f64 COMMAND ${_e2e} 1e-10 -- ${_gpt} --
     ${_gloo} 4 -- ${_gpt} --plan ${_2d} --check-replicas 5)
   add_test(NAME e2e_zero2_gpt_data2_adamw_gloo2_f64 COMMAND ${_e2e} 1e-10 -- ${_gpt} --optimizer adamw --
