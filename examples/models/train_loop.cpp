@@ -39,6 +39,7 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
   // Gradients averaged over the plan's batch axis, if it has one.
   DataParallel dp = naming_out_of_memory("the data-parallel gradient buckets",
                                          [&] { return DataParallel(*r.m.module, r.report, r.plan, world); });
+  load_into_slices(r, dp);
   check_data_parallel(r, dp);
   check_generation_fits(a, *r.m.module, std::max(ranks_in_process, world.options().local_world_size));
   print_parameter_bytes(r, dp.size());

@@ -55,8 +55,15 @@ Overrides model_config(const Args& a);
 
 // Builds the model (--load-weights: without memory for what the file
 // replaces), shards it by --plan (auto: shardplan::auto_plan) and loads
-// --load-weights into the shards. `r.m`, `r.plan`, `r.report` are set.
+// --load-weights into the shards, unless loads_into_slices(r). `r.m`,
+// `r.plan`, `r.report` are set.
 void build_sharded_model(TrainRank& r, const std::string& threads);
+
+// ZeRO-3 (`data_parallel: {zero: 3}`) with --load-weights: the weights are
+// loaded once DataParallel holds the slices, by load_into_slices (a no-op
+// otherwise), so that no rank gives its whole shard memory.
+bool loads_into_slices(const TrainRank& r);
+void load_into_slices(const TrainRank& r, DataParallel& dp);
 
 // Before step 1: the global batch divides over the data ranks and
 // micro-batches; DataParallel's warnings and layout are printed.

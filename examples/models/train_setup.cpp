@@ -56,17 +56,20 @@ Plan plan_automatically(const TrainRank& r) {
 }
 
 // --load-weights, before any optimizer copies the parameters (ZeRO-1 keeps
-// slices of them): each rank reads its shards only.
-void load_pretrained(const TrainRank& r) {
+// slices of them): each rank reads its shards only; with `dp` (ZeRO-3) only
+// its slices of them.
+void load_pretrained(const TrainRank& r, DataParallel* dp) {
   const Args& a = r.a;
   WeightsOptions options;
   options.rename = a.rename_weights;
   options.strict = !a.lenient_weights;
-  const WeightsReport w = load_weights(*r.m.module, r.report, a.load_weights, options);
+  const WeightsReport w = dp ? load_weights(*dp, *r.m.module, r.report, a.load_weights, options)
+                             : load_weights(*r.m.module, r.report, a.load_weights, options);
   if (!r.lead()) return;
   for (const auto& warning : w.warnings) std::printf("warning: %s\n", warning.c_str());
-  std::printf("loaded %zu tensors from %s (rank 0 copied %lld bytes of its shards)\n", w.loaded.size(),
-              a.load_weights.c_str(), static_cast<long long>(w.bytes_copied));
+  std::printf("loaded %zu tensors from %s (rank 0 copied %lld bytes of its shards%s)\n", w.loaded.size(),
+              a.load_weights.c_str(), static_cast<long long>(w.bytes_copied),
+              dp && dp->zero_stage() == 3 ? ", into its ZeRO-3 slices" : "");
 }
 
 }  // namespace
@@ -120,8 +123,15 @@ void build_sharded_model(TrainRank& r, const std::string& threads) {
   } else if (r.world.size() > 1) {
     throw Error("several ranks but no --plan: every rank would train the whole model alone");
   }
-  if (!a.load_weights.empty())
-    reporting_memory(r.world, r.ranks_in_process, "at load", [&] { load_pretrained(r); });
+  if (!a.load_weights.empty() && !loads_into_slices(r))
+    reporting_memory(r.world, r.ranks_in_process, "at load", [&] { load_pretrained(r, nullptr); });
+}
+
+bool loads_into_slices(const TrainRank& r) { return !r.a.load_weights.empty() && r.plan.data_parallel.zero == 3; }
+
+void load_into_slices(const TrainRank& r, DataParallel& dp) {
+  if (loads_into_slices(r))
+    reporting_memory(r.world, r.ranks_in_process, "at load", [&] { load_pretrained(r, &dp); });
 }
 
 void check_data_parallel(const TrainRank& r, const DataParallel& dp) {

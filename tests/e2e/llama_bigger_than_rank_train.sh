@@ -13,7 +13,8 @@
 # trains 20 steps with the unsharded process' losses (float64, 1e-10
 # relative: only the sums' order differs), and ZeRO-1 stops with the clear
 # out-of-memory line (examples/models/out_of_memory.h) naming what did not fit.
-# DeferredInit: no rank ever holds the whole model (--load-weights).
+# DeferredInit: no rank ever holds the whole model (--load-weights), and with
+# ZeRO-3 not even its whole shard: it loads its slices of it only.
 # usage: llama_bigger_than_rank_train.sh TRAIN_MODEL SHARDPLAN_CLI ZERO3_PLAN ZERO1_PLAN LOSSES_MATCH WORK_DIR
 set -uo pipefail
 train=$1 cli=$2 zero3=$3 zero1=$4 losses_match=$5 work=$6
@@ -32,10 +33,21 @@ launch=(env MALLOC_MMAP_THRESHOLD_=4194304 "$cli" launch -n 4 --backend gloo --)
 model_kb=$(($(stat -c %s "$work/w/model.safetensors") / 1024))  # float32: 4 bytes per parameter
 
 source "$(dirname "$0")/peak_vmdata.sh"
+# Rank 0's bytes copied at load ("rank 0 copied N bytes"), from the last run's output.
+copied() { grep -o "rank 0 copied [0-9]* bytes" "$work/peak.txt" | grep -o "[0-9][0-9]*" | tail -1; }
 z3=$(peak_vmdata "${launch[@]}" "$train" "${run[@]}" --dtype float64 --steps 2 --plan "$zero3")
+c3=$(copied)
 z1=$(peak_vmdata "${launch[@]}" "$train" "${run[@]}" --dtype float64 --steps 2 --plan "$zero1")
+c1=$(copied)
 echo "model $model_kb kB (float32); peak VmData of a rank over 2 steps: ZeRO-1 $z1 kB, ZeRO-3 $z3 kB"
 if [ "$z1" -eq 0 ] || [ "$z3" -eq 0 ]; then echo "FAIL: a run without a limit failed"; exit 1; fi
+# ZeRO-3 loads into the slices: rank 0 copies half its shard (D = 2; the
+# norms' slices round up), ZeRO-1 all of it.
+echo "rank 0 copied at load: ZeRO-1 ${c1:-?} bytes (its shard), ZeRO-3 ${c3:-?} bytes (its slices)"
+if [ -z "$c1" ] || [ -z "$c3" ] || [ $((c3 * 2)) -gt $((c1 + c1 / 100)) ]; then
+  echo "FAIL: a ZeRO-3 rank copied more than its half of its shard at load"
+  exit 1
+fi
 # Theory: ZeRO-3 saves 4 float64 bytes per parameter, the float32 file's size.
 if [ $((z1 - z3)) -lt $((model_kb / 2)) ]; then
   echo "FAIL: ZeRO-3 saved $((z1 - z3)) kB of the $model_kb kB theory: its slices do not replace the whole state"

@@ -24,6 +24,7 @@ class Module;
 
 namespace shardplan {
 
+class DataParallel;
 class World;
 
 struct WeightsOptions {
@@ -75,6 +76,19 @@ struct WeightsReport {
 // line naming the file and the tensor) leaves the model as it was.
 WeightsReport load_weights(torch::nn::Module& model, const ParallelReport& report, const std::string& path,
                            const WeightsOptions& options = {});
+
+// The same under ZeRO-3 (`data_parallel: {zero: 3}`), after `dp` was made
+// over `model`: a parameter of a unit, which between uses is only this
+// rank's 1/D slice of its TP shard, is loaded into that slice alone, from
+// the rows of the file the slice covers, so no rank holds its whole shard
+// (bytes_copied counts the slices' bytes). Parameters kept whole (ignored,
+// tied, frozen, outside every layer) and any DataParallel below stage 3
+// load as above. Not collective. Throws Error, changing nothing, while the
+// parameters are whole (inside DataParallel::WholeParameters, where
+// load_weights(model, ...) is the way) or when `dp` is not over `model`.
+// load_weights(model, ...) on a ZeRO-3 model refuses its free parameters.
+WeightsReport load_weights(DataParallel& dp, torch::nn::Module& model, const ParallelReport& report,
+                           const std::string& path, const WeightsOptions& options = {});
 
 struct SaveWeightsOptions {
   // Above this many bytes of tensor data, a directory target is split into

@@ -146,6 +146,8 @@ struct DataParallel::Impl {
                   const std::vector<std::pair<std::string, at::Tensor>>& parameters);
   // After build_buckets: cuts the slices, frees the parameters, installs the gates.
   void shard_units();
+  // Copies into b.params the parameters' elements its slice covers.
+  void write_slice(Bucket& b) const;
   void gather_unit(size_t u);   // whole (collective over the batch axis)
   // After gathering u for a forward (+1) or a backward (-1): starts the
   // all-gather of the unit next in that direction.

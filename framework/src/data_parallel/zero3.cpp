@@ -77,18 +77,27 @@ void DataParallel::Impl::plan_units(const std::vector<GatedLayerInfo>& layers,
   }
 }
 
+// This rank's slice of bucket `b` takes the values of the parameters'
+// elements it covers, read straight from each parameter's overlapping range:
+// no flat copy of the whole unit is made (at construction the parameters may
+// be a whole shard over DeferredInit's zero page, which must stay unread).
+void DataParallel::Impl::write_slice(Bucket& b) const {
+  const int64_t n = b.params.numel(), lo = rank * n;
+  for (size_t i : b.entries) {
+    const Entry& e = entries[i];
+    const int64_t begin = std::max(e.offset, lo), end = std::min(e.offset + e.numel, lo + n);
+    if (begin < end)
+      b.params.narrow(0, begin - lo, end - begin).copy_(e.param.detach().reshape(-1).narrow(0, begin - e.offset, end - begin));
+  }
+}
+
 void DataParallel::Impl::shard_units() {
   torch::NoGradGuard no_grad;
   for (size_t bi = 0; bi < buckets.size(); ++bi) {
     Bucket& b = buckets[bi];
     if (b.unit < 0) continue;
-    std::vector<at::Tensor> parts;
-    for (size_t i : b.entries) parts.push_back(entries[i].param.detach().reshape(-1).to(b.info.dtype));
-    at::Tensor flat = at::cat(parts);
-    if (b.info.padded > b.info.numel)
-      flat = at::cat({flat, at::zeros({b.info.padded - b.info.numel}, flat.options())});
-    const int64_t n = b.info.padded / size;
-    b.params = flat.narrow(0, rank * n, n).clone();
+    b.params = at::zeros({b.info.padded / size}, b.options);  // its padding stays 0
+    write_slice(b);
     units[b.unit].bucket = bi;
   }
   for (size_t u = 0; u < units.size(); ++u) {
@@ -214,14 +223,7 @@ void DataParallel::Impl::unhold_whole() {
   if (--hold > 0) return;
   torch::NoGradGuard no_grad;
   for (size_t u = 0; u < units.size(); ++u) {
-    Bucket& b = buckets[units[u].bucket];
-    const int64_t n = b.params.numel(), lo = rank * n;
-    for (size_t i : b.entries) {
-      const Entry& e = entries[i];
-      const int64_t begin = std::max(e.offset, lo), end = std::min(e.offset + e.numel, lo + n);
-      if (begin < end)
-        b.params.narrow(0, begin - lo, end - begin).copy_(e.param.detach().reshape(-1).narrow(0, begin - e.offset, end - begin));
-    }
+    write_slice(buckets[units[u].bucket]);
     release_unit(u);
   }
 }

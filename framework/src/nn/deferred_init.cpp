@@ -1,8 +1,9 @@
 // Deferred initialisation (shardplan/nn/deferred_init.h).
 //
 // Two marks, because sharding changes a parameter's storage but not its
-// tensor: replace_parameter gives the same TensorImpl a clone of its slice
-// (set_data), and that clone is ordinary memory holding zeros. So
+// tensor: replace_parameter gives the same TensorImpl its shard (set_data),
+// over the zero page again, and ZeRO-3 then frees it for a slice of ordinary
+// memory holding zeros. So
 //   - "over the zero page" is a property of the storage (its deleter), and
 //     tells materialize_deferred what still needs memory;
 //   - "never filled" is a property of the TensorImpl, kept in a registry of
@@ -225,9 +226,9 @@ std::vector<std::string> give_memory(torch::nn::Module& model, bool zero) {
     } catch (const c10::Error&) {
       throw Error("out of memory giving parameter '" + kv.key() + "' its " +
                   std::to_string(p.numel() * p.element_size()) + " bytes: this rank holds " + std::to_string(held) +
-                  " bytes of shards and needs " + std::to_string(needed) +
-                  " more for its unsharded parameters; shard the model over more ranks (a plan) or give each rank "
-                  "more memory");
+                  " bytes of parameters and needs " + std::to_string(needed) +
+                  " more for its shards and unsharded parameters; shard the model over more ranks (a plan) or give "
+                  "each rank more memory");
     }
     p.set_data(mem);
     names.push_back(kv.key());
@@ -236,6 +237,10 @@ std::vector<std::string> give_memory(torch::nn::Module& model, bool zero) {
 }
 
 void mark_filled(const at::Tensor& t) { registry().remove(t); }
+
+bool over_zero_page(const at::Tensor& t) { return nn::over_zero_page(t); }
+
+at::Tensor zero_page_like(at::IntArrayRef sizes, at::ScalarType dtype) { return zero_page_tensor(sizes, dtype, ""); }
 
 }  // namespace detail
 

@@ -23,6 +23,13 @@ std::vector<std::string> give_memory(torch::nn::Module& model, bool zero);
 // `t` holds real values now: forward may use it.
 void mark_filled(const at::Tensor& t);
 
+// Whether `t`'s storage is still the zero page (no memory of its own).
+bool over_zero_page(const at::Tensor& t);
+// A tensor of `sizes` over the zero page: what a deferred parameter's TP
+// shard becomes (replace_parameter), so that a rank gives its shard memory
+// only when it loads it, and under ZeRO-3 only its slice of it ever.
+at::Tensor zero_page_like(at::IntArrayRef sizes, at::ScalarType dtype);
+
 }  // namespace detail
 }  // namespace nn
 }  // namespace shardplan

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "nn/deferred_internal.h"
 #include "shardplan/error.h"
 
 namespace shardplan {
@@ -18,6 +19,11 @@ at::Tensor shard_of(const at::Tensor& full, int64_t dim, int64_t parts, int64_t 
                 (blocks > 1 ? " per each of " + std::to_string(blocks) + " blocks" : std::string()));
   if (parts == 1) return full;
   const int64_t block = n / blocks, piece = block / parts;
+  if (nn::detail::over_zero_page(full)) {  // DeferredInit: zeros, without a copy of them
+    std::vector<int64_t> sizes = full.sizes().vec();
+    sizes[dim] = blocks * piece;
+    return nn::detail::zero_page_like(sizes, full.scalar_type());
+  }
   if (blocks == 1) return full.narrow(dim, index * piece, piece).contiguous();
   std::vector<at::Tensor> pieces;
   for (int64_t b = 0; b < blocks; ++b) pieces.push_back(full.narrow(dim, b * block + index * piece, piece));
@@ -55,6 +61,9 @@ void replace_parameter(torch::nn::Module& module, const std::string& name, const
   // Under no_grad the copy records no history, so it needs no detach() first
   // (a dispatch that cost as much as a third of the clone on small shards).
   at::NoGradGuard no_grad;
+  // A deferred parameter's shard holds zeros no load wrote yet: it stays
+  // without memory until load_weights gives it (or ZeRO-3 its slice) some.
+  if (nn::detail::over_zero_page(*p)) return p->set_data(nn::detail::zero_page_like(value.sizes(), value.scalar_type()));
   p->set_data(value.clone());
 }
 

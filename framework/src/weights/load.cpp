@@ -8,7 +8,9 @@
 // copy itself is Tensor::copy_ from a strided view of the mapped bytes into
 // the shard (or its rows/blocks), which converts dtypes element by element
 // with no buffer of its own; a rank touches only the pages of its slice, and
-// gives them back after each tensor.
+// gives them back after each tensor. Under ZeRO-3 (load_weights with a
+// DataParallel) a unit's parameter is copied into this rank's slice of it
+// only, from the rows of the file that slice covers (load_slices.cpp).
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/nn/module.h>
@@ -23,6 +25,7 @@
 #include "shardplan/nn/deferred_init.h"
 #include "shardplan/shard.h"
 #include "shardplan/weights.h"
+#include "weights/load_slices.h"
 #include "weights/rename.h"
 #include "weights/weights_internal.h"
 
@@ -108,12 +111,26 @@ bool shard_shape(std::vector<int64_t> shape, const std::vector<ShardSplit>& spli
   return true;
 }
 
+// A ZeRO-3 parameter between uses: its shape over one element.
+bool is_free(const at::Tensor& t) {
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.stride(d) == 0 && t.size(d) > 1) return true;
+  return false;
+}
+
 // One line per tensor the file has with another shape than the model, or
-// whose cut does not give this rank's shard shape.
-std::vector<std::string> check_shapes(const std::vector<Target>& targets) {
+// whose cut does not give this rank's shard shape, and per ZeRO-3 parameter
+// whose slice the caller did not give (loading its free tensor would fail
+// half-way).
+std::vector<std::string> check_shapes(const std::vector<Target>& targets, const weights_detail::SliceTargets& slices) {
   std::vector<std::string> problems;
   for (const auto& t : targets) {
     if (!t.source) continue;
+    if (!t.item.buffer && !slices.count(t.item.param.unsafeGetTensorImpl()) && is_free(t.item.local)) {
+      problems.push_back("'" + t.names.front() + "' is free between uses under ZeRO-3 (its DataParallel keeps this "
+                         "rank's slice of it): load with load_weights(data_parallel, model, report, path)");
+      continue;
+    }
     const auto& s = *t.source;
     const std::string where = "tensor '" + s.name + "' in '" + file_name(s) + "'";
     if (s.shape != t.item.global_shape) {
@@ -132,43 +149,18 @@ std::vector<std::string> check_shapes(const std::vector<Target>& targets) {
   return problems;
 }
 
-// Copies this rank's piece of `src` into `dst`: per split, the blocks of its
-// range of the dim, recursively, so every copy is one strided view into
-// another. A later split of a dim an earlier blocked split cut reads the
-// blocks put together (take_split's order), which views cannot express; that
-// case (no plugin makes it) takes the shard through take_splits.
-void copy_cut(at::Tensor dst, const at::Tensor& src, const std::vector<ShardSplit>& splits, size_t i) {
-  if (i == splits.size()) {
-    dst.copy_(src);
-    return;
-  }
-  const ShardSplit& s = splits[i];
-  if (s.parts == 1) return copy_cut(dst, src, splits, i + 1);
-  const int64_t block = src.size(s.dim) / s.blocks;
-  const auto r = shard_range(block, s.parts, s.index);
-  const int64_t len = r.second - r.first;
-  for (int64_t b = 0; b < s.blocks; ++b)
-    copy_cut(dst.narrow(s.dim, b * len, len), src.narrow(s.dim, b * block + r.first, len), splits, i + 1);
-}
-
-bool views_express(const std::vector<ShardSplit>& splits) {
-  for (size_t i = 0; i < splits.size(); ++i)
-    for (size_t j = i + 1; j < splits.size(); ++j)
-      if (splits[i].blocks > 1 && splits[i].parts > 1 && splits[j].dim == splits[i].dim) return false;
-  return true;
-}
-
 int64_t copy_one(const Target& t, const WeightsOptions& options) {
   const SourceTensor& s = *t.source;
   at::Tensor src = s.view();
-  if (s.is_bool) src = src.ne(0);  // any nonzero byte is true, as in safetensors
-  at::Tensor dst = t.item.local;   // shares the parameter's storage
-  if (options.whole_then_slice) {
-    dst.copy_(ckpt_detail::take_splits(src.clone(), t.item.splits));
-  } else if (views_express(t.item.splits)) {
-    copy_cut(dst, src, t.item.splits, 0);
+  at::Tensor dst = t.item.local;  // shares the parameter's storage
+  if (!options.whole_then_slice && weights_detail::views_express(t.item.splits)) {
+    weights_detail::copy_rows(dst, src, t.item.splits, 0, dst.dim() ? dst.size(0) : 0, s.is_bool);
   } else {
-    dst.copy_(ckpt_detail::take_splits(src, t.item.splits));
+    // A later split of a dim an earlier blocked split cut reads the blocks
+    // put together (take_split's order), which views cannot express; that
+    // case (no plugin makes it) takes the shard through take_splits.
+    if (s.is_bool) src = src.ne(0);  // any nonzero byte is true, as in safetensors
+    dst.copy_(ckpt_detail::take_splits(options.whole_then_slice ? src.clone() : src, t.item.splits));
   }
   s.file->drop(s.begin, s.end);
   return dst.numel() * dst.element_size();
@@ -187,12 +179,32 @@ void refuse_unfilled(const std::vector<Target>& targets, const std::string& path
                 "; build the model without DeferredInit to keep their initial values");
 }
 
+// Every ZeRO-3 slice given belongs to a parameter of this model (a
+// DataParallel of another model would keep its old values unnoticed).
+void check_slices_belong(const std::vector<Target>& targets, const weights_detail::SliceTargets& slices,
+                         const std::string& path) {
+  size_t found = 0;
+  for (const auto& t : targets)
+    if (!t.item.buffer && slices.count(t.item.param.unsafeGetTensorImpl())) ++found;
+  if (found != slices.size())
+    throw Error("weights '" + path + "': the DataParallel given to load_weights holds " +
+                std::to_string(slices.size() - found) + " ZeRO-3 parameter(s) this model lacks: it was made over "
+                "another model");
+}
+
 }  // namespace
 
 WeightsReport load_weights(torch::nn::Module& model, const ParallelReport& report, const std::string& path,
                            const WeightsOptions& options) {
+  return weights_detail::load_into(model, report, path, options, {});
+}
+
+WeightsReport weights_detail::load_into(torch::nn::Module& model, const ParallelReport& report,
+                                        const std::string& path, const WeightsOptions& options,
+                                        const SliceTargets& slices) {
   const std::vector<SourceTensor> sources = weights_detail::open_weights(path);
   std::vector<Target> targets = targets_of(model, report);
+  check_slices_belong(targets, slices, path);
   WeightsReport rep;
   match(targets, sources, options, rep, path);
   if (options.strict && (!rep.missing.empty() || !rep.unexpected.empty())) {
@@ -206,15 +218,15 @@ WeightsReport load_weights(torch::nn::Module& model, const ParallelReport& repor
   }
   for (const auto& m : rep.missing) rep.warnings.push_back("parameter '" + m + "' is not in the weights; it keeps its value");
   for (const auto& u : rep.unexpected) rep.warnings.push_back("tensor '" + u + "' of the weights is not in the model");
-  const auto problems = check_shapes(targets);
+  const auto problems = check_shapes(targets, slices);
   if (!problems.empty()) {
     std::string msg = "weights '" + path + "': ";
     for (size_t i = 0; i < problems.size(); ++i) msg += (i ? "; " : "") + problems[i];
     throw Error(msg);
   }
   refuse_unfilled(targets, path);
-  // Parameters still over the zero page (replicated ones; shards were cut
-  // into memory of their own) get theirs now, after every check passed. Their
+  // Parameters still over the zero page (those kept whole, and TP shards
+  // outside ZeRO-3's slices) get theirs now, after every check passed. Their
   // tensors change storage, so the targets' views of them are taken again.
   if (!nn::detail::give_memory(model, /*zero=*/false).empty()) {
     targets = targets_of(model, report);
@@ -224,7 +236,11 @@ WeightsReport load_weights(torch::nn::Module& model, const ParallelReport& repor
   at::NoGradGuard no_grad;
   for (const auto& t : targets) {
     if (!t.source) continue;
-    rep.bytes_copied += copy_one(t, options);
+    const auto slice = t.item.buffer ? slices.end() : slices.find(t.item.param.unsafeGetTensorImpl());
+    rep.bytes_copied += slice == slices.end() ? copy_one(t, options)
+                                              : weights_detail::copy_into_slice(*t.source, t.item.splits,
+                                                                                t.item.local.sizes(), slice->second,
+                                                                                options.whole_then_slice);
     rep.loaded.push_back(t.names.front());
     if (!t.item.buffer) nn::detail::mark_filled(t.item.param);
   }

@@ -14,8 +14,9 @@
 // Embedding, RMSNorm, LayerNorm, Conv*, LSTM, MultiheadAttention) create
 // their parameters in its dtype over a read-only mapping of the zero page
 // and skip their random initialisation. Reading one gives zeros and commits
-// no memory, so a plugin cutting its shard (a clone of the slice) allocates
-// the shard alone. PyTorch does this with the meta device; here a real CPU
+// no memory; a plugin's cut of one (shard_of, replace_parameter) is a shard
+// over the zero page too, so a rank gives memory only to what it loads (under
+// ZeRO-3, its slices of its shards). PyTorch does this with the meta device; here a real CPU
 // tensor is used instead because libtorch 1.13 cannot give a meta parameter
 // memory in place (set_data refuses to change its device) and C++ modules
 // hold typed members that a replaced tensor would not reach. A deferred
