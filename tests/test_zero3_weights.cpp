@@ -339,8 +339,9 @@ TEST(Zero3Weights, BadInputChangesNoSlice) {
 }
 
 // While the parameters are whole (WholeParameters) the slices cannot be
-// loaded, and a plain load_weights on a ZeRO-3 model refuses its free
-// parameters: one line each, nothing changed.
+// loaded, a plain load_weights on a ZeRO-3 model refuses its free
+// parameters, and a DataParallel of another model is refused: one line
+// each, nothing changed.
 TEST(Zero3Weights, WholeOrFreeParametersAreRefused) {
   const Task task = gpt_task(1, 8);
   const Mesh m = meshes(true)[2];
@@ -349,10 +350,13 @@ TEST(Zero3Weights, WholeOrFreeParametersAreRefused) {
   const auto plan = shardplan::parse_plan(m.plan);
   std::vector<std::shared_ptr<torch::nn::Module>> replicas;
   for (int r = 0; r < m.world; ++r) replicas.push_back(task.model->clone());
-  std::vector<std::string> inside(m.world), plain(m.world);
+  std::vector<std::shared_ptr<torch::nn::Module>> others;
+  for (int r = 0; r < m.world; ++r) others.push_back(task.model->clone());
+  std::vector<std::string> inside(m.world), plain(m.world), other(m.world);
   shardplan::run_ranks_in_threads(m.world, [&](shardplan::World& w) {
     auto& model = *replicas[w.rank()];
     shardplan::Training t = shardplan::parallelize_for_training(model, plan, w);
+    const auto other_report = shardplan::parallelize(*others[w.rank()], plan, w);
     shardplan::Optimizer opt(*t.data_parallel, [](std::vector<torch::Tensor> p) { return make_opt(true, p); });
     const auto before = slices_of(opt);
     {
@@ -368,9 +372,15 @@ TEST(Zero3Weights, WholeOrFreeParametersAreRefused) {
     } catch (const shardplan::Error& e) {
       plain[w.rank()] = e.what();
     }
+    try {
+      shardplan::load_weights(*t.data_parallel, *others[w.rank()], other_report, file.string());
+    } catch (const shardplan::Error& e) {
+      other[w.rank()] = e.what();
+    }
     expect_bitwise(slices_of(opt), before, "slices after the refused loads");
   });
   for (int r = 0; r < m.world; ++r) {
+    EXPECT_NE(other[r].find("made over another model"), std::string::npos) << other[r];
     EXPECT_NE(inside[r].find("WholeParameters"), std::string::npos) << inside[r];
     EXPECT_NE(plain[r].find("free between uses under ZeRO-3"), std::string::npos) << plain[r];
   }
