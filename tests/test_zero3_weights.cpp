@@ -1,10 +1,10 @@
 // load_weights into a ZeRO-3 DataParallel's slices (weights.h, load_weights
 // with a DataParallel): each rank copies only its 1/D slice of its TP shard.
 // At {data: 2}, {data: 4} and {data: 2, model: 2}: the slices equal those of
-// loading whole and then making the DataParallel (bit for bit), the bytes
-// copied are the slice's, training after the load equals one process
-// (float64, 1e-10, Adam), a model built under DeferredInit gives no rank its
-// whole shard, and bad input changes no slice.
+// loading whole and then making the DataParallel (bit for bit; also renamed
+// and lenient), the bytes copied are the slices', training after the load
+// equals one process (float64, 1e-10, Adam), a model built under
+// DeferredInit gives no rank its whole shard, and bad input changes no slice.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -73,13 +73,13 @@ std::vector<torch::Tensor> slices_of(shardplan::Optimizer& opt) {
 
 // Bytes of the parameters' elements this rank's slices cover (the padding
 // excluded), plus the parameters kept whole.
-int64_t slice_bytes(shardplan::Optimizer& opt, int data_rank) {
+int64_t slice_bytes(shardplan::Optimizer& opt, int data_rank, const torch::Tensor* skip = nullptr) {
   int64_t n = 0;
   for (const auto& b : opt.zero()->layout()) {
-    int64_t numel = 0;
-    for (const auto& [p, offset] : b.members) numel = std::max(numel, offset + p.numel());
-    const int64_t lo = data_rank * b.slice.numel();
-    n += std::max<int64_t>(0, std::min(numel, lo + b.slice.numel()) - lo) * b.slice.element_size();
+    const int64_t lo = data_rank * b.slice.numel(), hi = lo + b.slice.numel();
+    for (const auto& [p, offset] : b.members)
+      if (!skip || !p.is_same(*skip))
+        n += std::max<int64_t>(0, std::min(offset + p.numel(), hi) - std::max(offset, lo)) * b.slice.element_size();
   }
   for (const auto& p : opt.zero()->locals()) n += p.numel() * p.element_size();
   return n;
@@ -100,7 +100,9 @@ std::vector<torch::Tensor> locals_of(shardplan::Optimizer& opt) {
 
 // Each rank of `m`: load into the slices (into_slices) or load whole, then
 // make the DataParallel (what the trainers did before).
-std::vector<RankLoad> load_on_ranks(const Task& task, const Mesh& m, const fs::path& file, bool into_slices) {
+std::vector<RankLoad> load_on_ranks(const Task& task, const Mesh& m, const fs::path& file, bool into_slices,
+                                    const shardplan::WeightsOptions& options = {},
+                                    const std::string& missing = "") {
   const auto plan = shardplan::parse_plan(m.plan);
   std::vector<std::shared_ptr<torch::nn::Module>> replicas;
   for (int r = 0; r < m.world; ++r) replicas.push_back(task.model->clone());
@@ -111,10 +113,10 @@ std::vector<RankLoad> load_on_ranks(const Task& task, const Mesh& m, const fs::p
     std::unique_ptr<shardplan::Training> t;
     if (into_slices) {
       t = std::make_unique<shardplan::Training>(shardplan::parallelize_for_training(model, plan, w));
-      r.bytes = shardplan::load_weights(*t->data_parallel, model, t->report, file.string()).bytes_copied;
+      r.bytes = shardplan::load_weights(*t->data_parallel, model, t->report, file.string(), options).bytes_copied;
     } else {
       const auto report = shardplan::parallelize(model, plan, w);
-      r.bytes = shardplan::load_weights(model, report, file.string()).bytes_copied;
+      r.bytes = shardplan::load_weights(model, report, file.string(), options).bytes_copied;
       for (const auto& p : model.parameters()) r.shard_bytes += p.numel() * p.element_size();
       t = std::make_unique<shardplan::Training>();
       t->report = report;
@@ -124,7 +126,9 @@ std::vector<RankLoad> load_on_ranks(const Task& task, const Mesh& m, const fs::p
     r.data_rank = t->data_parallel->rank();
     r.slices = slices_of(opt);
     r.whole = locals_of(opt);
-    r.expected_bytes = slice_bytes(opt, r.data_rank);
+    const auto named = model.named_parameters();
+    const torch::Tensor* skip = missing.empty() ? nullptr : named.find(missing);
+    r.expected_bytes = slice_bytes(opt, r.data_rank, skip);
   });
   return out;
 }
@@ -172,6 +176,33 @@ TEST(Zero3Weights, SlicesEqualLoadingWholeThenDataParallel) {
   fs::remove_all(dir);
 }
 
+
+// Names renamed and a tensor missing (strict = false): the slices keep the
+// missing parameter's values and take the others', as loading whole does.
+TEST(Zero3Weights, RenamedAndLenientLoadsEqualLoadingWhole) {
+  const Task task = gpt_task(1, 8);
+  const fs::path dir = temp("lenient");
+  shardplan::StateDict sd;
+  torch::manual_seed(19);
+  for (const auto& kv : task.model->named_parameters())
+    if (kv.key() != "blocks.1.fc2.weight") sd.emplace_back("transformer." + kv.key(), torch::randn(kv.value().sizes()));
+  fs::create_directories(dir);
+  const fs::path file = dir / "w.safetensors";
+  shardplan::write_safetensors(file.string(), sd);
+  shardplan::WeightsOptions options;
+  options.rename = {{"^transformer\\.", ""}};
+  options.strict = false;
+  const Mesh m = meshes(true)[2];
+  const auto sliced = load_on_ranks(task, m, file, true, options, "blocks.1.fc2.weight");
+  const auto whole = load_on_ranks(task, m, file, false, options);
+  for (int r = 0; r < m.world; ++r) {
+    expect_bitwise(sliced[r].slices, whole[r].slices, "rank " + std::to_string(r) + " slices");
+    expect_bitwise(sliced[r].whole, whole[r].whole, "rank " + std::to_string(r) + " whole parameters");
+    // All but blocks.1.fc2.weight's part of the slices was copied.
+    EXPECT_EQ(sliced[r].bytes, sliced[r].expected_bytes) << "rank " << r;
+  }
+  fs::remove_all(dir);
+}
 
 // Adam steps on `m` after loading `file` into the slices of a model built
 // as `task`'s (or under DeferredInit): rank 0's global mean losses.
