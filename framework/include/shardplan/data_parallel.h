@@ -127,7 +127,8 @@ class DataParallel {
   // (layout: shardplan/zero_optimizer.h, ZeroOptimizer::layout()). For the
   // scope's life every parameter is whole again, to read (evaluation
   // outside the layers, checkpoints, replica checks) or to write (loading
-  // weights): on leaving it, this rank's slices take the parameters' values
+  // weights whole; load_weights(dp, ...) outside the scope loads only the
+  // slices, weights.h): on leaving it, this rank's slices take the parameters' values
   // and they are freed again. Collective over the batch axis; a no-op below
   // stage 3. Not across a backward or an optimizer step. The parameters stay
   // free when the DataParallel is destroyed (a destructor cannot run a
