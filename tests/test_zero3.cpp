@@ -130,6 +130,15 @@ TEST(Zero3, BetweenStepsEachRankHoldsOnlyItsSlice) {
     const auto second = dp.gather_stats();
     EXPECT_GE(second.prefetched - first.prefetched, second.gathers - first.gathers - 2);
     EXPECT_GT(second.prefetched - first.prefetched, 0);
+    // The window (twice the largest unit) reaches past a LayerNorm to the
+    // matmul after it, and bounds what is whole at once: the unit in use, the
+    // one whose gradients are still arriving, and the window.
+    int64_t largest = 0;
+    for (const auto& b : opt.zero()->layout())
+      largest = std::max(largest, b.slice.numel() * 2 * static_cast<int64_t>(b.slice.element_size()));
+    EXPECT_GE(second.most_in_flight, 2);
+    EXPECT_LE(second.peak_whole_bytes, 4 * largest + 64);
+    EXPECT_GT(second.peak_whole_bytes, largest);
   });
 }
 

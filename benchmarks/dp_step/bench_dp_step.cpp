@@ -158,6 +158,7 @@ struct Block {
   double group_bytes = 0;    // per step, handed to the batch axis' Communicator
   double written = 0;        // per step, written to sockets by this process
   double gathers = 0, prefetched = 0, gather_wait_ms = 0;  // per step, ZeRO-3's
+  double peak_whole_mb = 0;  // ZeRO-3: the most parameter bytes whole or arriving at once
   std::vector<double> losses;
 };
 
@@ -281,6 +282,7 @@ class Bench {
     out.gathers = static_cast<double>(s1.gathers - s0.gathers) / a_.steps;
     out.prefetched = static_cast<double>(s1.prefetched - s0.prefetched) / a_.steps;
     out.gather_wait_ms = (s1.wait_seconds - s0.wait_seconds) * 1e3 / a_.steps;
+    out.peak_whole_mb = static_cast<double>(s1.peak_whole_bytes) / (1 << 20);
     series.state_bytes = zero ? zero->state_bytes() : shardplan::optimizer_state_bytes(*opt);
     if (sync) dp.check_replicas();  // throws naming the parameter if the sync is broken
     return out;
@@ -319,6 +321,9 @@ void report_zero3(shardplan::World& world, const Args& a, std::map<std::string, 
     }
     if (world.rank() != 0) continue;
     const Block& b = series["z3"].blocks[0];
+    if (sign > 0)
+      std::printf("ZeRO-3, rank 0: the most parameter MiB whole or arriving at once: %.2f with prefetch, %.2f "
+                  "without\n", b.peak_whole_mb, series["z3np"].blocks[0].peak_whole_mb);
     const double won = median(on), woff = median(off);
     std::printf("ZeRO-3, rank waiting %s: all-gathers per step %.0f (prefetched %.0f); gate wait per step, ms: "
                 "prefetch on %.2f, off %.2f (the gathers' whole time)\n",

@@ -145,14 +145,20 @@ class DataParallel {
   };
 
   // ZeRO-3's parameter all-gathers since construction: how many, how many
-  // a gate started ahead of their use (the next unit in forward order, the
-  // previous one in backward, once the first step has shown the order), and
+  // a gate started ahead of their use (the next units in forward order, the
+  // previous ones in backward, as many as fit twice the largest unit's
+  // bytes, once the first step has shown the order), and
   // the seconds gates waited for them (what compute did not hide).
   // SHARDPLAN_ZERO3_PREFETCH=0 when a DataParallel is made turns its
   // prefetching off (for benchmarks: the wait is then the gathers' whole time).
   struct GatherStats {
     int64_t gathers = 0, prefetched = 0;
     double wait_seconds = 0;
+    // The most units' whole parameters held or arriving at once, in bytes,
+    // and the most gathers started ahead at once: what the prefetch window
+    // (twice the largest unit) costs in memory.
+    int64_t peak_whole_bytes = 0;
+    int64_t most_in_flight = 0;
   };
   GatherStats gather_stats() const;
 

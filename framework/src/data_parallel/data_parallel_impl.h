@@ -131,13 +131,17 @@ struct DataParallel::Impl {
   bool release_queued = false;  // a callback frees every unit when this backward ends
   int hold = 0;                 // WholeParameters scopes open: nothing is freed
   // The units in the order the first forward met them (known once its
-  // backward ended): a gate prefetches the next unit in forward and the
-  // previous one in backward.
+  // backward ended): a gate prefetches the next units in forward and the
+  // previous ones in backward.
   std::vector<size_t> order;
   bool order_known = false;
   // SHARDPLAN_ZERO3_PREFETCH=0 at construction: every gather waits in full
   // (benchmarks measure what prefetching hides against it).
   bool prefetch = true;
+  // How far ahead a gate prefetches, in whole-unit bytes: twice the largest
+  // unit, so memory holds at most the unit in use and about two more (FSDP's
+  // limit_all_gathers also allows two in flight).
+  int64_t prefetch_window_bytes = 0;
   GatherStats gather_stats;
   bool stage3() const { return zero == 3; }
   // Assigns units to the averaged parameters of `layers` (a parameter tied
@@ -150,9 +154,10 @@ struct DataParallel::Impl {
   void write_slice(Bucket& b) const;
   void gather_unit(size_t u);   // whole (collective over the batch axis)
   // After gathering u for a forward (+1) or a backward (-1): starts the
-  // all-gather of the unit next in that direction.
+  // all-gathers of the units next in that direction, within the window.
   void prefetch_after(size_t u, int direction);
   void drop_prefetches();
+  void note_peaks();  // gather_stats' peaks (under mu)
   void release_unit(size_t u);  // one NaN again
   void release_done_units(size_t except);
   void release_all_units();

@@ -99,6 +99,7 @@ void DataParallel::Impl::shard_units() {
     b.params = at::zeros({b.info.padded / size}, b.options);  // its padding stays 0
     write_slice(b);
     units[b.unit].bucket = bi;
+    prefetch_window_bytes = std::max(prefetch_window_bytes, 2 * b.info.padded * b.params.element_size());
   }
   for (size_t u = 0; u < units.size(); ++u) {
     release_unit(u);
@@ -153,6 +154,7 @@ void DataParallel::Impl::gather_unit(size_t u) {
 
 void DataParallel::Impl::prefetch_after(size_t u, int direction) {
   std::lock_guard<std::mutex> lock(mu);
+  note_peaks();  // u just gathered (a gate's path: WholeParameters' gathers are not counted)
   if (!order_known) {  // the first forward: learn the order
     if (direction > 0 && units[u].position < 0) {
       units[u].position = static_cast<int>(order.size());
@@ -161,11 +163,32 @@ void DataParallel::Impl::prefetch_after(size_t u, int direction) {
     return;
   }
   if (!prefetch || hold > 0 || units[u].position < 0) return;
-  const int next = units[u].position + direction;
-  if (next < 0 || next >= static_cast<int>(order.size())) return;
-  Unit& un = units[order[next]];
-  if (un.whole || un.incoming.defined()) return;
-  un.prefetch = start_gather(*this, buckets[un.bucket], un.incoming);
+  // Ahead by bytes, not by units: a LayerNorm's unit computes for far less
+  // time than the next matmul's takes to gather, so one unit ahead left the
+  // big gathers after small units exposed. The next unit is always started;
+  // more while what is whole or in flight ahead of u stays within the window.
+  int64_t ahead = 0;
+  for (int next = units[u].position + direction; next >= 0 && next < static_cast<int>(order.size());
+       next += direction) {
+    Unit& un = units[order[next]];
+    const int64_t bytes = buckets[un.bucket].info.padded * buckets[un.bucket].params.element_size();
+    if (ahead > 0 && ahead + bytes > prefetch_window_bytes) return;
+    ahead += bytes;
+    if (un.whole || un.incoming.defined()) continue;
+    un.prefetch = start_gather(*this, buckets[un.bucket], un.incoming);
+  }
+  note_peaks();
+}
+
+void DataParallel::Impl::note_peaks() {
+  int64_t bytes = 0, in_flight = 0;
+  for (const Unit& un : units) {
+    if (!un.whole && !un.incoming.defined()) continue;
+    bytes += buckets[un.bucket].info.padded * buckets[un.bucket].params.element_size();
+    in_flight += un.incoming.defined() ? 1 : 0;
+  }
+  gather_stats.peak_whole_bytes = std::max(gather_stats.peak_whole_bytes, bytes);
+  gather_stats.most_in_flight = std::max(gather_stats.most_in_flight, in_flight);
 }
 
 // A prefetch no gate used (a forward that stopped early, a unit backward
