@@ -14,7 +14,11 @@
 // one layer fewer: one block's share, what the target "full keeps at most a
 // third of no recomputation for a block" is about. "step" is the median over
 // --reps of rank 0's forward + backward, milliseconds, the modes timed in
-// turn within each repetition.
+// turn within each repetition (their order rotated from one repetition to
+// the next); "vs none" is the median over repetitions of a mode's step over
+// none's in the same repetition, and "quartiles" the spread of that ratio:
+// on a shared machine the load moves both steps of one repetition alike, so
+// the ratio is steadier than either time.
 #include <c10/core/CPUAllocator.h>
 #include <torch/torch.h>
 
@@ -91,7 +95,13 @@ Args parse(int argc, char** argv) {
 struct Result {
   int64_t kept = 0;  // the largest over ranks
   double step_ms = 0;
+  double ratio = 0, ratio_q1 = 0, ratio_q3 = 0;  // per repetition, step / none's step
 };
+
+double quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5)];
+}
 
 // One world of `ranks` threads; per plan a clone of `ref`, sharded by it.
 // Kept bytes of the first forward per plan; then `reps` rounds, each timing
@@ -120,7 +130,8 @@ std::vector<Result> measure(const std::shared_ptr<torch::nn::Module>& ref, const
     std::vector<Charge*> charges;
     for (size_t i = 0; i < plans.size(); ++i) charges.push_back(new Charge);
     for (int rep = -1; rep < reps; ++rep)
-      for (size_t i = 0; i < plans.size(); ++i) {
+      for (size_t k = 0; k < plans.size(); ++k) {
+        const size_t i = (k + static_cast<size_t>(std::max(rep, 0))) % plans.size();
         shardplan::RngTrackerScope scope(trackers[i]);
         tl_charge = charges[i];
         const auto t0 = std::chrono::steady_clock::now();
@@ -136,8 +147,13 @@ std::vector<Result> measure(const std::shared_ptr<torch::nn::Module>& ref, const
     std::lock_guard<std::mutex> lock(mu);
     for (size_t i = 0; i < plans.size(); ++i) {
       res[i].kept = std::max(res[i].kept, kept[i]);
-      std::sort(ms[i].begin(), ms[i].end());
-      if (w.rank() == 0 && !ms[i].empty()) res[i].step_ms = ms[i][ms[i].size() / 2];
+      if (w.rank() != 0 || ms[i].empty()) continue;
+      std::vector<double> ratios;
+      for (size_t r = 0; r < ms[i].size(); ++r) ratios.push_back(ms[i][r] / ms[0][r]);
+      res[i].step_ms = quantile(ms[i], 0.5);
+      res[i].ratio = quantile(ratios, 0.5);
+      res[i].ratio_q1 = quantile(ratios, 0.25);
+      res[i].ratio_q3 = quantile(ratios, 0.75);
     }
   });
   return res;
@@ -173,8 +189,8 @@ void bench(const std::string& name, const std::string& config_text, const Args& 
   const double tbe = static_cast<double>(a.batch * context * embed * 4);
   std::printf("\nmodel %s: %s; plans/%s.yaml; batch %lld; float32; one [T, B, E] activation = %.0f bytes\n",
               name.c_str(), config_text.c_str(), name.c_str(), static_cast<long long>(a.batch), tbe);
-  std::printf("%-6s %-10s %14s %10s %14s %10s %9s %10s %9s\n", "ranks", "recompute", "kept/rank", "x[T,B,E]",
-              "per block", "x[T,B,E]", "vs none", "step ms", "vs none");
+  std::printf("%-6s %-10s %14s %10s %14s %10s %9s %10s %9s %13s\n", "ranks", "recompute", "kept/rank", "x[T,B,E]",
+              "per block", "x[T,B,E]", "vs none", "step ms", "vs none", "quartiles");
   std::vector<shardplan::Plan> plans;
   for (const auto& mode : modes) {
     const std::string text = read(plan_path) + (mode.second.empty() ? "" : "\nrecompute: " + mode.second + "\n");
@@ -185,10 +201,10 @@ void bench(const std::string& name, const std::string& config_text, const Args& 
     const std::vector<Result> less = measure(smaller, plans, n, batch, 0);
     for (size_t i = 0; i < modes.size(); ++i) {
       const int64_t block = all[i].kept - less[i].kept, none_block = all[0].kept - less[0].kept;
-      std::printf("%-6d %-10s %14lld %10.2f %14lld %10.2f %9.2f %10.1f %9.3f\n", n, modes[i].first.c_str(),
+      std::printf("%-6d %-10s %14lld %10.2f %14lld %10.2f %9.2f %10.1f %9.3f %6.3f-%.3f\n", n, modes[i].first.c_str(),
                   static_cast<long long>(all[i].kept), all[i].kept / tbe, static_cast<long long>(block), block / tbe,
-                  static_cast<double>(block) / static_cast<double>(none_block), all[i].step_ms,
-                  all[i].step_ms / all[0].step_ms);
+                  static_cast<double>(block) / static_cast<double>(none_block), all[i].step_ms, all[i].ratio,
+                  all[i].ratio_q1, all[i].ratio_q3);
     }
   }
 }

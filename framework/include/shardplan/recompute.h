@@ -54,9 +54,15 @@ using RecomputeFn = std::function<std::vector<at::Tensor>(const std::vector<at::
 // are the parameters the region reads; their gradients come out of the
 // region's node. `what` names the region in errors. Without grad mode, or
 // while a region is being recomputed (nested regions run inside the outer
-// one), fn(inputs) runs directly.
+// one), fn(inputs) runs directly. With `keep_dropout_masks` the region
+// also keeps the masks shardplan::dropout draws in it, as bits
+// (DropoutMaskScope, shardplan/random.h), and backward takes them back
+// instead of drawing them again: selective regions do, where the masks are
+// 1/32 of the probabilities the region does not keep and drawing them again
+// on the CPU costs more than the rest of the rerun.
 std::vector<at::Tensor> recompute(const RecomputeFn& fn, const std::vector<at::Tensor>& inputs,
-                                  const std::vector<at::Tensor>& params, const std::string& what);
+                                  const std::vector<at::Tensor>& params, const std::string& what,
+                                  bool keep_dropout_masks = false);
 
 // True on a thread while backward computes a region's gradients (the inner
 // autograd pass). libtorch 2.x runs a leaf's gradient hooks there too (1.13
@@ -84,7 +90,8 @@ class Recomputable {
   at::Tensor recompute_full(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& fn,
                             const std::vector<at::Tensor>& inputs);
   // fn(inputs), recomputed without parameters when the mode is selective
-  // (attention's core reads none); run directly otherwise.
+  // (attention's core reads none), its dropout masks kept as bits; run
+  // directly otherwise.
   std::vector<at::Tensor> recompute_selective(const RecomputeFn& fn, const std::vector<at::Tensor>& inputs);
 
  private:

@@ -50,6 +50,8 @@ struct RegionState : torch::CustomClassHolder {
   at::Tensor torch_rng;                        // torch's CPU generator's, without a tracker
   std::string fork;                            // the RngFork the region ran in
   std::vector<std::pair<double, double>> sums;  // per output: sum, sum of squares
+  bool keep_masks = false;                      // dropout's masks kept (selective), not drawn again
+  DropoutMasks masks;
 };
 
 at::Tensor cpu_state() {
@@ -157,7 +159,12 @@ struct RecomputeFunction : torch::autograd::Function<RecomputeFunction> {
     }
     s.fork = current_rng_fork();
     const variable_list given(inputs.begin(), inputs.end());
-    std::vector<at::Tensor> out = s.fn(all_inputs(s, given));
+    std::vector<at::Tensor> out;
+    {
+      c10::optional<DropoutMaskScope> tape;
+      if (s.keep_masks) tape.emplace(s.masks, DropoutMaskScope::Mode::record);
+      out = s.fn(all_inputs(s, given));
+    }
     // The first output only: a region's others derive from what it does
     // (attention's weights from the same masks), and summing the
     // [heads, T, S] weights again would cost a pass over the largest
@@ -185,10 +192,15 @@ struct RecomputeFunction : torch::autograd::Function<RecomputeFunction> {
       ReplayStreams replay(s);
       Flag rerun(tl_rerunning);
       at::AutoGradMode grad(true);
+      c10::optional<DropoutMaskScope> tape;
+      if (s.keep_masks) tape.emplace(s.masks, DropoutMaskScope::Mode::replay);
+      s.masks.next = 0;
       out = s.fn(all_inputs(s, inputs));
     }
+    const bool all_masks = s.masks.next == s.masks.masks.size();
+    s.masks = DropoutMasks();  // the rerun's graph holds what it needs of them
     for (size_t i = 0; i < out.size() && i < s.sums.size(); ++i)
-      if (!same(s.sums[i], checksum(out[i]), out[i].defined() ? out[i].numel() : 0))
+      if (!all_masks || !same(s.sums[i], checksum(out[i]), out[i].defined() ? out[i].numel() : 0))
         throw Error("recompute: " + s.what +
                     " computed other outputs when recomputed in backward: its forward is not deterministic apart "
                     "from shardplan::dropout (it draws other random numbers, or reads state that changed), which "
@@ -234,7 +246,8 @@ const char* recompute_mode_name(RecomputeMode mode) {
 bool in_recompute_backward() { return tl_region_backward; }
 
 std::vector<at::Tensor> recompute(const RecomputeFn& fn, const std::vector<at::Tensor>& inputs,
-                                  const std::vector<at::Tensor>& params, const std::string& what) {
+                                  const std::vector<at::Tensor>& params, const std::string& what,
+                                  bool keep_dropout_masks) {
   if (!at::GradMode::is_enabled() || tl_rerunning) return fn(inputs);
   bool needs_grad = false;
   for (const auto* list : {&inputs, &params})
@@ -243,6 +256,7 @@ std::vector<at::Tensor> recompute(const RecomputeFn& fn, const std::vector<at::T
   auto state = c10::make_intrusive<RegionState>();
   state->fn = fn;
   state->what = what;
+  state->keep_masks = keep_dropout_masks;
   state->tracker = current_rng_tracker_ptr();
   std::vector<at::Tensor> given;
   for (const at::Tensor& t : inputs) {
@@ -283,7 +297,7 @@ at::Tensor Recomputable::recompute_full(const std::function<at::Tensor(const std
 
 std::vector<at::Tensor> Recomputable::recompute_selective(const RecomputeFn& fn, const std::vector<at::Tensor>& inputs) {
   if (recompute_mode_ != RecomputeMode::selective) return fn(inputs);
-  return recompute(fn, inputs, {}, what());
+  return recompute(fn, inputs, {}, what(), /*keep_dropout_masks=*/true);
 }
 
 }  // namespace shardplan
