@@ -102,8 +102,8 @@ at::Tensor replay_dropout_mask(DropoutMasks& masks, const at::Tensor& input, dou
                 " its forward drew: the region's forward is not deterministic apart from shardplan::dropout");
   const DropoutMasks::Mask& m = masks.masks[masks.next];
   if (input.sizes() != at::IntArrayRef(m.sizes) || input.scalar_type() != m.dtype || p != m.p)
-    throw Error("dropout: replaying a recomputed region asked for mask " + std::to_string(masks.next) + " as " +
-                asked + ", its forward drew " + describe(m.sizes, m.dtype, m.p) +
+    throw Error("dropout: replaying a recomputed region asked for mask " + std::to_string(masks.next) + " as " + asked +
+                ", its forward drew " + describe(m.sizes, m.dtype, m.p) +
                 ": the region's forward is not deterministic apart from shardplan::dropout");
   ++masks.next;
   at::Tensor noise = unpack_mask(m);

@@ -1,12 +1,15 @@
-// Dropout masks kept by a recomputed region (shardplan::DropoutMaskScope,
-// which selective recomputation uses instead of drawing the masks again in
-// backward): a replay gives the recorded run's masks bit for bit and leaves
-// the stream where the draw left it, with a tracker and with torch's default
-// generator, whatever the stream's state before it; recording draws what an
-// unrecorded dropout draws; a replay that asks for another mask is one line.
+// What selective recomputation does not redo in backward. Dropout masks
+// (shardplan::DropoutMaskScope): a replay gives the recorded run's masks bit
+// for bit and leaves the stream where the draw left it, with a tracker and
+// with torch's default generator, whatever the stream's state before it;
+// recording draws what an unrecorded dropout draws; a replay that asks for
+// another mask is one line. The product that ends the region
+// (recompute_final_bmm): skipped in the rerun only, the gradients unchanged,
+// the determinism check still catching a region that changed.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,7 +18,7 @@
 #include "shardplan/random.h"
 #include "shardplan/recompute.h"
 
-namespace test_recompute_masks {
+namespace test_recompute_selective {
 
 namespace {
 
@@ -153,9 +156,9 @@ TEST(RecomputeMasks, ARegionKeepingItsMasksReplaysThemInBackward) {
   const auto start = t->get_states();
   region({x2})[0].sum().backward();
   t->set_states(start);
-  shardplan::recompute(region, {x}, {}, "region", /*keep_dropout_masks=*/true)[0].sum().backward();
+  shardplan::recompute(region, {x}, {}, "region", /*selective=*/true)[0].sum().backward();
   EXPECT_TRUE(x.grad().equal(x2.grad()));
-  at::Tensor y = shardplan::recompute(region, {x}, {}, "region", /*keep_dropout_masks=*/true)[0];
+  at::Tensor y = shardplan::recompute(region, {x}, {}, "region", /*selective=*/true)[0];
   p = 0.6;
   std::string msg;
   try {
@@ -168,4 +171,85 @@ TEST(RecomputeMasks, ARegionKeepingItsMasksReplaysThemInBackward) {
       << msg;
 }
 
-}  // namespace test_recompute_masks
+namespace {
+
+struct ProductRun {
+  at::Tensor a_grad, b_grad;
+  std::vector<std::string> nodes;  // the product's grad_fn, per run of the region's body
+};
+
+// softmax(a) x b through recompute_final_bmm, in a region made by `wrap`.
+ProductRun product_run(
+    const std::function<at::Tensor(const shardplan::RecomputeFn&, const std::vector<at::Tensor>&)>& wrap) {
+  torch::manual_seed(4);
+  at::Tensor a = torch::rand({2, 3, 5}, at::kDouble).requires_grad_(),
+             b = torch::rand({2, 5, 4}, at::kDouble).requires_grad_();
+  const at::Tensor g = torch::rand({2, 3, 4}, at::kDouble);
+  ProductRun r;
+  const at::Tensor y = wrap(
+      [&](const std::vector<at::Tensor>& in) {
+        at::Tensor out = shardplan::recompute_final_bmm(in[0].softmax(-1), in[1]);
+        r.nodes.push_back(out.grad_fn() ? out.grad_fn()->name() : "-");
+        return std::vector<at::Tensor>{out};
+      },
+      {a, b});
+  EXPECT_TRUE(y.equal(at::bmm(a.detach().softmax(-1), b.detach())));
+  y.backward(g);
+  r.a_grad = a.grad();
+  r.b_grad = b.grad();
+  return r;
+}
+
+}  // namespace
+
+TEST(RecomputeSelective, TheRerunSkipsTheFinalProductOnly) {
+  const ProductRun plain =
+      product_run([](const shardplan::RecomputeFn& fn, const std::vector<at::Tensor>& in) { return fn(in)[0]; });
+  const ProductRun selective = product_run([](const shardplan::RecomputeFn& fn, const std::vector<at::Tensor>& in) {
+    return shardplan::recompute(fn, in, {}, "region", /*selective=*/true)[0];
+  });
+  const ProductRun full = product_run([](const shardplan::RecomputeFn& fn, const std::vector<at::Tensor>& in) {
+    return shardplan::recompute(fn, in, {}, "region")[0];
+  });
+  const ProductRun nested = product_run([](const shardplan::RecomputeFn& fn, const std::vector<at::Tensor>& in) {
+    return shardplan::recompute(
+        [fn](const std::vector<at::Tensor>& x) { return shardplan::recompute(fn, x, {}, "inner", true); }, in, {},
+        "outer")[0];
+  });
+  EXPECT_EQ(plain.nodes, std::vector<std::string>{"BmmBackward0"});
+  ASSERT_EQ(selective.nodes.size(), 2u);  // forward (no graph), rerun
+  EXPECT_EQ(selective.nodes[0], "-");
+  EXPECT_NE(selective.nodes[1].find("SkippedBmm"), std::string::npos) << selective.nodes[1];
+  EXPECT_EQ(full.nodes, (std::vector<std::string>{"-", "BmmBackward0"}));
+  EXPECT_EQ(nested.nodes, (std::vector<std::string>{"-", "BmmBackward0"}));
+  for (const ProductRun* r : {&selective, &full, &nested}) {
+    EXPECT_TRUE(r->a_grad.equal(plain.a_grad));
+    EXPECT_TRUE(r->b_grad.equal(plain.b_grad));
+  }
+}
+
+// With its outputs left uninitialised by the skipped product, a selective
+// rerun is checked on a sample of the product's left factor: a region whose
+// probabilities changed between forward and backward is still one line.
+TEST(RecomputeSelective, ARegionThatChangedIsStillOneLine) {
+  double scale = 1;
+  at::Tensor a = torch::rand({2, 3, 5}, at::kDouble).requires_grad_(), b = torch::rand({2, 5, 4}, at::kDouble);
+  const at::Tensor y = shardplan::recompute(
+      [&](const std::vector<at::Tensor>& in) {
+        return std::vector<at::Tensor>{shardplan::recompute_final_bmm((in[0] * scale).softmax(-1), in[1])};
+      },
+      {a, b}, {}, "module 'blocks.0.attn' (Attention)", /*selective=*/true)[0];
+  scale = 2;
+  std::string msg;
+  try {
+    y.sum().backward();
+  } catch (const std::exception& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(
+      msg.find("recompute: module 'blocks.0.attn' (Attention) computed other outputs when recomputed in backward"),
+      std::string::npos)
+      << msg;
+}
+
+}  // namespace test_recompute_selective
