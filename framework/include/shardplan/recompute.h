@@ -99,8 +99,8 @@ class Recomputable {
   at::Tensor recompute_full(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& fn,
                             const std::vector<at::Tensor>& inputs);
   // fn(inputs), recomputed without parameters when the mode is selective
-  // (attention's core reads none), its dropout masks kept as bits; run
-  // directly otherwise.
+  // (attention's core reads none), its dropout masks kept as bits and its
+  // recompute_final_bmm not computed again; run directly otherwise.
   std::vector<at::Tensor> recompute_selective(const RecomputeFn& fn, const std::vector<at::Tensor>& inputs);
 
  private:

@@ -218,7 +218,9 @@ struct RecomputeFunction : torch::autograd::Function<RecomputeFunction> {
     // (attention's weights from the same masks), and summing the
     // [heads, T, S] weights again would cost a pass over the largest
     // activation of the region, twice a step.
-    if (!out.empty()) s.sums.push_back(checksum(out[0]));
+    // A selective rerun that skips its final product is checked on that
+    // product's samples instead.
+    if (!out.empty() && s.final_sums.empty()) s.sums.push_back(checksum(out[0]));
     // Outputs nobody differentiates (attention's weights, dropped when not
     // asked for) stay without a gradient instead of a tensor of zeros.
     ctx->set_materialize_grads(false);
@@ -258,9 +260,9 @@ struct RecomputeFunction : torch::autograd::Function<RecomputeFunction> {
       alike = same(s.sums[i], checksum(out[i]), out[i].defined() ? out[i].numel() : 0);
     if (!alike)
       throw Error("recompute: " + s.what +
-                    " computed other outputs when recomputed in backward: its forward is not deterministic apart "
-                    "from shardplan::dropout (it draws other random numbers, or reads state that changed), which "
-                    "recomputation cannot replay; leave it out of the plan's recompute: list");
+                  " computed other outputs when recomputed in backward: its forward is not deterministic apart "
+                  "from shardplan::dropout (it draws other random numbers, or reads state that changed), which "
+                  "recomputation cannot replay; leave it out of the plan's recompute: list");
     variable_list outs, gouts, targets;
     for (size_t i = 0; i < out.size(); ++i)
       if (out[i].defined() && out[i].requires_grad() && grads[i].defined()) {
