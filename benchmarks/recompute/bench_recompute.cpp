@@ -6,7 +6,7 @@
 // core recomputed (selective):
 //
 //   bench_recompute [--model gpt|llama|both] [--batch 8] [--ranks 1,2,4] [--reps 5]
-//                   [--gpt K=V,...] [--llama K=V,...]
+//                   [--gpt K=V,...] [--llama K=V,...] [--profile N]
 //
 // "kept" is what is live after forward and the loss minus what was live
 // before (exact, through benchmarks/common/counting_allocator.h; the largest
@@ -18,8 +18,11 @@
 // the next); "vs none" is the median over repetitions of a mode's step over
 // none's in the same repetition, and "quartiles" the spread of that ratio:
 // on a shared machine the load moves both steps of one repetition alike, so
-// the ratio is steadier than either time.
+// the ratio is steadier than either time. --profile N then profiles N more
+// steps of each mode on rank 0 (libtorch's legacy autograd profiler) and
+// prints each op's self time per step, where a mode's extra time goes.
 #include <c10/core/CPUAllocator.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -27,6 +30,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <sstream>
@@ -54,6 +58,7 @@ struct Args {
   std::string llama = "context=256,embed=256,heads=8,kv_heads=4,layers=2,mlp=704";
   int64_t batch = 8;
   int reps = 5;
+  int profile = 0;  // profiled steps per mode after the timed ones
   std::vector<int> ranks = {1, 2, 4};
 };
 
@@ -77,6 +82,8 @@ Args parse(int argc, char** argv) {
       a.batch = shardplan::count_or_exit(argv[0], k, next(), 1, INT_MAX);
     } else if (k == "--reps") {
       a.reps = static_cast<int>(shardplan::count_or_exit(argv[0], k, next(), 1, 1000));
+    } else if (k == "--profile") {
+      a.profile = static_cast<int>(shardplan::count_or_exit(argv[0], k, next(), 0, 1000));
     } else if (k == "--ranks") {
       a.ranks.clear();
       std::stringstream s(next());
@@ -86,7 +93,7 @@ Args parse(int argc, char** argv) {
     } else {
       throw shardplan::Error("unknown argument '" + k +
                              "' (--model gpt|llama|both, --gpt K=V,..., --llama K=V,..., --batch N, --reps N, "
-                             "--ranks 1,2,4)");
+                             "--ranks 1,2,4, --profile N)");
     }
   }
   return a;
@@ -96,7 +103,28 @@ struct Result {
   int64_t kept = 0;  // the largest over ranks
   double step_ms = 0;
   double ratio = 0, ratio_q1 = 0, ratio_q3 = 0;  // per repetition, step / none's step
+  std::map<std::string, double> op_ms;            // --profile: self ms per step, per op
 };
+
+namespace prof = torch::autograd::profiler;
+
+// Adds each op's self time (its time minus its children's), ms / steps.
+void add_self_times(const prof::thread_event_lists& lists, int steps, std::map<std::string, double>& out) {
+  for (const auto& list : lists) {
+    std::vector<std::pair<const prof::LegacyEvent*, double>> open;  // with its children's time
+    for (const auto& e : list) {
+      if (e.kind() == prof::EventKind::PushRange) {
+        open.emplace_back(&e, 0.0);
+      } else if (e.kind() == prof::EventKind::PopRange && !open.empty()) {
+        const auto top = open.back();
+        open.pop_back();
+        const double ms = top.first->cpuElapsedUs(e) / 1000.0;
+        out[top.first->name()] += (ms - top.second) / steps;
+        if (!open.empty()) open.back().second += ms;
+      }
+    }
+  }
+}
 
 double quantile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
@@ -108,7 +136,7 @@ double quantile(std::vector<double> v, double q) {
 // one forward + backward of every plan in turn, so that the load of the
 // machine falls on every plan alike (the medians are compared).
 std::vector<Result> measure(const std::shared_ptr<torch::nn::Module>& ref, const std::vector<shardplan::Plan>& plans,
-                            int ranks, const ex::Batch& batch, int reps) {
+                            int ranks, const ex::Batch& batch, int reps, int profile) {
   std::vector<std::vector<std::shared_ptr<torch::nn::Module>>> replicas(plans.size());
   for (auto& per_plan : replicas)
     for (int r = 0; r < ranks; ++r) per_plan.push_back(ref->clone());
@@ -129,9 +157,11 @@ std::vector<Result> measure(const std::shared_ptr<torch::nn::Module>& ref, const
     // this thread is gone, and credit their charge then.
     std::vector<Charge*> charges;
     for (size_t i = 0; i < plans.size(); ++i) charges.push_back(new Charge);
-    for (int rep = -1; rep < reps; ++rep)
+    for (int rep = -1; rep < reps + profile; ++rep)
       for (size_t k = 0; k < plans.size(); ++k) {
         const size_t i = (k + static_cast<size_t>(std::max(rep, 0))) % plans.size();
+        const bool profiled = rep >= reps && w.rank() == 0;
+        if (profiled) prof::enableProfilerLegacy(torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::CPU));
         shardplan::RngTrackerScope scope(trackers[i]);
         tl_charge = charges[i];
         const auto t0 = std::chrono::steady_clock::now();
@@ -141,7 +171,8 @@ std::vector<Result> measure(const std::shared_ptr<torch::nn::Module>& ref, const
         loss.backward();
         loss.reset();
         tl_charge = nullptr;
-        if (rep >= 0)
+        if (profiled) add_self_times(prof::disableProfilerLegacy(), profile, res[i].op_ms);
+        if (rep >= 0 && rep < reps)
           ms[i].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
       }
     std::lock_guard<std::mutex> lock(mu);
@@ -171,6 +202,27 @@ std::shared_ptr<torch::nn::Module> build(const std::string& name, ex::Overrides 
   return ex::make_model(name, config).module;
 }
 
+// Ops by the time they take in none and selective together; those under
+// 0.5 ms per step in every mode left out.
+void print_profile(int ranks, const std::vector<std::pair<std::string, std::string>>& modes,
+                   const std::vector<Result>& res) {
+  std::map<std::string, double> total;
+  for (const Result& r : res)
+    for (const auto& kv : r.op_ms) total[kv.first] = std::max(total[kv.first], kv.second);
+  std::vector<std::pair<double, std::string>> order;
+  for (const auto& kv : total)
+    if (kv.second >= 0.5) order.emplace_back(-(res[0].op_ms.count(kv.first) ? res[0].op_ms.at(kv.first) : 0) - kv.second, kv.first);
+  std::sort(order.begin(), order.end());
+  std::printf("  %d ranks, rank 0, self ms per step:", ranks);
+  for (const auto& m : modes) std::printf(" %10s", m.first.c_str());
+  std::printf("  op\n");
+  for (const auto& o : order) {
+    std::printf("  %31s", "");
+    for (const Result& r : res) std::printf(" %10.1f", r.op_ms.count(o.second) ? r.op_ms.at(o.second) : 0.0);
+    std::printf("  %s\n", o.second.c_str());
+  }
+}
+
 void bench(const std::string& name, const std::string& config_text, const Args& a) {
   const ex::Overrides config = ex::parse_overrides(config_text);
   const int64_t layers = config.count("layers") ? std::stoll(config.at("layers")) : 2;
@@ -197,8 +249,8 @@ void bench(const std::string& name, const std::string& config_text, const Args& 
     plans.push_back(shardplan::parse_plan(text, plan_path));
   }
   for (int n : a.ranks) {
-    const std::vector<Result> all = measure(full_model, plans, n, batch, a.reps);
-    const std::vector<Result> less = measure(smaller, plans, n, batch, 0);
+    const std::vector<Result> all = measure(full_model, plans, n, batch, a.reps, a.profile);
+    const std::vector<Result> less = measure(smaller, plans, n, batch, 0, 0);
     for (size_t i = 0; i < modes.size(); ++i) {
       const int64_t block = all[i].kept - less[i].kept, none_block = all[0].kept - less[0].kept;
       std::printf("%-6d %-10s %14lld %10.2f %14lld %10.2f %9.2f %10.1f %9.3f %6.3f-%.3f\n", n, modes[i].first.c_str(),
@@ -206,6 +258,7 @@ void bench(const std::string& name, const std::string& config_text, const Args& 
                   static_cast<double>(block) / static_cast<double>(none_block), all[i].step_ms, all[i].ratio,
                   all[i].ratio_q1, all[i].ratio_q3);
     }
+    if (a.profile > 0) print_profile(n, modes, all);
   }
 }
 
