@@ -67,7 +67,12 @@ at::Tensor attention_core(at::Tensor q, at::Tensor k, at::Tensor v, int64_t grou
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(d));  // [B, H, T, S]
   if (t > 1)
     scores = scores + at::full({t, s}, -std::numeric_limits<double>::infinity(), scores.options()).triu(s - t + 1);
-  return at::matmul(softmax_last(scores), v);
+  // at::matmul's bmm, through recompute_final_bmm: a selective rerun skips
+  // the product, whose result backward does not need.
+  const at::Tensor probs = softmax_last(scores);
+  const int64_t bh = probs.size(0) * probs.size(1);
+  return shardplan::recompute_final_bmm(probs.reshape({bh, t, s}), v.reshape({bh, s, d}))
+      .view({probs.size(0), probs.size(1), t, d});
 }
 
 }  // namespace

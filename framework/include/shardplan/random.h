@@ -158,4 +158,40 @@ std::string current_rng_fork();
 // tensor the mask is drawn on the CPU and moved to the tensor's device.
 at::Tensor dropout(const at::Tensor& input, double p, bool training, bool inplace = false);
 
+// The dropout masks of one run of a recomputed region (shardplan/recompute.h),
+// kept as bits so that backward's rerun takes them back instead of drawing
+// them again: on the CPU a draw is a serial Mersenne twister, slower than
+// all the rest of attention's core (docs/BENCHMARKS.md, activation
+// recomputation). One bit per element is 1/32 of a float32 mask.
+struct DropoutMasks {
+  struct Mask {
+    at::Tensor bits;  // uint8, bit i of byte i / 8: element i kept
+    std::vector<int64_t> sizes;
+    at::ScalarType dtype;
+    double p;
+    at::Tensor stream_after;  // the state of the stream it was drawn from, after the draw
+  };
+  std::vector<Mask> masks;
+  size_t next = 0;  // the next one to replay
+};
+
+// Within its scope, dropout on this thread (with a tracker, or without one on
+// a CPU tensor) appends each mask it draws to `masks` (record), or takes the
+// next one instead of drawing and leaves the stream as the draw left it
+// (replay), so the masks and every later draw are bit-identical to the
+// recorded run's. A replay that asks for another shape or probability than
+// was recorded, or for more masks, is an Error. Nests (innermost wins).
+class DropoutMaskScope {
+ public:
+  enum class Mode { record, replay };
+  DropoutMaskScope(DropoutMasks& masks, Mode mode);
+  ~DropoutMaskScope();
+  DropoutMaskScope(const DropoutMaskScope&) = delete;
+  DropoutMaskScope& operator=(const DropoutMaskScope&) = delete;
+
+ private:
+  DropoutMasks* previous_;
+  Mode previous_mode_;
+};
+
 }  // namespace shardplan

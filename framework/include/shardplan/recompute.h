@@ -54,9 +54,24 @@ using RecomputeFn = std::function<std::vector<at::Tensor>(const std::vector<at::
 // are the parameters the region reads; their gradients come out of the
 // region's node. `what` names the region in errors. Without grad mode, or
 // while a region is being recomputed (nested regions run inside the outer
-// one), fn(inputs) runs directly.
+// one), fn(inputs) runs directly. A `selective` region (attention's core)
+// also keeps the masks shardplan::dropout draws in it, as bits
+// (DropoutMaskScope, shardplan/random.h), and backward takes them back
+// instead of drawing them again: they are 1/32 of the probabilities the
+// region does not keep, and drawing them again on the CPU costs more than
+// the rest of the rerun. Its rerun also skips recompute_final_bmm's product.
 std::vector<at::Tensor> recompute(const RecomputeFn& fn, const std::vector<at::Tensor>& inputs,
-                                  const std::vector<at::Tensor>& params, const std::string& what);
+                                  const std::vector<at::Tensor>& params, const std::string& what,
+                                  bool selective = false);
+
+// a.bmm(b) ([n, i, k] x [n, k, j]) for the product that ends a selective
+// region (attention's probabilities times values). Its backward needs a and
+// b only, so when backward reruns the region the product is not computed
+// (its result is left uninitialised: the rerun's outputs are then only the
+// graph the gradients flow through), and the region's determinism check
+// compares a sample of `a` with its forward's instead of the outputs.
+// Anywhere else (no selective region, or a region nested in one) a.bmm(b).
+at::Tensor recompute_final_bmm(const at::Tensor& a, const at::Tensor& b);
 
 // True on a thread while backward computes a region's gradients (the inner
 // autograd pass). libtorch 2.x runs a leaf's gradient hooks there too (1.13
@@ -84,7 +99,8 @@ class Recomputable {
   at::Tensor recompute_full(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& fn,
                             const std::vector<at::Tensor>& inputs);
   // fn(inputs), recomputed without parameters when the mode is selective
-  // (attention's core reads none); run directly otherwise.
+  // (attention's core reads none), its dropout masks kept as bits and its
+  // recompute_final_bmm not computed again; run directly otherwise.
   std::vector<at::Tensor> recompute_selective(const RecomputeFn& fn, const std::vector<at::Tensor>& inputs);
 
  private:

@@ -242,7 +242,8 @@ std::vector<at::Tensor> MultiheadAttentionImpl::core(const at::Tensor& q, const 
   // mask comes from the rank's stream (replicated, or sharded inside the
   // strategy's RngFork).
   attn_output_weights = shardplan::dropout(attn_output_weights, options.dropout(), is_training());
-  auto attn_output = torch::bmm(attn_output_weights, v);
+  // Its result is what backward does not need: a selective rerun skips it.
+  auto attn_output = shardplan::recompute_final_bmm(attn_output_weights, v);
   attn_output = attn_output.transpose(0, 1).contiguous().view({tgt_len, bsz, embed_dim});
   return {attn_output, attn_output_weights};
 }

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <utility>
 
+#include "dropout_masks.h"
 #include "shardplan/error.h"
 #include "shardplan/world.h"
 
@@ -146,11 +147,15 @@ std::string current_rng_fork() { return tl_forks.empty() ? std::string() : tl_fo
 
 // Follows ATen's _dropout_impl (same checks, same early returns returning the
 // input itself, same bernoulli_ / div_ / mul sequence), with the generator
-// made explicit.
+// made explicit. Without a tracker that is torch's default generator, as
+// at::dropout's on a CPU tensor.
 at::Tensor dropout(const at::Tensor& input, double p, bool training, bool inplace) {
   TORCH_CHECK(p >= 0. && p <= 1., "dropout probability has to be between 0 and 1, but got ", p);
   RngTracker* t = current_rng_tracker();
-  if (!t) {
+  DropoutMaskScope::Mode mode;
+  DropoutMasks* masks = detail::active_dropout_masks(&mode);
+  if (!input.is_floating_point() || (!t && !input.device().is_cpu())) masks = nullptr;
+  if (!t && !masks) {
     if (inplace) {
       at::Tensor x = input;
       return at::dropout_(x, p, training);
@@ -165,8 +170,15 @@ at::Tensor dropout(const at::Tensor& input, double p, bool training, bool inplac
     }
     return input.mul(at::zeros({}, input.options()));
   }
-  at::Tensor noise = at::empty(input.sizes(), input.options().device(at::kCPU).requires_grad(false));
-  noise.bernoulli_(1 - p, t->current());
+  at::Generator gen = t ? t->current() : at::detail::getDefaultCPUGenerator();
+  at::Tensor noise;
+  if (masks && mode == DropoutMaskScope::Mode::replay) {
+    noise = detail::replay_dropout_mask(*masks, input, p, gen);
+  } else {
+    noise = at::empty(input.sizes(), input.options().device(at::kCPU).requires_grad(false));
+    noise.bernoulli_(1 - p, gen);
+    if (masks) detail::record_dropout_mask(*masks, noise, p, gen);
+  }
   noise.div_(1 - p);
   if (!input.device().is_cpu()) noise = noise.to(input.device());
   if (inplace) {

@@ -37,6 +37,12 @@ struct Flag {
   ~Flag() { flag = before; }
 };
 
+// Sum and sum of squares of `n` elements.
+struct Sample {
+  std::pair<double, double> sums;
+  int64_t n;
+};
+
 // What backward needs besides the saved inputs.
 struct RegionState : torch::CustomClassHolder {
   RecomputeFn fn;
@@ -50,6 +56,41 @@ struct RegionState : torch::CustomClassHolder {
   at::Tensor torch_rng;                        // torch's CPU generator's, without a tracker
   std::string fork;                            // the RngFork the region ran in
   std::vector<std::pair<double, double>> sums;  // per output: sum, sum of squares
+  bool selective = false;  // dropout's masks kept, not drawn again; the final product skipped in the rerun
+  DropoutMasks masks;
+  std::vector<Sample> final_sums;  // per recompute_final_bmm: its `a`'s sample
+};
+
+// The selective region whose fn runs on this thread (its forward or its
+// rerun), for recompute_final_bmm; null around anything run directly.
+struct FinalProducts {
+  bool rerun;
+  std::vector<Sample>* sums;
+  size_t skipped = 0;
+};
+thread_local FinalProducts* tl_final = nullptr;
+
+struct FinalScope {
+  FinalProducts* before;
+  explicit FinalScope(FinalProducts* p) : before(tl_final) { tl_final = p; }
+  ~FinalScope() { tl_final = before; }
+};
+
+// The product the rerun does not compute, with bmm's backward (the formula
+// of autograd's BmmBackward0).
+struct SkippedBmm : torch::autograd::Function<SkippedBmm> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b) {
+    ctx->save_for_backward({a, b});
+    return at::empty({a.size(0), a.size(1), b.size(2)}, a.options());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& g = grads[0];
+    at::Tensor ga, gb;
+    if (g.defined() && ctx->needs_input_grad(0)) ga = g.bmm(saved[1].transpose(1, 2).conj());
+    if (g.defined() && ctx->needs_input_grad(1)) gb = saved[0].transpose(1, 2).conj().bmm(g);
+    return {ga, gb};
+  }
 };
 
 at::Tensor cpu_state() {
@@ -102,6 +143,14 @@ std::pair<double, double> checksum(const at::Tensor& t) {
   const at::Tensor d = t.detach();
   const double norm = d.norm().item<double>();
   return {d.sum(at::kDouble).item<double>(), norm * norm};
+}
+
+// Every 61st element: a prime stride crosses every row and column of
+// attention's probabilities, so another dropout mask or other scores show,
+// for 1/61 of the passes over the largest tensor of the region.
+Sample sample_checksum(const at::Tensor& t) {
+  const at::Tensor sample = t.detach().reshape(-1).slice(0, 0, t.numel(), 61);
+  return {checksum(sample), sample.numel()};
 }
 
 // Bit-equal on the CPU; the slack is for kernels that reduce in another
@@ -157,12 +206,21 @@ struct RecomputeFunction : torch::autograd::Function<RecomputeFunction> {
     }
     s.fork = current_rng_fork();
     const variable_list given(inputs.begin(), inputs.end());
-    std::vector<at::Tensor> out = s.fn(all_inputs(s, given));
+    std::vector<at::Tensor> out;
+    {
+      c10::optional<DropoutMaskScope> tape;
+      if (s.selective) tape.emplace(s.masks, DropoutMaskScope::Mode::record);
+      FinalProducts final{false, &s.final_sums};
+      FinalScope scope(s.selective ? &final : nullptr);
+      out = s.fn(all_inputs(s, given));
+    }
     // The first output only: a region's others derive from what it does
     // (attention's weights from the same masks), and summing the
     // [heads, T, S] weights again would cost a pass over the largest
     // activation of the region, twice a step.
-    if (!out.empty()) s.sums.push_back(checksum(out[0]));
+    // A selective rerun that skips its final product is checked on that
+    // product's samples instead.
+    if (!out.empty() && s.final_sums.empty()) s.sums.push_back(checksum(out[0]));
     // Outputs nobody differentiates (attention's weights, dropped when not
     // asked for) stay without a gradient instead of a tensor of zeros.
     ctx->set_materialize_grads(false);
@@ -181,18 +239,30 @@ struct RecomputeFunction : torch::autograd::Function<RecomputeFunction> {
       inputs.push_back(d);
     }
     std::vector<at::Tensor> out;
+    std::vector<Sample> final_sums;
+    FinalProducts final{true, &final_sums};
     {
       ReplayStreams replay(s);
       Flag rerun(tl_rerunning);
       at::AutoGradMode grad(true);
+      c10::optional<DropoutMaskScope> tape;
+      if (s.selective) tape.emplace(s.masks, DropoutMaskScope::Mode::replay);
+      s.masks.next = 0;
+      FinalScope scope(s.selective ? &final : nullptr);
       out = s.fn(all_inputs(s, inputs));
     }
-    for (size_t i = 0; i < out.size() && i < s.sums.size(); ++i)
-      if (!same(s.sums[i], checksum(out[i]), out[i].defined() ? out[i].numel() : 0))
-        throw Error("recompute: " + s.what +
-                    " computed other outputs when recomputed in backward: its forward is not deterministic apart "
-                    "from shardplan::dropout (it draws other random numbers, or reads state that changed), which "
-                    "recomputation cannot replay; leave it out of the plan's recompute: list");
+    bool alike = s.masks.next == s.masks.masks.size() && final_sums.size() == s.final_sums.size();
+    s.masks = DropoutMasks();  // the rerun's graph holds what it needs of them
+    for (size_t i = 0; alike && i < final_sums.size(); ++i)
+      alike = same(s.final_sums[i].sums, final_sums[i].sums, final_sums[i].n);
+    // Outputs a skipped product left uninitialised say nothing.
+    for (size_t i = 0; alike && final.skipped == 0 && i < out.size() && i < s.sums.size(); ++i)
+      alike = same(s.sums[i], checksum(out[i]), out[i].defined() ? out[i].numel() : 0);
+    if (!alike)
+      throw Error("recompute: " + s.what +
+                  " computed other outputs when recomputed in backward: its forward is not deterministic apart "
+                  "from shardplan::dropout (it draws other random numbers, or reads state that changed), which "
+                  "recomputation cannot replay; leave it out of the plan's recompute: list");
     variable_list outs, gouts, targets;
     for (size_t i = 0; i < out.size(); ++i)
       if (out[i].defined() && out[i].requires_grad() && grads[i].defined()) {
@@ -234,7 +304,9 @@ const char* recompute_mode_name(RecomputeMode mode) {
 bool in_recompute_backward() { return tl_region_backward; }
 
 std::vector<at::Tensor> recompute(const RecomputeFn& fn, const std::vector<at::Tensor>& inputs,
-                                  const std::vector<at::Tensor>& params, const std::string& what) {
+                                  const std::vector<at::Tensor>& params, const std::string& what,
+                                  bool selective) {
+  FinalScope direct(nullptr);  // a region run directly skips no product
   if (!at::GradMode::is_enabled() || tl_rerunning) return fn(inputs);
   bool needs_grad = false;
   for (const auto* list : {&inputs, &params})
@@ -243,6 +315,7 @@ std::vector<at::Tensor> recompute(const RecomputeFn& fn, const std::vector<at::T
   auto state = c10::make_intrusive<RegionState>();
   state->fn = fn;
   state->what = what;
+  state->selective = selective;
   state->tracker = current_rng_tracker_ptr();
   std::vector<at::Tensor> given;
   for (const at::Tensor& t : inputs) {
@@ -268,7 +341,10 @@ std::string Recomputable::what() const {
 
 at::Tensor Recomputable::recompute_full(const std::function<at::Tensor(const std::vector<at::Tensor>&)>& fn,
                                         const std::vector<at::Tensor>& inputs) {
-  if (recompute_mode_ != RecomputeMode::full || !at::GradMode::is_enabled() || tl_rerunning) return fn(inputs);
+  if (recompute_mode_ != RecomputeMode::full || !at::GradMode::is_enabled() || tl_rerunning) {
+    FinalScope direct(nullptr);
+    return fn(inputs);
+  }
   auto* m = dynamic_cast<torch::nn::Module*>(this);
   std::vector<at::Tensor> params;
   if (m) {
@@ -282,8 +358,20 @@ at::Tensor Recomputable::recompute_full(const std::function<at::Tensor(const std
 }
 
 std::vector<at::Tensor> Recomputable::recompute_selective(const RecomputeFn& fn, const std::vector<at::Tensor>& inputs) {
-  if (recompute_mode_ != RecomputeMode::selective) return fn(inputs);
-  return recompute(fn, inputs, {}, what());
+  if (recompute_mode_ != RecomputeMode::selective) {
+    FinalScope direct(nullptr);
+    return fn(inputs);
+  }
+  return recompute(fn, inputs, {}, what(), /*selective=*/true);
+}
+
+at::Tensor recompute_final_bmm(const at::Tensor& a, const at::Tensor& b) {
+  FinalProducts* f = tl_final;
+  if (!f) return at::bmm(a, b);
+  f->sums->push_back(sample_checksum(a));
+  if (!f->rerun) return at::bmm(a, b);
+  ++f->skipped;
+  return SkippedBmm::apply(a, b);
 }
 
 }  // namespace shardplan
