@@ -83,16 +83,41 @@ void GPTImpl::reset() {
 }
 
 at::Tensor GPTImpl::forward(const at::Tensor& tokens) {
+  at::Tensor x = embed(tokens);
+  const at::Tensor mask = causal_mask(x);
+  for (const auto& block : *blocks) x = block->as<GPTBlockImpl>()->forward(x, mask);
+  return head->forward(ln_f->forward(x));
+}
+
+at::Tensor GPTImpl::embed(const at::Tensor& tokens) {
   if (tokens.dim() != 2)
     throw Error("gpt: tokens must be [batch, time], got " + std::to_string(tokens.dim()) + " dims");
   const int64_t t = tokens.size(1);
   if (t > config.context)
     throw Error("gpt: " + std::to_string(t) + " tokens exceed the context of " + std::to_string(config.context));
   // Seq-first, as MultiheadAttention takes it.
-  at::Tensor x = tok_emb->forward(tokens.t()) + pos_emb->forward(at::arange(t, tokens.options())).unsqueeze(1);
-  const at::Tensor mask = at::full({t, t}, -std::numeric_limits<double>::infinity(), x.options()).triu(1);
-  for (const auto& block : *blocks) x = block->as<GPTBlockImpl>()->forward(x, mask);
-  return head->forward(ln_f->forward(x));
+  return tok_emb->forward(tokens.t()) + pos_emb->forward(at::arange(t, tokens.options())).unsqueeze(1);
+}
+
+at::Tensor GPTImpl::causal_mask(const at::Tensor& x) {
+  const int64_t t = x.size(0);
+  return at::full({t, t}, -std::numeric_limits<double>::infinity(), x.options()).triu(1);
+}
+
+std::vector<std::vector<std::string>> GPTImpl::pieces() const {
+  std::vector<std::vector<std::string>> out{{"tok_emb", "pos_emb"}};
+  for (size_t i = 0; i < blocks->size(); ++i) out.push_back({"blocks." + std::to_string(i)});
+  out.push_back({"ln_f", "head"});
+  return out;
+}
+
+// The same operations as forward(), piece by piece: a pipelined GPT equals
+// the whole one to the last bit.
+at::Tensor GPTImpl::forward_piece(size_t index, const at::Tensor& input) {
+  if (index == 0) return embed(input);
+  if (index <= blocks->size()) return blocks->ptr<GPTBlockImpl>(index - 1)->forward(input, causal_mask(input));
+  if (index == blocks->size() + 1) return head->forward(ln_f->forward(input));
+  throw Error("gpt: piece " + std::to_string(index) + " of " + std::to_string(blocks->size() + 2));
 }
 
 std::vector<shardplan::nn::KVCache> GPTImpl::make_caches() const {

@@ -1,0 +1,231 @@
+// The Pipeline runtime against one process on the global batch (float64,
+// 1e-10): the example GPT and a Sequential MLP at {pipe: 2} and {pipe: 4},
+// GPipe and 1F1B (the GPT interleaved too), auto and explicit stages: the
+// loss on every rank, every parameter's gradient (each on exactly the rank
+// of its stage) and the parameters after 3 Adam steps. And what a step refuses.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "models/gpt.h"
+#include "shardplan/error.h"
+#include "shardplan/pipeline.h"
+#include "shardplan/plan.h"
+#include "shardplan/world.h"
+
+namespace test_pipeline_run {
+
+namespace {
+
+using namespace shardplan;
+namespace ex = shardplan::examples;
+
+constexpr int kSteps = 3;
+constexpr double kTol = 1e-10;
+
+// A model under test: how to copy it for a rank, its pieces, its loss.
+struct Subject {
+  std::function<std::shared_ptr<torch::nn::Module>()> clone;
+  std::function<PipelineModel&(torch::nn::Module&)> pieces;
+  std::function<at::Tensor(torch::nn::Module&, const at::Tensor&)> forward;
+  Pipeline::LossFn loss;
+  std::vector<std::pair<at::Tensor, at::Tensor>> batches;
+};
+
+struct Result {
+  std::vector<double> losses;
+  std::map<std::string, at::Tensor> grads;   // after the first step's backward
+  std::map<std::string, at::Tensor> params;  // after every step
+};
+
+at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& target) {
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.t().reshape(-1));
+}
+
+Subject gpt_subject() {
+  ex::GPTConfig c;
+  c.vocab = 32, c.context = 6, c.embed = 16, c.heads = 2, c.layers = 4, c.mlp = 24;
+  torch::manual_seed(5);
+  auto model = ex::GPT(c);
+  model->to(torch::kDouble);
+  Subject s;
+  s.clone = [model] { return model->clone(); };
+  s.pieces = [](torch::nn::Module& m) -> PipelineModel& { return dynamic_cast<ex::GPTImpl&>(m); };
+  s.forward = [](torch::nn::Module& m, const at::Tensor& x) { return dynamic_cast<ex::GPTImpl&>(m).forward(x); };
+  s.loss = gpt_loss;
+  torch::manual_seed(7);
+  for (int i = 0; i < kSteps; ++i)
+    s.batches.emplace_back(torch::randint(32, {8, 6}, torch::kLong), torch::randint(32, {8, 6}, torch::kLong));
+  return s;
+}
+
+Subject mlp_subject() {
+  torch::manual_seed(5);
+  torch::nn::Sequential seq(torch::nn::Linear(6, 12), torch::nn::Tanh(), torch::nn::Linear(12, 12), torch::nn::Tanh(),
+                            torch::nn::Linear(12, 12), torch::nn::Tanh(), torch::nn::Linear(12, 3));
+  seq->to(torch::kDouble);
+  Subject s;
+  s.clone = [seq] { return seq->clone(); };
+  // The adapter lives with the rank's copy (see run_pipeline).
+  s.forward = [](torch::nn::Module& m, const at::Tensor& x) {
+    return dynamic_cast<torch::nn::SequentialImpl&>(m).forward(x);
+  };
+  s.loss = [](const at::Tensor& out, const at::Tensor& y) { return torch::mse_loss(out, y); };
+  torch::manual_seed(7);
+  for (int i = 0; i < kSteps; ++i)
+    s.batches.emplace_back(torch::randn({12, 6}, torch::kDouble), torch::randn({12, 3}, torch::kDouble));
+  return s;
+}
+
+void record(std::map<std::string, at::Tensor>& into, const std::vector<std::pair<std::string, at::Tensor>>& named,
+            bool grads) {
+  for (const auto& [name, t] : named) into[name] = (grads ? t.grad() : t).detach().clone();
+}
+
+Result reference(const Subject& s) {
+  auto model = s.clone();
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+  Result r;
+  for (int i = 0; i < kSteps; ++i) {
+    opt.zero_grad();
+    const at::Tensor l = s.loss(s.forward(*model, s.batches[i].first), s.batches[i].second);
+    l.backward();
+    r.losses.push_back(l.item<double>());
+    if (i == 0)
+      for (const auto& p : model->named_parameters()) r.grads[p.key()] = p.value().grad().detach().clone();
+    opt.step();
+  }
+  for (const auto& p : model->named_parameters()) r.params[p.key()] = p.value().detach().clone();
+  return r;
+}
+
+// Each rank's losses, and the union of their gradients and parameters
+// (every name from exactly one rank).
+Result run_pipeline(const Subject& s, const std::string& plan_text, int world_size) {
+  const Plan plan = parse_plan(plan_text, "p.yaml");
+  std::vector<std::shared_ptr<torch::nn::Module>> models;
+  for (int r = 0; r < world_size; ++r) models.push_back(s.clone());
+  std::mutex mu;
+  Result all;
+  std::vector<std::vector<double>> losses(world_size);
+  run_ranks_in_threads(world_size, [&](World& world) {
+    torch::nn::Module& model = *models[world.rank()];
+    std::unique_ptr<SequentialPipeline> seq;
+    if (!s.pieces)
+      seq = std::make_unique<SequentialPipeline>(
+          torch::nn::Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(models[world.rank()])));
+    PipelineModel& pieces = s.pieces ? s.pieces(model) : *seq;
+    Pipeline pipe(model, pieces, plan, world);
+    torch::optim::Adam opt(pipe.parameters(), torch::optim::AdamOptions(1e-2));
+    Result mine;
+    for (int i = 0; i < kSteps; ++i) {
+      opt.zero_grad();
+      losses[world.rank()].push_back(pipe.step(s.batches[i].first, s.batches[i].second, s.loss));
+      if (i == 0) record(mine.grads, pipe.named_parameters(), true);
+      opt.step();
+    }
+    record(mine.params, pipe.named_parameters(), false);
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto* m : {&mine.grads, &mine.params})
+      for (auto& [name, t] : *m) {
+        auto& into = m == &mine.grads ? all.grads : all.params;
+        EXPECT_TRUE(into.emplace(name, t).second) << name << " on two ranks";
+      }
+  });
+  for (int r = 0; r < world_size; ++r) {
+    EXPECT_EQ(losses[r].size(), static_cast<size_t>(kSteps));
+    for (size_t i = 0; i < losses[r].size(); ++i) {
+      if (r == 0) all.losses.push_back(losses[r][i]);
+      EXPECT_EQ(losses[r][i], losses[0][i]) << "rank " << r << " step " << i;
+    }
+  }
+  return all;
+}
+
+void expect_same(const Result& ref, const Result& got) {
+  ASSERT_EQ(got.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < ref.losses.size(); ++i) EXPECT_NEAR(got.losses[i], ref.losses[i], kTol) << "step " << i;
+  for (const bool grads : {true, false}) {
+    SCOPED_TRACE(grads ? "gradients after step 1" : "parameters after the last step");
+    const auto& want = grads ? ref.grads : ref.params;
+    const auto& have = grads ? got.grads : got.params;
+    EXPECT_EQ(have.size(), want.size());
+    for (const auto& [name, t] : want) {
+      const auto it = have.find(name);
+      ASSERT_NE(it, have.end()) << name << " on no rank";
+      EXPECT_LT((it->second - t).abs().max().item<double>(), kTol) << name;
+    }
+  }
+}
+
+std::string plan_of(int pipe, const std::string& schedule, int micro, const std::string& stages = "auto") {
+  return "version: 1\nmesh: {pipe: " + std::to_string(pipe) + "}\npipeline: {schedule: " + schedule +
+         ", micro_batches: " + std::to_string(micro) + ", stages: " + stages + "}\nrules: []\n";
+}
+
+}  // namespace
+
+TEST(PipelineRun, GptMatchesOneProcessAtPipe2And4) {
+  const Subject s = gpt_subject();
+  const Result ref = reference(s);
+  for (const char* schedule : {"gpipe", "1f1b"})
+    for (int pipe : {2, 4}) {
+      SCOPED_TRACE(std::string(schedule) + " pipe " + std::to_string(pipe));
+      expect_same(ref, run_pipeline(s, plan_of(pipe, schedule, 4), pipe));
+    }
+}
+
+TEST(PipelineRun, GptWithExplicitStagesAndOneMicroBatchPerSample) {
+  const Subject s = gpt_subject();
+  const Result ref = reference(s);
+  expect_same(ref, run_pipeline(s, plan_of(2, "1f1b", 8, "[['tok_emb|pos_emb'], ['blocks\\.\\d', 'ln_f|head']]"), 2));
+  expect_same(ref, run_pipeline(s, plan_of(2, "gpipe", 1), 2));
+}
+
+// Two model chunks per rank: rank 0 runs model stages 0 and 2, rank 1 stages
+// 1 and 3, and rank 1's chunk 0 sends to rank 0's chunk 1.
+TEST(PipelineRun, GptInterleavedMatchesOneProcess) {
+  const Subject s = gpt_subject();
+  expect_same(reference(s), run_pipeline(s,
+                                         "version: 1\nmesh: {pipe: 2}\npipeline: {schedule: interleaved, "
+                                         "micro_batches: 4, virtual_stages: 2}\nrules: []\n",
+                                         2));
+}
+
+TEST(PipelineRun, SequentialMlpMatchesOneProcess) {
+  const Subject s = mlp_subject();
+  const Result ref = reference(s);
+  for (const char* schedule : {"gpipe", "1f1b"})
+    for (int pipe : {2, 4}) {
+      SCOPED_TRACE(std::string(schedule) + " pipe " + std::to_string(pipe));
+      expect_same(ref, run_pipeline(s, plan_of(pipe, schedule, pipe == 4 ? 4 : 3), pipe));
+    }
+}
+
+TEST(PipelineRun, RefusesWhatItCannotRun) {
+  const Subject s = gpt_subject();
+  auto model = s.clone();
+  auto& gpt = dynamic_cast<ex::GPTImpl&>(*model);
+  EXPECT_THROW(
+      run_ranks_in_threads(2,
+                           [&](World& world) {
+                             auto mine = s.clone();
+                             Pipeline pipe(*mine, dynamic_cast<ex::GPTImpl&>(*mine), parse_plan(plan_of(2, "1f1b", 3), "p.yaml"),
+                                           world);
+                             pipe.step(s.batches[0].first, s.batches[0].second, s.loss);  // 8 rows into 3
+                           }),
+      Error);
+  // A plan without the key.
+  EXPECT_THROW(run_ranks_in_threads(1,
+                                    [&](World& world) {
+                                      Pipeline(*model, gpt, parse_plan("version: 1\nmesh: {model: 1}\nrules: []\n", "p.yaml"),
+                                               world);
+                                    }),
+               Error);
+}
+
+}  // namespace test_pipeline_run
