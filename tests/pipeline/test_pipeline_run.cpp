@@ -1,8 +1,10 @@
 // The Pipeline runtime against one process on the global batch (float64,
 // 1e-10): the example GPT and a Sequential MLP at {pipe: 2} and {pipe: 4},
-// GPipe and 1F1B (the GPT interleaved too), auto and explicit stages: the
-// loss on every rank, every parameter's gradient (each on exactly the rank
-// of its stage) and the parameters after 3 Adam steps. And what a step refuses.
+// GPipe and 1F1B, auto and explicit stages; the GPT interleaved too, and at
+// {pipe: 2, model: 2} with plans/gpt.yaml's tensor parallelism in each
+// stage: the loss on every rank, every parameter's gradient (each on exactly
+// its stage's ranks) and the parameters after 3 Adam steps. And what a step
+// refuses.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -11,8 +13,13 @@
 #include <string>
 #include <vector>
 
+#include <fstream>
+#include <sstream>
+
 #include "models/gpt.h"
+#include "shardplan/checkpoint.h"
 #include "shardplan/error.h"
+#include "shardplan/parallelize.h"
 #include "shardplan/pipeline.h"
 #include "shardplan/plan.h"
 #include "shardplan/world.h"
@@ -204,6 +211,66 @@ TEST(PipelineRun, SequentialMlpMatchesOneProcess) {
       SCOPED_TRACE(std::string(schedule) + " pipe " + std::to_string(pipe));
       expect_same(ref, run_pipeline(s, plan_of(pipe, schedule, pipe == 4 ? 4 : 3), pipe));
     }
+}
+
+// plans/gpt.yaml's rules over `model` inside each stage of {pipe: 2, model: 2}.
+std::string gpt_pipe_model_plan(const std::string& schedule) {
+  std::ifstream in(std::string(SHARDPLAN_SOURCE_DIR) + "/plans/gpt.yaml");
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string yaml = text.str();
+  const std::string mesh = "mesh: {model: auto}";
+  const size_t at = yaml.find(mesh);
+  EXPECT_NE(at, std::string::npos);
+  return yaml.replace(at, mesh.size(),
+                      "mesh: {pipe: 2, model: 2}\npipeline: {schedule: " + schedule + ", micro_batches: 4}");
+}
+
+void expect_shards(const std::map<std::string, at::Tensor>& whole, const ParallelReport& report,
+                   const std::vector<std::pair<std::string, at::Tensor>>& mine, bool grads) {
+  const StateDict full(whole.begin(), whole.end());
+  std::map<std::string, at::Tensor> want;
+  for (auto& [name, t] : relocate_state_dict(full, report)) want[name] = t;
+  for (const auto& [name, t] : mine) {
+    const at::Tensor got = grads ? t.grad() : t.detach();
+    ASSERT_TRUE(got.defined()) << name;
+    EXPECT_LT((got - want.at(name)).abs().max().item<double>(), kTol) << name << (grads ? " gradient" : "");
+  }
+}
+
+TEST(PipelineRun, GptWithTensorParallelStagesMatchesOneProcess) {
+  const Subject s = gpt_subject();
+  const Result ref = reference(s);
+  for (const char* schedule : {"gpipe", "1f1b"}) {
+    SCOPED_TRACE(schedule);
+    const Plan plan = parse_plan(gpt_pipe_model_plan(schedule), "gpt_pipe.yaml");
+    std::vector<std::shared_ptr<torch::nn::Module>> models;
+    for (int r = 0; r < 4; ++r) models.push_back(s.clone());
+    std::mutex mu;
+    std::map<std::string, int> ranks_of;  // each parameter on its stage's two model ranks
+    run_ranks_in_threads(4, [&](World& world) {
+      auto& gpt = dynamic_cast<ex::GPTImpl&>(*models[world.rank()]);
+      const ParallelReport report = parallelize(gpt, plan, world);
+      EXPECT_EQ(gpt.tok_emb->weight.size(0), 16);  // half the vocabulary: the stage is sharded
+      Pipeline pipe(gpt, gpt, plan, world);
+      // The head's logits stay split over the vocabulary: the plan's vocab-parallel loss.
+      const Pipeline::LossFn loss = [&gpt](const at::Tensor& logits, const at::Tensor& target) {
+        return gpt.loss_fn->forward(logits.reshape({-1, logits.size(-1)}), target.t().reshape(-1));
+      };
+      torch::optim::Adam opt(pipe.parameters(), torch::optim::AdamOptions(1e-2));
+      for (int i = 0; i < kSteps; ++i) {
+        opt.zero_grad();
+        EXPECT_NEAR(pipe.step(s.batches[i].first, s.batches[i].second, loss), ref.losses[i], kTol) << "step " << i;
+        if (i == 0) expect_shards(ref.grads, report, pipe.named_parameters(), true);
+        opt.step();
+      }
+      expect_shards(ref.params, report, pipe.named_parameters(), false);
+      std::lock_guard<std::mutex> lock(mu);
+      for (const auto& [name, t] : pipe.named_parameters()) ++ranks_of[name];
+    });
+    EXPECT_EQ(ranks_of.size(), ref.params.size());
+    for (const auto& [name, n] : ranks_of) EXPECT_EQ(n, 2) << name;
+  }
 }
 
 TEST(PipelineRun, RefusesWhatItCannotRun) {
