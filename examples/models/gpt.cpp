@@ -162,9 +162,10 @@ at::Tensor GPTImpl::full_logits(const at::Tensor& logits) const {
   return group && group->size() > 1 ? gather_from_group(logits, *group, -1) : logits;
 }
 
-at::Tensor GPTImpl::loss(const Batch& batch) {
-  at::Tensor logits = forward(batch.input);  // [T, B, V]
-  return loss_fn->forward(logits.reshape({-1, logits.size(-1)}), batch.target.t().reshape(-1));
+at::Tensor GPTImpl::loss(const Batch& batch) { return output_loss(forward(batch.input), batch.target); }
+
+at::Tensor GPTImpl::output_loss(const at::Tensor& logits, const at::Tensor& target) {
+  return loss_fn->forward(logits.reshape({-1, logits.size(-1)}), target.t().reshape(-1));
 }
 
 Batch GPTImpl::sample(at::Generator& gen, int64_t batch_size, const Corpus* corpus) const {

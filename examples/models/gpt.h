@@ -95,6 +95,7 @@ class GPTImpl : public torch::nn::Cloneable<GPTImpl>,
   at::Tensor forward_piece(size_t index, const at::Tensor& input) override;
 
   at::Tensor loss(const Batch& batch) override;
+  at::Tensor output_loss(const at::Tensor& logits, const at::Tensor& target) override;  // logits [T, B, V]
   Batch sample(at::Generator& gen, int64_t batch_size, const Corpus* corpus) const override;
   bool needs_corpus() const override { return true; }
   int64_t items_per_sample() const override { return config.context; }
