@@ -1,9 +1,10 @@
 // The Pipeline runtime against one process on the global batch (float64,
 // 1e-10): the example GPT and a Sequential MLP at {pipe: 2} and {pipe: 4},
-// GPipe and 1F1B, auto and explicit stages; the GPT interleaved too, and at
-// {pipe: 2, model: 2} with plans/gpt.yaml's tensor parallelism in each
-// stage: the loss on every rank, every parameter's gradient (each on exactly
-// its stage's ranks) and the parameters after 3 Adam steps. And what a step
+// GPipe and 1F1B, auto and explicit stages; the GPT interleaved too, with
+// plans/gpt.yaml's tensor parallelism in each stage ({pipe: 2, model: 2})
+// and with a data axis ({data: 2, pipe: 2}, {data: 2, pipe: 2, model: 2}):
+// the loss on every rank, every parameter's gradient (each on exactly its
+// stage's ranks) and the parameters after 3 Adam steps. And what a step
 // refuses.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -213,17 +214,17 @@ TEST(PipelineRun, SequentialMlpMatchesOneProcess) {
     }
 }
 
-// plans/gpt.yaml's rules over `model` inside each stage of {pipe: 2, model: 2}.
-std::string gpt_pipe_model_plan(const std::string& schedule) {
+// plans/gpt.yaml with its mesh replaced by `mesh` and a pipeline: key.
+std::string gpt_yaml_with(const std::string& mesh, const std::string& schedule) {
   std::ifstream in(std::string(SHARDPLAN_SOURCE_DIR) + "/plans/gpt.yaml");
   std::stringstream text;
   text << in.rdbuf();
   std::string yaml = text.str();
-  const std::string mesh = "mesh: {model: auto}";
-  const size_t at = yaml.find(mesh);
+  const std::string old = "mesh: {model: auto}";
+  const size_t at = yaml.find(old);
   EXPECT_NE(at, std::string::npos);
-  return yaml.replace(at, mesh.size(),
-                      "mesh: {pipe: 2, model: 2}\npipeline: {schedule: " + schedule + ", micro_batches: 4}");
+  return yaml.replace(at, old.size(),
+                      "mesh: " + mesh + "\npipeline: {schedule: " + schedule + ", micro_batches: 2}");
 }
 
 void expect_shards(const std::map<std::string, at::Tensor>& whole, const ParallelReport& report,
@@ -238,39 +239,59 @@ void expect_shards(const std::map<std::string, at::Tensor>& whole, const Paralle
   }
 }
 
+// parallelize() over the plan's other axes, then the Pipeline: every rank's
+// shards of the gradients after step 1 and of the parameters after the last
+// against the reference's, the loss on every rank, and every parameter on
+// `copies` ranks (the model and data ranks of its stage).
+void expect_sharded_run(const Subject& s, const Result& ref, const std::string& yaml, int world_size, int copies) {
+  const Plan plan = parse_plan(yaml, "gpt_pipe.yaml");
+  std::vector<std::shared_ptr<torch::nn::Module>> models;
+  for (int r = 0; r < world_size; ++r) models.push_back(s.clone());
+  std::mutex mu;
+  std::map<std::string, int> ranks_of;
+  run_ranks_in_threads(world_size, [&](World& world) {
+    auto& gpt = dynamic_cast<ex::GPTImpl&>(*models[world.rank()]);
+    const ParallelReport report = parallelize(gpt, plan, world);
+    const int model_ranks = report.mesh.has_axis("model") ? report.mesh.axis_size("model") : 1;
+    EXPECT_EQ(gpt.tok_emb->weight.size(0), 32 / model_ranks);  // the vocabulary split: a sharded stage
+    Pipeline pipe(gpt, gpt, plan, world, &report);
+    // The head's logits stay split over the vocabulary: the plan's vocab-parallel loss.
+    const Pipeline::LossFn loss = [&gpt](const at::Tensor& logits, const at::Tensor& target) {
+      return gpt.output_loss(logits, target);
+    };
+    torch::optim::Adam opt(pipe.parameters(), torch::optim::AdamOptions(1e-2));
+    for (int i = 0; i < kSteps; ++i) {
+      opt.zero_grad();
+      EXPECT_NEAR(pipe.step(s.batches[i].first, s.batches[i].second, loss), ref.losses[i], kTol) << "step " << i;
+      if (i == 0) expect_shards(ref.grads, report, pipe.named_parameters(), true);
+      opt.step();
+    }
+    expect_shards(ref.params, report, pipe.named_parameters(), false);
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& [name, t] : pipe.named_parameters()) ++ranks_of[name];
+  });
+  EXPECT_EQ(ranks_of.size(), ref.params.size());
+  for (const auto& [name, n] : ranks_of) EXPECT_EQ(n, copies) << name;
+}
+
 TEST(PipelineRun, GptWithTensorParallelStagesMatchesOneProcess) {
   const Subject s = gpt_subject();
   const Result ref = reference(s);
   for (const char* schedule : {"gpipe", "1f1b"}) {
     SCOPED_TRACE(schedule);
-    const Plan plan = parse_plan(gpt_pipe_model_plan(schedule), "gpt_pipe.yaml");
-    std::vector<std::shared_ptr<torch::nn::Module>> models;
-    for (int r = 0; r < 4; ++r) models.push_back(s.clone());
-    std::mutex mu;
-    std::map<std::string, int> ranks_of;  // each parameter on its stage's two model ranks
-    run_ranks_in_threads(4, [&](World& world) {
-      auto& gpt = dynamic_cast<ex::GPTImpl&>(*models[world.rank()]);
-      const ParallelReport report = parallelize(gpt, plan, world);
-      EXPECT_EQ(gpt.tok_emb->weight.size(0), 16);  // half the vocabulary: the stage is sharded
-      Pipeline pipe(gpt, gpt, plan, world);
-      // The head's logits stay split over the vocabulary: the plan's vocab-parallel loss.
-      const Pipeline::LossFn loss = [&gpt](const at::Tensor& logits, const at::Tensor& target) {
-        return gpt.loss_fn->forward(logits.reshape({-1, logits.size(-1)}), target.t().reshape(-1));
-      };
-      torch::optim::Adam opt(pipe.parameters(), torch::optim::AdamOptions(1e-2));
-      for (int i = 0; i < kSteps; ++i) {
-        opt.zero_grad();
-        EXPECT_NEAR(pipe.step(s.batches[i].first, s.batches[i].second, loss), ref.losses[i], kTol) << "step " << i;
-        if (i == 0) expect_shards(ref.grads, report, pipe.named_parameters(), true);
-        opt.step();
-      }
-      expect_shards(ref.params, report, pipe.named_parameters(), false);
-      std::lock_guard<std::mutex> lock(mu);
-      for (const auto& [name, t] : pipe.named_parameters()) ++ranks_of[name];
-    });
-    EXPECT_EQ(ranks_of.size(), ref.params.size());
-    for (const auto& [name, n] : ranks_of) EXPECT_EQ(n, 2) << name;
+    expect_sharded_run(s, ref, gpt_yaml_with("{pipe: 2, model: 2}", schedule), 4, 2);
   }
+}
+
+// The batch axis: each data rank's pipeline trains on its half of the batch
+// and the stage's gradients are averaged over `data`; with the model axis
+// too, 8 ranks: {data: 2, pipe: 2, model: 2}.
+TEST(PipelineRun, GptWithADataAxisMatchesOneProcess) {
+  const Subject s = gpt_subject();
+  const Result ref = reference(s);
+  const std::string no_rules = "version: 1\nmesh: {data: 2, pipe: 2}\npipeline: {micro_batches: 2}\nrules: []\n";
+  expect_sharded_run(s, ref, no_rules, 4, 2);
+  expect_sharded_run(s, ref, gpt_yaml_with("{data: 2, pipe: 2, model: 2}", "1f1b"), 8, 4);
 }
 
 TEST(PipelineRun, RefusesWhatItCannotRun) {
@@ -286,6 +307,26 @@ TEST(PipelineRun, RefusesWhatItCannotRun) {
                              pipe.step(s.batches[0].first, s.batches[0].second, s.loss);  // 8 rows into 3
                            }),
       Error);
+  // A batch axis without parallelize()'s report, and ZeRO-3 over a stage.
+  for (const std::string zero : {"", "data_parallel: {zero: 3}\n"}) {
+    const Plan plan = parse_plan("version: 1\nmesh: {data: 2, pipe: 2}\npipeline: {micro_batches: 2}\n" + zero +
+                                     "rules: []\n",
+                                 "p.yaml");
+    std::vector<std::shared_ptr<torch::nn::Module>> models;
+    for (int r = 0; r < 4; ++r) models.push_back(s.clone());
+    try {
+      run_ranks_in_threads(4, [&](World& world) {
+        auto& mine = dynamic_cast<ex::GPTImpl&>(*models[world.rank()]);
+        const ParallelReport report = parallelize(mine, plan, world);
+        Pipeline(mine, mine, plan, world, zero.empty() ? nullptr : &report);
+      });
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(zero.empty() ? "needs parallelize()'s report" : "{zero: 3} over a part"),
+                std::string::npos)
+          << e.what();
+    }
+  }
   // A plan without the key.
   EXPECT_THROW(run_ranks_in_threads(1,
                                     [&](World& world) {

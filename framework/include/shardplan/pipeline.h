@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "shardplan/communicator.h"
+#include "shardplan/data_parallel.h"
+#include "shardplan/parallelize.h"
 #include "shardplan/pipeline_schedule.h"
 #include "shardplan/plan.h"
 #include "shardplan/world.h"
@@ -61,10 +63,15 @@ class Pipeline {
   using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
 
   // `model` owns the parameters `pieces` names (often the same object).
-  // Collective over the world (the pipe groups are made here). Throws
-  // PlanError for a plan without `pipeline:` or stages that do not fit the
-  // model, Error for a model whose pieces leave a parameter out.
-  Pipeline(torch::nn::Module& model, PipelineModel& pieces, const Plan& plan, World& world);
+  // Collective over the world (the pipe groups are made here). With a batch
+  // axis in the plan, `report` is parallelize()'s for `model` and this
+  // stage's gradients are averaged over that axis (a DataParallel over this
+  // stage's parameters). Throws PlanError for a plan without `pipeline:` or
+  // stages that do not fit the model, Error for a model whose pieces leave a
+  // parameter out or a batch axis without a report.
+  Pipeline(torch::nn::Module& model, PipelineModel& pieces, const Plan& plan, World& world,
+           const ParallelReport* report = nullptr);
+  ~Pipeline();
 
   int stage() const { return stage_; }    // this rank's coordinate on the pipe axis
   int stages() const { return stages_; }  // the pipe axis' size
@@ -77,13 +84,17 @@ class Pipeline {
   std::vector<at::Tensor> parameters() const;
 
   // One step's forwards and backwards over micro_batches slices of input
-  // and target along dim 0. Gradients accumulate into this stage's
-  // parameters' .grad as those of the mean loss over the whole batch; the
-  // loss (that mean) is returned on every rank of the pipe group.
+  // and target along dim 0 (with a batch axis, of this data rank's slice of
+  // them). Gradients accumulate into this stage's parameters' .grad as those
+  // of the mean loss over the whole batch (averaged over the batch axis);
+  // the loss (that mean) is returned on every rank.
   double step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss);
+  // The batch axis' DataParallel over this stage's parameters, or nullptr.
+  DataParallel* data_parallel() const { return dp_.get(); }
 
  private:
   struct Slot;  // one micro-batch chunk's tensors
+  double run_schedule(const at::Tensor& input, const at::Tensor& target, const LossFn& loss);
   void keep_parameters(torch::nn::Module& model, const std::vector<std::vector<std::string>>& pieces);
   void forward(const PipelineAction& a, Slot& slot, const at::Tensor& micro_input);
   void backward(const PipelineAction& a, Slot& slot, const at::Tensor& micro_target, const LossFn& loss);
@@ -105,6 +116,7 @@ class Pipeline {
   // (by micro-batch 0's header).
   std::vector<std::pair<std::vector<int64_t>, at::ScalarType>> shapes_;
   at::Tensor loss_sum_;                         // this step's, on the last model stage
+  std::unique_ptr<DataParallel> dp_;
   std::vector<std::unique_ptr<Work>> pending_;  // this step's sends (each keeps its tensor)
 };
 

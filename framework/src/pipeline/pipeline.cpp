@@ -37,7 +37,9 @@ std::vector<int64_t> piece_params(torch::nn::Module& model, const std::vector<st
 
 }  // namespace
 
-Pipeline::Pipeline(torch::nn::Module& model, PipelineModel& pieces, const Plan& plan, World& world) : pieces_(pieces) {
+Pipeline::Pipeline(torch::nn::Module& model, PipelineModel& pieces, const Plan& plan, World& world,
+                   const ParallelReport* report)
+    : pieces_(pieces) {
   const PipelineSpec& spec = plan.pipeline;
   if (!spec.enabled) throw PlanError(SourceLoc{plan.source, 1, 1}, "the plan has no pipeline: key");
   const Mesh mesh = plan.resolve_mesh(world.size());
@@ -56,7 +58,16 @@ Pipeline::Pipeline(torch::nn::Module& model, PipelineModel& pieces, const Plan& 
   for (int c = 0; c < virtual_; ++c) chunks_.push_back(all[model_stage(c)]);
   keep_parameters(model, piece_list);
   shapes_.assign(virtual_, {{}, at::kFloat});
+  const std::string batch = plan.batch_axis();
+  if (!batch.empty() && mesh.has_axis(batch)) {
+    if (!report)
+      throw Error("pipeline: the plan's batch axis '" + batch +
+                  "' needs parallelize()'s report: Pipeline(model, pieces, plan, world, &report)");
+    dp_ = std::make_unique<DataParallel>(params_, *report, plan, world);
+  }
 }
+
+Pipeline::~Pipeline() = default;
 
 void Pipeline::keep_parameters(torch::nn::Module& model, const std::vector<std::vector<std::string>>& pieces) {
   std::set<std::string> mine;

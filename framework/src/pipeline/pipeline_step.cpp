@@ -21,6 +21,18 @@ at::Tensor micro_slice(const at::Tensor& t, int micro, int micro_batches) {
 }  // namespace
 
 double Pipeline::step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss) {
+  if (!dp_) return run_schedule(input, target, loss);
+  double local = 0;
+  {
+    // One reduction per step, after the last micro-batch's backward, not one per backward.
+    DataParallel::NoSync accumulate(*dp_);
+    local = run_schedule(dp_->local_batch(input), dp_->local_batch(target), loss);
+  }
+  dp_->finish();
+  return dp_->average(local);
+}
+
+double Pipeline::run_schedule(const at::Tensor& input, const at::Tensor& target, const LossFn& loss) {
   for (const at::Tensor* t : {&input, &target})
     if (t->dim() == 0 || t->size(0) % micro_ != 0)
       throw Error("pipeline: a batch of " + (t->dim() ? std::to_string(t->size(0)) : std::string("no dims")) +
