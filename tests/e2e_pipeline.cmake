@@ -1,8 +1,10 @@
 # Pipeline parallelism in the example trainer (issue 36): the GPT trained
 # with plans/gpt_pipe.yaml ({pipe: 2}, 1F1B) and plans/gpt_pipe_2d.yaml
-# ({pipe: 2, model: 2}: tensor parallelism inside each stage) prints one
-# unsharded process's losses, float64, to 1e-10 relative; as threads and as
-# gloo processes. And the options it does not take yet are refused.
+# ({pipe: 2, model: 2}: tensor parallelism inside each stage) and
+# plans/gpt_pipe_3d.yaml ({data: 2, pipe: 2, model: 2}), and {data: 2, pipe:
+# 2} with ZeRO-1, prints one unsharded process's losses, float64, to 1e-10
+# relative; as threads and as gloo processes. And the options it does not
+# take yet are refused.
 if(TARGET train_gpt AND TARGET shardplan_cli)
   set(_e2e ${CMAKE_CURRENT_SOURCE_DIR}/e2e/losses_match.sh)
   set(_gloo $<TARGET_FILE:shardplan_cli> launch --backend gloo -n)
@@ -15,10 +17,23 @@ if(TARGET train_gpt AND TARGET shardplan_cli)
     -- ${_gpt} -- ${_gpt} --ranks 4 --plan ${_p}/gpt_pipe_2d.yaml)
   add_test(NAME e2e_pipeline_gpt_gloo2_f64 COMMAND ${_e2e} 1e-10
     -- ${_gpt} -- ${_gloo} 2 -- ${_gpt} --plan ${_p}/gpt_pipe.yaml)
+  add_test(NAME e2e_pipeline_gpt_3d_threads8_f64 COMMAND ${_e2e} 1e-10
+    -- ${_gpt} -- ${_gpt} --ranks 8 --plan ${_p}/gpt_pipe_3d.yaml)
+  # ZeRO-1 over the data axis: shardplan::Optimizer over the stage's DataParallel.
+  file(READ ${_p}/gpt_pipe_3d.yaml _plan)
+  string(REPLACE "mesh: {data: 2, pipe: 2, model: 2}" "mesh: {data: 2, pipe: 2}\ndata_parallel: {zero: 1}" _zero
+    "${_plan}")
+  string(REGEX REPLACE "\nrules:.*" "\nrules: []\n" _zero "${_zero}")
+  if(_zero STREQUAL _plan)
+    message(FATAL_ERROR "plans/gpt_pipe_3d.yaml changed: tests/e2e_pipeline.cmake finds no mesh line to edit")
+  endif()
+  file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_data_zero1.yaml "${_zero}")
+  add_test(NAME e2e_pipeline_gpt_data_zero1_gloo4_f64 COMMAND ${_e2e} 1e-10
+    -- ${_gpt} -- ${_gloo} 4 -- ${_gpt} --plan ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_data_zero1.yaml)
   add_test(NAME e2e_pipeline_refuses_clip COMMAND $<TARGET_FILE:train_gpt> --ranks 2 --steps 1 --clip 1
     --config context=16,embed=32,mlp=64,heads=4 --plan ${_p}/gpt_pipe.yaml)
   set_tests_properties(e2e_pipeline_refuses_clip PROPERTIES
     PASS_REGULAR_EXPRESSION "--clip: not yet with a plan's pipeline: key" TIMEOUT 120 LABELS pipeline)
   set_tests_properties(e2e_pipeline_gpt_threads2_f64 e2e_pipeline_gpt_2d_threads4_f64 e2e_pipeline_gpt_gloo2_f64
-    PROPERTIES TIMEOUT 300 LABELS pipeline)
+    e2e_pipeline_gpt_3d_threads8_f64 e2e_pipeline_gpt_data_zero1_gloo4_f64 PROPERTIES TIMEOUT 300 LABELS pipeline)
 endif()

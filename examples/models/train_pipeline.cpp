@@ -9,7 +9,9 @@
 
 #include "models/schedule.h"
 #include "models/train_step.h"
+#include "shardplan/data_parallel.h"
 #include "shardplan/error.h"
+#include "shardplan/optimizer.h"
 #include "shardplan/pipeline.h"
 
 namespace shardplan {
@@ -25,16 +27,17 @@ void refuse_what_is_not_there_yet(const TrainRank& r) {
       {a.clip > 0, "--clip"},
       {a.micro_batches > 1, "--micro-batches (the plan's pipeline.micro_batches cuts the batch)"},
       {!a.master.empty() || a.loss_scale, "half precision (--dtype bfloat16/float16)"},
-      {!r.plan.batch_axis().empty(), "a batch axis ('" + r.plan.batch_axis() + "')"},
       {a.generate > 0 || !a.dump_logits.empty() || !a.save_weights.empty(),
        "--generate, --dump-logits and --save-weights"},
   };
   for (const auto& [refused, what] : missing)
     if (refused) throw Error(what + ": not yet with a plan's pipeline: key (" + a.plan + ")");
   const int micro = r.plan.pipeline.micro_batches;
-  if (a.batch % micro != 0)
-    throw Error("--batch " + std::to_string(a.batch) + " does not divide into the " + std::to_string(micro) +
-                " micro-batches of " + a.plan + "'s pipeline: key");
+  const std::string batch_axis = r.plan.batch_axis();
+  const int data = batch_axis.empty() ? 1 : r.report.mesh.axis_size(batch_axis);
+  if (a.batch % (data * micro) != 0)
+    throw Error("--batch " + std::to_string(a.batch) + " does not divide into " + std::to_string(data) +
+                " data rank(s) x the " + std::to_string(micro) + " micro-batches of " + a.plan + "'s pipeline: key");
 }
 
 void print_stages(const TrainRank& r, const Pipeline& pipe) {
@@ -63,9 +66,17 @@ void train_pipelined(TrainRank& r) {
   if (!pieces)
     throw Error("model " + a.model + " does not declare its pieces (shardplan::PipelineModel), which a plan's " +
                 "pipeline: key needs; gpt does");
-  Pipeline pipe(*r.m.module, *pieces, r.plan, r.world);
+  Pipeline pipe(*r.m.module, *pieces, r.plan, r.world, &r.report);
   print_stages(r, pipe);
-  const auto opt = make_torch_optimizer(a, pipe.parameters());
+  // With a batch axis the stage's DataParallel: shardplan::Optimizer (ZeRO-1
+  // and 2 included) steps on its averaged gradients.
+  std::unique_ptr<Optimizer> averaged;
+  std::unique_ptr<torch::optim::Optimizer> plain;
+  if (DataParallel* dp = pipe.data_parallel())
+    averaged = make_optimizer(a, *dp);
+  else
+    plain = make_torch_optimizer(a, pipe.parameters());
+  torch::optim::Optimizer& inner = averaged ? averaged->inner() : *plain;
   Schedule schedule(schedule_settings(a));
   auto gen = at::make_generator<at::CPUGeneratorImpl>(a.seed + 1);  // as train_loop.cpp's: the same batches
   ExampleModel& model = *r.m.model;
@@ -78,11 +89,17 @@ void train_pipelined(TrainRank& r) {
   for (int step = 1; step <= a.steps; ++step) {
     Batch batch = model.sample(gen, a.batch, r.corpus);
     if (batch.input.is_floating_point()) batch.input = batch.input.to(r.dtype);
-    opt->zero_grad();
+    if (averaged)
+      averaged->zero_grad();
+    else
+      plain->zero_grad();
     StepResult s;
     s.loss = pipe.step(batch.input, batch.target, loss);
-    s.lr = schedule.apply(*opt);
-    opt->step();
+    s.lr = schedule.apply(inner);
+    if (averaged)
+      averaged->step();
+    else
+      plain->step();
     schedule.advance();
     s.comm = r.world.total_stats();
     log.after_step(step, s);
