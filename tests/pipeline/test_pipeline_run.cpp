@@ -1,11 +1,11 @@
 // The Pipeline runtime against one process on the global batch (float64,
-// 1e-10): the example GPT and a Sequential MLP at {pipe: 2} and {pipe: 4},
-// GPipe and 1F1B, auto and explicit stages; the GPT interleaved too, with
-// plans/gpt.yaml's tensor parallelism in each stage ({pipe: 2, model: 2})
-// and with a data axis ({data: 2, pipe: 2}, {data: 2, pipe: 2, model: 2}):
-// the loss on every rank, every parameter's gradient (each on exactly its
-// stage's ranks) and the parameters after 3 Adam steps. And what a step
-// refuses.
+// 1e-10): the example GPT, the Llama (tied and untied) and a Sequential MLP
+// at {pipe: 2} and {pipe: 4}, GPipe and 1F1B, auto and explicit stages; the
+// GPT interleaved too, with plans/gpt.yaml's tensor parallelism in each
+// stage ({pipe: 2, model: 2}) and with a data axis ({data: 2, pipe: 2},
+// {data: 2, pipe: 2, model: 2}): the loss on every rank, every parameter's
+// gradient (each on exactly its stage's ranks) and the parameters after 3
+// Adam steps. And what a step refuses.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -18,11 +18,13 @@
 #include <sstream>
 
 #include "models/gpt.h"
+#include "models/llama.h"
 #include "shardplan/checkpoint.h"
 #include "shardplan/error.h"
 #include "shardplan/parallelize.h"
 #include "shardplan/pipeline.h"
 #include "shardplan/plan.h"
+#include "shardplan/tied.h"
 #include "shardplan/world.h"
 
 namespace test_pipeline_run {
@@ -54,21 +56,36 @@ at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& target) {
   return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.t().reshape(-1));
 }
 
-Subject gpt_subject() {
-  ex::GPTConfig c;
-  c.vocab = 32, c.context = 6, c.embed = 16, c.heads = 2, c.layers = 4, c.mlp = 24;
-  torch::manual_seed(5);
-  auto model = ex::GPT(c);
+// One of the example language models, float64, with batches of tokens.
+template <class Impl>
+Subject lm_subject(const std::shared_ptr<torch::nn::Module>& model, Pipeline::LossFn loss) {
   model->to(torch::kDouble);
   Subject s;
   s.clone = [model] { return model->clone(); };
-  s.pieces = [](torch::nn::Module& m) -> PipelineModel& { return dynamic_cast<ex::GPTImpl&>(m); };
-  s.forward = [](torch::nn::Module& m, const at::Tensor& x) { return dynamic_cast<ex::GPTImpl&>(m).forward(x); };
-  s.loss = gpt_loss;
+  s.pieces = [](torch::nn::Module& m) -> PipelineModel& { return dynamic_cast<Impl&>(m); };
+  s.forward = [](torch::nn::Module& m, const at::Tensor& x) { return dynamic_cast<Impl&>(m).forward(x); };
+  s.loss = std::move(loss);
   torch::manual_seed(7);
   for (int i = 0; i < kSteps; ++i)
     s.batches.emplace_back(torch::randint(32, {8, 6}, torch::kLong), torch::randint(32, {8, 6}, torch::kLong));
   return s;
+}
+
+Subject gpt_subject() {
+  ex::GPTConfig c;
+  c.vocab = 32, c.context = 6, c.embed = 16, c.heads = 2, c.layers = 4, c.mlp = 24;
+  torch::manual_seed(5);
+  return lm_subject<ex::GPTImpl>(ex::GPT(c).ptr(), gpt_loss);
+}
+
+// tie: lm_head shares the embedding, in the first stage and the last.
+Subject llama_subject(int tie) {
+  ex::LlamaConfig c;
+  c.vocab = 32, c.context = 6, c.embed = 16, c.heads = 2, c.kv_heads = 1, c.layers = 2, c.mlp = 24, c.tie = tie;
+  torch::manual_seed(5);
+  return lm_subject<ex::LlamaImpl>(ex::Llama(c).ptr(), [](const at::Tensor& logits, const at::Tensor& target) {
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape(-1));
+  });
 }
 
 Subject mlp_subject() {
@@ -96,7 +113,8 @@ void record(std::map<std::string, at::Tensor>& into, const std::vector<std::pair
 
 Result reference(const Subject& s) {
   auto model = s.clone();
-  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(1e-2));
+  // A tied tensor once, as the pipeline's stages step it.
+  torch::optim::Adam opt(unique_parameters(*model), torch::optim::AdamOptions(1e-2));
   Result r;
   for (int i = 0; i < kSteps; ++i) {
     opt.zero_grad();
@@ -202,6 +220,20 @@ TEST(PipelineRun, GptInterleavedMatchesOneProcess) {
                                          "version: 1\nmesh: {pipe: 2}\npipeline: {schedule: interleaved, "
                                          "micro_batches: 4, virtual_stages: 2}\nrules: []\n",
                                          2));
+}
+
+// Tied: the first stage steps model.embed_tokens.weight, the last
+// lm_head.weight, copies of one tensor whose gradients the pipeline sums.
+TEST(PipelineRun, LlamaTiedAndUntiedMatchesOneProcess) {
+  for (int tie : {0, 1}) {
+    const Subject s = llama_subject(tie);
+    const Result ref = reference(s);
+    for (const char* schedule : {"gpipe", "1f1b"})
+      for (int pipe : {2, 4}) {
+        SCOPED_TRACE("tie " + std::to_string(tie) + " " + schedule + " pipe " + std::to_string(pipe));
+        expect_same(ref, run_pipeline(s, plan_of(pipe, schedule, 4), pipe));
+      }
+  }
 }
 
 TEST(PipelineRun, SequentialMlpMatchesOneProcess) {

@@ -78,8 +78,12 @@ class Pipeline {
   // Per chunk of this rank (one unless interleaved), its pieces.
   const StageRanges& chunks() const { return chunks_; }
   const PipelineSchedule& schedule() const { return schedule_; }
-  // This rank's parameters, named as in the whole model: what its optimizer
-  // steps. The others stay in the module but take no part.
+  // This rank's parameters, named as in the whole model (a tied tensor once,
+  // under its first path here): what its optimizer steps. The others stay
+  // in the module but take no part. A tensor tied between pieces of several
+  // stages (an LM head sharing the embedding) is kept by each of them, and
+  // step() sums its gradient over the pipe group (Megatron's embedding
+  // group), so the copies stay equal.
   const std::vector<std::pair<std::string, at::Tensor>>& named_parameters() const { return params_; }
   std::vector<at::Tensor> parameters() const;
 
@@ -95,7 +99,10 @@ class Pipeline {
  private:
   struct Slot;  // one micro-batch chunk's tensors
   double run_schedule(const at::Tensor& input, const at::Tensor& target, const LossFn& loss);
-  void keep_parameters(torch::nn::Module& model, const std::vector<std::vector<std::string>>& pieces);
+  // rank_of_piece[i]: the pipe rank that runs piece i.
+  void keep_parameters(torch::nn::Module& model, const std::vector<std::vector<std::string>>& pieces,
+                       const std::vector<int>& rank_of_piece);
+  void sum_tied_gradients();
   void forward(const PipelineAction& a, Slot& slot, const at::Tensor& micro_input);
   void backward(const PipelineAction& a, Slot& slot, const at::Tensor& micro_target, const LossFn& loss);
   void send_gradient(Slot& slot, int peer);
@@ -116,6 +123,9 @@ class Pipeline {
   // (by micro-batch 0's header).
   std::vector<std::pair<std::vector<int64_t>, at::ScalarType>> shapes_;
   at::Tensor loss_sum_;                         // this step's, on the last model stage
+  // Tensors tied across ranks' stages, in tied_parameters() order (every
+  // rank alike), and whether this rank keeps it.
+  std::vector<std::pair<at::Tensor, bool>> tied_;
   std::unique_ptr<DataParallel> dp_;
   std::vector<std::unique_ptr<Work>> pending_;  // this step's sends (each keeps its tensor)
 };

@@ -4,6 +4,7 @@
 
 #include "pipeline_internal.h"
 #include "shardplan/error.h"
+#include "shardplan/tied.h"
 
 namespace shardplan {
 
@@ -56,7 +57,10 @@ Pipeline::Pipeline(torch::nn::Module& model, PipelineModel& pieces, const Plan& 
   stage_ = group_->rank();
   schedule_ = pipeline_schedule(spec.schedule, stages_, micro_, virtual_);
   for (int c = 0; c < virtual_; ++c) chunks_.push_back(all[model_stage(c)]);
-  keep_parameters(model, piece_list);
+  std::vector<int> rank_of_piece(piece_list.size());
+  for (size_t k = 0; k < all.size(); ++k)
+    for (size_t i = all[k].first; i < all[k].second; ++i) rank_of_piece[i] = static_cast<int>(k) % stages_;
+  keep_parameters(model, piece_list, rank_of_piece);
   shapes_.assign(virtual_, {{}, at::kFloat});
   const std::string batch = plan.batch_axis();
   if (!batch.empty() && mesh.has_axis(batch)) {
@@ -69,17 +73,25 @@ Pipeline::Pipeline(torch::nn::Module& model, PipelineModel& pieces, const Plan& 
 
 Pipeline::~Pipeline() = default;
 
-void Pipeline::keep_parameters(torch::nn::Module& model, const std::vector<std::vector<std::string>>& pieces) {
-  std::set<std::string> mine;
-  for (const auto& [first, end] : chunks_)
-    for (size_t i = first; i < end; ++i) mine.insert(pieces[i].begin(), pieces[i].end());
-  for (const auto& p : model.named_parameters()) {
-    bool found = false, in_mine = false;
-    for (const auto& piece : pieces)
-      for (const std::string& m : piece)
-        if (inside_module(p.key(), m)) found = true, in_mine = in_mine || mine.count(m);
-    if (!found) throw Error("pipeline: parameter '" + p.key() + "' is under none of the model's pieces");
-    if (in_mine) params_.emplace_back(p.key(), p.value());
+void Pipeline::keep_parameters(torch::nn::Module& model, const std::vector<std::vector<std::string>>& pieces,
+                               const std::vector<int>& rank_of_piece) {
+  auto piece_of = [&pieces](const std::string& path) {
+    for (size_t i = 0; i < pieces.size(); ++i)
+      for (const std::string& m : pieces[i])
+        if (inside_module(path, m)) return static_cast<int>(i);
+    throw Error("pipeline: parameter '" + path + "' is under none of the model's pieces");
+  };
+  const auto named = model.named_parameters();
+  std::set<const void*> kept;
+  for (const auto& p : named)
+    if (rank_of_piece[piece_of(p.key())] == stage_ && kept.insert(p.value().unsafeGetTensorImpl()).second)
+      params_.emplace_back(p.key(), p.value());
+  // A tie within one rank's pieces is one tensor there; across ranks each
+  // keeps a copy. Decided from the pieces alone, so every rank agrees.
+  for (const auto& group : tied_parameters(model)) {
+    std::set<int> ranks;
+    for (const std::string& path : group) ranks.insert(rank_of_piece[piece_of(path)]);
+    if (ranks.size() > 1) tied_.emplace_back(named[group.front()], ranks.count(stage_) > 0);
   }
 }
 

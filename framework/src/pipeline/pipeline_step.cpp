@@ -52,9 +52,20 @@ double Pipeline::run_schedule(const at::Tensor& input, const at::Tensor& target,
   }
   for (auto& w : pending_) w->wait();
   pending_.clear();
+  sum_tied_gradients();
   // The last rank of the group holds the last model stage, whatever v is.
   group_->broadcast(loss_sum_, stages_ - 1);
   return loss_sum_.item<double>();
+}
+
+// Every rank of the pipe group takes part, zeros where it keeps no copy.
+void Pipeline::sum_tied_gradients() {
+  for (auto& [t, kept] : tied_) {
+    const bool had = t.grad().defined();
+    at::Tensor g = had ? t.grad() : at::zeros_like(t);
+    group_->all_reduce(g);
+    if (kept && !had) t.mutable_grad() = g;
+  }
 }
 
 void Pipeline::forward(const PipelineAction& a, Slot& slot, const at::Tensor& micro_input) {
