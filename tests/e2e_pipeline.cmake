@@ -37,3 +37,17 @@ if(TARGET train_gpt AND TARGET shardplan_cli)
   set_tests_properties(e2e_pipeline_gpt_threads2_f64 e2e_pipeline_gpt_2d_threads4_f64 e2e_pipeline_gpt_gloo2_f64
     e2e_pipeline_gpt_3d_threads8_f64 e2e_pipeline_gpt_data_zero1_gloo4_f64 PROPERTIES TIMEOUT 300 LABELS pipeline)
 endif()
+
+# `shardplan plan check` on a pipelined plan: the stages, their bytes and the
+# predicted bubble; a model that does not declare its pieces is refused at
+# the pipeline key's line.
+if(TARGET shardplan_plan AND TARGET shardplan_cli)
+  add_test(NAME plan_check_pipeline_stages COMMAND $<TARGET_FILE:shardplan_cli> plan check
+    ${PROJECT_SOURCE_DIR}/plans/gpt_pipe_3d.yaml --model gpt --world 8 --no-comm)
+  set_tests_properties(plan_check_pipeline_stages PROPERTIES TIMEOUT 120 LABELS pipeline PASS_REGULAR_EXPRESSION
+    "predicted bubble 0.333\nnote: pipeline stage 0: pieces 0-1 \\(tok_emb, pos_emb, blocks.0\\), 496384 parameter bytes")
+  add_test(NAME plan_check_pipeline_refuses_uncut_model COMMAND $<TARGET_FILE:shardplan_cli> plan check
+    ${PROJECT_SOURCE_DIR}/plans/gpt_pipe.yaml --model lstm_lm --world 2 --no-comm)
+  set_tests_properties(plan_check_pipeline_refuses_uncut_model PROPERTIES TIMEOUT 120 LABELS pipeline
+    PASS_REGULAR_EXPRESSION "gpt_pipe.yaml:13:3: pipeline: the model does not declare its pieces")
+endif()
