@@ -2,8 +2,9 @@
 # with plans/gpt_pipe.yaml ({pipe: 2}, 1F1B) and plans/gpt_pipe_2d.yaml
 # ({pipe: 2, model: 2}: tensor parallelism inside each stage) and
 # plans/gpt_pipe_3d.yaml ({data: 2, pipe: 2, model: 2}), and {data: 2, pipe:
-# 2} with ZeRO-1, prints one unsharded process's losses, float64, to 1e-10
-# relative; as threads and as gloo processes. And the options it does not
+# 2} with ZeRO-1, and {pipe: 2} with GPipe and interleaved, prints one
+# unsharded process's losses, float64, to 1e-10 relative; as threads and as
+# gloo processes. And the options it does not
 # take yet are refused.
 if(TARGET train_gpt AND TARGET shardplan_cli)
   set(_e2e ${CMAKE_CURRENT_SOURCE_DIR}/e2e/losses_match.sh)
@@ -30,6 +31,23 @@ if(TARGET train_gpt AND TARGET shardplan_cli)
   file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_data_zero1.yaml "${_zero}")
   add_test(NAME e2e_pipeline_gpt_data_zero1_gloo4_f64 COMMAND ${_e2e} 1e-10
     -- ${_gpt} -- ${_gloo} 4 -- ${_gpt} --plan ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_data_zero1.yaml)
+  # The other schedules: GPipe, and interleaved with 2 model chunks per rank
+  # (the GPT's 4 pieces as 4 model stages on 2 ranks).
+  file(READ ${_p}/gpt_pipe.yaml _plan)
+  foreach(kind gpipe interleaved)
+    set(_with "schedule: ${kind}")
+    if(kind STREQUAL interleaved)
+      set(_with "schedule: interleaved\n  virtual_stages: 2")
+    endif()
+    string(REGEX REPLACE "schedule: 1f1b[^\n]*" "${_with}" _edited "${_plan}")
+    if(_edited STREQUAL _plan)
+      message(FATAL_ERROR "plans/gpt_pipe.yaml changed: tests/e2e_pipeline.cmake finds no schedule line to edit")
+    endif()
+    file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_${kind}.yaml "${_edited}")
+    add_test(NAME e2e_pipeline_gpt_${kind}_threads2_f64 COMMAND ${_e2e} 1e-10
+      -- ${_gpt} -- ${_gpt} --ranks 2 --plan ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_${kind}.yaml)
+    set_tests_properties(e2e_pipeline_gpt_${kind}_threads2_f64 PROPERTIES TIMEOUT 300 LABELS pipeline)
+  endforeach()
   add_test(NAME e2e_pipeline_refuses_clip COMMAND $<TARGET_FILE:train_gpt> --ranks 2 --steps 1 --clip 1
     --config context=16,embed=32,mlp=64,heads=4 --plan ${_p}/gpt_pipe.yaml)
   set_tests_properties(e2e_pipeline_refuses_clip PROPERTIES
