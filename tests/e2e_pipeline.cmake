@@ -3,9 +3,9 @@
 # ({pipe: 2, model: 2}: tensor parallelism inside each stage) and
 # plans/gpt_pipe_3d.yaml ({data: 2, pipe: 2, model: 2}), and {data: 2, pipe:
 # 2} with ZeRO-1, and {pipe: 2} with GPipe and interleaved, prints one
-# unsharded process's losses, float64, to 1e-10 relative; as threads and as
-# gloo processes. And the options it does not
-# take yet are refused.
+# unsharded process's losses (and with --clip its norms), float64, to 1e-10
+# relative; as threads and as gloo processes. And an option it does not
+# take yet is refused.
 if(TARGET train_gpt AND TARGET shardplan_cli)
   set(_e2e ${CMAKE_CURRENT_SOURCE_DIR}/e2e/losses_match.sh)
   set(_gloo $<TARGET_FILE:shardplan_cli> launch --backend gloo -n)
@@ -48,12 +48,16 @@ if(TARGET train_gpt AND TARGET shardplan_cli)
       -- ${_gpt} -- ${_gpt} --ranks 2 --plan ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_${kind}.yaml)
     set_tests_properties(e2e_pipeline_gpt_${kind}_threads2_f64 PROPERTIES TIMEOUT 300 LABELS pipeline)
   endforeach()
-  add_test(NAME e2e_pipeline_refuses_clip COMMAND $<TARGET_FILE:train_gpt> --ranks 2 --steps 1 --clip 1
-    --config context=16,embed=32,mlp=64,heads=4 --plan ${_p}/gpt_pipe.yaml)
-  set_tests_properties(e2e_pipeline_refuses_clip PROPERTIES
-    PASS_REGULAR_EXPRESSION "--clip: not yet with a plan's pipeline: key" TIMEOUT 120 LABELS pipeline)
+  # --clip: the norm over every stage, printed and applied as one process's.
+  add_test(NAME e2e_pipeline_gpt_3d_clip_threads8_f64 COMMAND ${_e2e} 1e-10 --norms-above 0.5
+    -- ${_gpt} --clip 0.5 -- ${_gpt} --clip 0.5 --ranks 8 --plan ${_p}/gpt_pipe_3d.yaml)
+  add_test(NAME e2e_pipeline_refuses_clip_with_torch COMMAND $<TARGET_FILE:train_gpt> --ranks 2 --steps 1 --clip 1
+    --clip-with torch --config context=16,embed=32,mlp=64,heads=4 --plan ${_p}/gpt_pipe.yaml)
+  set_tests_properties(e2e_pipeline_refuses_clip_with_torch PROPERTIES
+    PASS_REGULAR_EXPRESSION "--clip-with torch: not yet with a plan's pipeline: key" TIMEOUT 120 LABELS pipeline)
   set_tests_properties(e2e_pipeline_gpt_threads2_f64 e2e_pipeline_gpt_2d_threads4_f64 e2e_pipeline_gpt_gloo2_f64
-    e2e_pipeline_gpt_3d_threads8_f64 e2e_pipeline_gpt_data_zero1_gloo4_f64 PROPERTIES TIMEOUT 300 LABELS pipeline)
+    e2e_pipeline_gpt_3d_threads8_f64 e2e_pipeline_gpt_data_zero1_gloo4_f64 e2e_pipeline_gpt_3d_clip_threads8_f64
+    PROPERTIES TIMEOUT 300 LABELS pipeline)
 endif()
 
 # `shardplan plan check` on a pipelined plan: the stages, their bytes and the

@@ -9,6 +9,7 @@
 
 #include "models/schedule.h"
 #include "models/train_step.h"
+#include "shardplan/clip_grad.h"
 #include "shardplan/data_parallel.h"
 #include "shardplan/error.h"
 #include "shardplan/optimizer.h"
@@ -24,7 +25,8 @@ void refuse_what_is_not_there_yet(const TrainRank& r) {
   const Args& a = r.a;
   const std::vector<std::pair<bool, std::string>> missing = {
       {!a.save.empty() || !a.load.empty() || a.resume_auto, "checkpoints (--save, --load, --resume)"},
-      {a.clip > 0, "--clip"},
+      {a.clip > 0 && a.clip_with_torch, "--clip-with torch"},
+      {a.clip > 0 && r.plan.data_parallel.zero > 0, "--clip under data_parallel.zero"},
       {a.micro_batches > 1, "--micro-batches (the plan's pipeline.micro_batches cuts the batch)"},
       {!a.master.empty() || a.loss_scale, "half precision (--dtype bfloat16/float16)"},
       {a.generate > 0 || !a.dump_logits.empty() || !a.save_weights.empty(),
@@ -95,6 +97,7 @@ void train_pipelined(TrainRank& r) {
       plain->zero_grad();
     StepResult s;
     s.loss = pipe.step(batch.input, batch.target, loss);
+    if (a.clip > 0) s.norm = clip_grad_norm_(pipe, r.report, r.world, a.clip);
     s.lr = schedule.apply(inner);
     if (averaged)
       averaged->step();

@@ -14,12 +14,14 @@
 #include <string>
 #include <vector>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
 #include "models/gpt.h"
 #include "models/llama.h"
 #include "shardplan/checkpoint.h"
+#include "shardplan/clip_grad.h"
 #include "shardplan/error.h"
 #include "shardplan/parallelize.h"
 #include "shardplan/pipeline.h"
@@ -50,6 +52,7 @@ struct Result {
   std::vector<double> losses;
   std::map<std::string, at::Tensor> grads;   // after the first step's backward
   std::map<std::string, at::Tensor> params;  // after every step
+  std::vector<double> norms;                 // before clipping, per step (with max_norm)
 };
 
 at::Tensor gpt_loss(const at::Tensor& logits, const at::Tensor& target) {
@@ -111,7 +114,8 @@ void record(std::map<std::string, at::Tensor>& into, const std::vector<std::pair
   for (const auto& [name, t] : named) into[name] = (grads ? t.grad() : t).detach().clone();
 }
 
-Result reference(const Subject& s) {
+// With max_norm > 0, torch's clip_grad_norm_ before each step (norms recorded).
+Result reference(const Subject& s, double max_norm = 0) {
   auto model = s.clone();
   // A tied tensor once, as the pipeline's stages step it.
   torch::optim::Adam opt(unique_parameters(*model), torch::optim::AdamOptions(1e-2));
@@ -123,6 +127,7 @@ Result reference(const Subject& s) {
     r.losses.push_back(l.item<double>());
     if (i == 0)
       for (const auto& p : model->named_parameters()) r.grads[p.key()] = p.value().grad().detach().clone();
+    if (max_norm > 0) r.norms.push_back(torch::nn::utils::clip_grad_norm_(unique_parameters(*model), max_norm));
     opt.step();
   }
   for (const auto& p : model->named_parameters()) r.params[p.key()] = p.value().detach().clone();
@@ -274,28 +279,35 @@ void expect_shards(const std::map<std::string, at::Tensor>& whole, const Paralle
 // parallelize() over the plan's other axes, then the Pipeline: every rank's
 // shards of the gradients after step 1 and of the parameters after the last
 // against the reference's, the loss on every rank, and every parameter on
-// `copies` ranks (the model and data ranks of its stage).
-void expect_sharded_run(const Subject& s, const Result& ref, const std::string& yaml, int world_size, int copies) {
+// `copies` ranks (the model and data ranks of its stage). With max_norm,
+// clip_grad_norm_ over the pipeline before each step, its norm the
+// reference's. The loss is the model's output_loss (vocab-parallel under
+// plans/gpt.yaml).
+void expect_sharded_run(const Subject& s, const Result& ref, const std::string& yaml, int world_size, int copies,
+                        double max_norm = 0) {
   const Plan plan = parse_plan(yaml, "gpt_pipe.yaml");
   std::vector<std::shared_ptr<torch::nn::Module>> models;
   for (int r = 0; r < world_size; ++r) models.push_back(s.clone());
   std::mutex mu;
   std::map<std::string, int> ranks_of;
   run_ranks_in_threads(world_size, [&](World& world) {
-    auto& gpt = dynamic_cast<ex::GPTImpl&>(*models[world.rank()]);
-    const ParallelReport report = parallelize(gpt, plan, world);
-    const int model_ranks = report.mesh.has_axis("model") ? report.mesh.axis_size("model") : 1;
-    EXPECT_EQ(gpt.tok_emb->weight.size(0), 32 / model_ranks);  // the vocabulary split: a sharded stage
-    Pipeline pipe(gpt, gpt, plan, world, &report);
-    // The head's logits stay split over the vocabulary: the plan's vocab-parallel loss.
-    const Pipeline::LossFn loss = [&gpt](const at::Tensor& logits, const at::Tensor& target) {
-      return gpt.output_loss(logits, target);
+    torch::nn::Module& model = *models[world.rank()];
+    const ParallelReport report = parallelize(model, plan, world);
+    if (plan.rules.size() > 0)  // a sharded stage indeed
+      EXPECT_TRUE(std::any_of(report.rows.begin(), report.rows.end(),
+                              [](const ReportRow& r) { return r.local_shape != r.global_shape; }));
+    Pipeline pipe(model, s.pieces(model), plan, world, &report);
+    auto& example = dynamic_cast<ex::ExampleModel&>(model);
+    const Pipeline::LossFn loss = [&example](const at::Tensor& out, const at::Tensor& target) {
+      return example.output_loss(out, target);
     };
     torch::optim::Adam opt(pipe.parameters(), torch::optim::AdamOptions(1e-2));
     for (int i = 0; i < kSteps; ++i) {
       opt.zero_grad();
       EXPECT_NEAR(pipe.step(s.batches[i].first, s.batches[i].second, loss), ref.losses[i], kTol) << "step " << i;
       if (i == 0) expect_shards(ref.grads, report, pipe.named_parameters(), true);
+      if (max_norm > 0)
+        EXPECT_NEAR(clip_grad_norm_(pipe, report, world, max_norm), ref.norms[i], kTol) << "norm, step " << i;
       opt.step();
     }
     expect_shards(ref.params, report, pipe.named_parameters(), false);
@@ -324,6 +336,21 @@ TEST(PipelineRun, GptWithADataAxisMatchesOneProcess) {
   const std::string no_rules = "version: 1\nmesh: {data: 2, pipe: 2}\npipeline: {micro_batches: 2}\nrules: []\n";
   expect_sharded_run(s, ref, no_rules, 4, 2);
   expect_sharded_run(s, ref, gpt_yaml_with("{data: 2, pipe: 2, model: 2}", "1f1b"), 8, 4);
+}
+
+// The norm over every stage: each rank counts its stage's parameters once
+// across the model axis and the batch axis, a tensor tied across stages
+// once. Clipped at 0.5, below every step's norm.
+TEST(PipelineRun, ClippingCountsEveryStageOnce) {
+  const Subject gpt = gpt_subject();
+  const Result ref = reference(gpt, 0.5);
+  for (double n : ref.norms) ASSERT_GT(n, 0.5);
+  expect_sharded_run(gpt, ref, "version: 1\nmesh: {pipe: 2}\npipeline: {micro_batches: 2}\nrules: []\n", 2, 1, 0.5);
+  expect_sharded_run(gpt, ref, gpt_yaml_with("{data: 2, pipe: 2, model: 2}", "1f1b"), 8, 4, 0.5);
+  const Subject tied = llama_subject(1);
+  const Result tied_ref = reference(tied, 0.5);
+  expect_sharded_run(tied, tied_ref, "version: 1\nmesh: {pipe: 2}\npipeline: {micro_batches: 2}\nrules: []\n", 2, 1,
+                     0.5);
 }
 
 TEST(PipelineRun, RefusesWhatItCannotRun) {

@@ -73,6 +73,7 @@ class Pipeline {
            const ParallelReport* report = nullptr);
   ~Pipeline();
 
+  const std::string& axis() const { return axis_; }  // the pipe axis
   int stage() const { return stage_; }    // this rank's coordinate on the pipe axis
   int stages() const { return stages_; }  // the pipe axis' size
   // Per chunk of this rank (one unless interleaved), its pieces.
@@ -114,6 +115,7 @@ class Pipeline {
   bool last_model_stage(int chunk) const { return model_stage(chunk) == stages_ * virtual_ - 1; }
 
   PipelineModel& pieces_;
+  std::string axis_;
   std::shared_ptr<Communicator> group_;
   int stage_ = 0, stages_ = 1, virtual_ = 1, micro_ = 1;
   StageRanges chunks_;

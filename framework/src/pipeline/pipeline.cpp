@@ -40,7 +40,7 @@ std::vector<int64_t> piece_params(torch::nn::Module& model, const std::vector<st
 
 Pipeline::Pipeline(torch::nn::Module& model, PipelineModel& pieces, const Plan& plan, World& world,
                    const ParallelReport* report)
-    : pieces_(pieces) {
+    : pieces_(pieces), axis_(plan.pipeline.axis) {
   const PipelineSpec& spec = plan.pipeline;
   if (!spec.enabled) throw PlanError(SourceLoc{plan.source, 1, 1}, "the plan has no pipeline: key");
   const Mesh mesh = plan.resolve_mesh(world.size());
