@@ -84,7 +84,8 @@ void GPTImpl::reset() {
 
 at::Tensor GPTImpl::forward(const at::Tensor& tokens) {
   at::Tensor x = embed(tokens);
-  const at::Tensor mask = causal_mask(x);
+  // The whole sequence's: under sequence parallelism x holds T/N positions.
+  const at::Tensor mask = causal_mask(tokens.size(1), x);
   for (const auto& block : *blocks) x = block->as<GPTBlockImpl>()->forward(x, mask);
   return head->forward(ln_f->forward(x));
 }
@@ -99,8 +100,7 @@ at::Tensor GPTImpl::embed(const at::Tensor& tokens) {
   return tok_emb->forward(tokens.t()) + pos_emb->forward(at::arange(t, tokens.options())).unsqueeze(1);
 }
 
-at::Tensor GPTImpl::causal_mask(const at::Tensor& x) {
-  const int64_t t = x.size(0);
+at::Tensor GPTImpl::causal_mask(int64_t t, const at::Tensor& x) {
   return at::full({t, t}, -std::numeric_limits<double>::infinity(), x.options()).triu(1);
 }
 
@@ -115,7 +115,10 @@ std::vector<std::vector<std::string>> GPTImpl::pieces() const {
 // the whole one to the last bit.
 at::Tensor GPTImpl::forward_piece(size_t index, const at::Tensor& input) {
   if (index == 0) return embed(input);
-  if (index <= blocks->size()) return blocks->ptr<GPTBlockImpl>(index - 1)->forward(input, causal_mask(input));
+  // A block's input holds every position (a pipeline with sequence
+  // parallelism inside its stages, which would not, is not supported yet).
+  if (index <= blocks->size())
+    return blocks->ptr<GPTBlockImpl>(index - 1)->forward(input, causal_mask(input.size(0), input));
   if (index == blocks->size() + 1) return head->forward(ln_f->forward(input));
   throw Error("gpt: piece " + std::to_string(index) + " of " + std::to_string(blocks->size() + 2));
 }

@@ -111,7 +111,7 @@ class GPTImpl : public torch::nn::Cloneable<GPTImpl>,
 
  private:
   at::Tensor embed(const at::Tensor& tokens);  // tokens [B, T] -> [T, B, E]
-  static at::Tensor causal_mask(const at::Tensor& x);  // additive, [T, T] for x [T, B, E]
+  static at::Tensor causal_mask(int64_t t, const at::Tensor& x);  // additive, [t, t], in x's dtype
 };
 TORCH_MODULE(GPT);
 

@@ -93,6 +93,9 @@ TEST(PipelinePlan, BadInputIsOneLineAtItsPlace) {
   EXPECT_PLAN_ERROR(plan_with("pipe"), 3, 11, "pipeline must be a map");
   // The pipeline's axis is neither the batch axis nor split by a rule.
   EXPECT_PLAN_ERROR(plan_with("{axis: data, micro_batches: 4}", "{data: 2}"), 3, 18, "also the batch axis");
+  EXPECT_PLAN_ERROR("version: 1\nmesh: {pipe: 2, model: 2}\npipeline: {micro_batches: 4}\n"
+                    "sequence_parallel: {dim: 0, axis: model}\nrules: []\n",
+                    4, 20, "sequence_parallel with a pipeline: key is not supported yet");
   EXPECT_PLAN_ERROR("version: 1\nmesh: {pipe: 2, model: 2}\npipeline: {micro_batches: 4}\nrules:\n"
                     "  - match: 'fc\\.weight'\n    layout: [pipe, null]\n",
                     6, 13, "layout splits over 'pipe', the pipeline's axis");
