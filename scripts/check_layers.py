@@ -36,6 +36,8 @@ LAYERS = [
     (8, "data_parallel", ["data_parallel.h", "zero_optimizer.h"]),
     (9, "checkpoint", ["checkpoint.h", "checkpoint_meta.h"]),
     (9, "check", ["plan_check.h", "dry_run.h"]),
+    # Above data_parallel and parallel: a stage composes with both (later sessions).
+    (9, "pipeline", ["pipeline.h", "pipeline_schedule.h"]),
     (10, "training", ["optimizer.h", "training.h", "clip_grad.h", "replicas.h", "mixed_precision.h", "state_bytes.h"]),
     (10, "weights", ["weights.h"]),
 ]

@@ -10,6 +10,7 @@
 #include <random>
 #include <regex>
 
+#include "plan_errors.h"
 #include "shardplan/error.h"
 #include "shardplan/plan.h"
 
@@ -20,24 +21,7 @@ namespace {
 namespace fs = std::filesystem;
 using namespace shardplan;
 
-std::string error_of(const std::string& yaml) {
-  try {
-    parse_plan(yaml, "p.yaml");
-  } catch (const PlanError& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
-
-// The message starts with the exact location and contains `text`.
-#define EXPECT_PLAN_ERROR(yaml, line, col, text)                                                      \
-  do {                                                                                                \
-    const std::string what_ = error_of(yaml);                                                         \
-    const std::string where_ = "p.yaml:" + std::to_string(line) + ":" + std::to_string(col) + ": ";   \
-    EXPECT_EQ(what_.rfind(where_, 0), 0u) << "expected at " << where_ << "\n got: " << what_;         \
-    EXPECT_NE(what_.find(text), std::string::npos) << "expected '" << (text) << "'\n got: " << what_; \
-    EXPECT_EQ(what_.find('\n'), std::string::npos) << "multi-line: " << what_;                        \
-  } while (0)
+using plan_errors::error_of;
 
 // The same message from assign() rather than parse_plan().
 std::string assign_error(const std::string& yaml, const std::vector<ParamInfo>& params, int world) {
@@ -478,7 +462,7 @@ TEST(PlanErrors, EmptyOrNotAMap) {
 
 TEST(PlanErrors, UnknownTopLevelKey) {
   EXPECT_PLAN_ERROR("mesh: {model: auto}\nrule: []\n", 2, 1,
-                    "unknown key 'rule' (expected version, mesh, plugins, strict, paths, batch_axis, data_parallel, sequence_parallel, divide, recompute, rules, name, description)");
+                    "unknown key 'rule' (expected version, mesh, plugins, strict, paths, batch_axis, data_parallel, sequence_parallel, divide, recompute, pipeline, rules, name, description)");
 }
 
 TEST(PlanErrors, DuplicateKey) {

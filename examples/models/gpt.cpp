@@ -83,16 +83,44 @@ void GPTImpl::reset() {
 }
 
 at::Tensor GPTImpl::forward(const at::Tensor& tokens) {
+  at::Tensor x = embed(tokens);
+  // The whole sequence's: under sequence parallelism x holds T/N positions.
+  const at::Tensor mask = causal_mask(tokens.size(1), x);
+  for (const auto& block : *blocks) x = block->as<GPTBlockImpl>()->forward(x, mask);
+  return head->forward(ln_f->forward(x));
+}
+
+at::Tensor GPTImpl::embed(const at::Tensor& tokens) {
   if (tokens.dim() != 2)
     throw Error("gpt: tokens must be [batch, time], got " + std::to_string(tokens.dim()) + " dims");
   const int64_t t = tokens.size(1);
   if (t > config.context)
     throw Error("gpt: " + std::to_string(t) + " tokens exceed the context of " + std::to_string(config.context));
   // Seq-first, as MultiheadAttention takes it.
-  at::Tensor x = tok_emb->forward(tokens.t()) + pos_emb->forward(at::arange(t, tokens.options())).unsqueeze(1);
-  const at::Tensor mask = at::full({t, t}, -std::numeric_limits<double>::infinity(), x.options()).triu(1);
-  for (const auto& block : *blocks) x = block->as<GPTBlockImpl>()->forward(x, mask);
-  return head->forward(ln_f->forward(x));
+  return tok_emb->forward(tokens.t()) + pos_emb->forward(at::arange(t, tokens.options())).unsqueeze(1);
+}
+
+at::Tensor GPTImpl::causal_mask(int64_t t, const at::Tensor& x) {
+  return at::full({t, t}, -std::numeric_limits<double>::infinity(), x.options()).triu(1);
+}
+
+std::vector<std::vector<std::string>> GPTImpl::pieces() const {
+  std::vector<std::vector<std::string>> out{{"tok_emb", "pos_emb"}};
+  for (size_t i = 0; i < blocks->size(); ++i) out.push_back({"blocks." + std::to_string(i)});
+  out.push_back({"ln_f", "head"});
+  return out;
+}
+
+// The same operations as forward(), piece by piece: a pipelined GPT equals
+// the whole one to the last bit.
+at::Tensor GPTImpl::forward_piece(size_t index, const at::Tensor& input) {
+  if (index == 0) return embed(input);
+  // A block's input holds every position (a pipeline with sequence
+  // parallelism inside its stages, which would not, is not supported yet).
+  if (index <= blocks->size())
+    return blocks->ptr<GPTBlockImpl>(index - 1)->forward(input, causal_mask(input.size(0), input));
+  if (index == blocks->size() + 1) return head->forward(ln_f->forward(input));
+  throw Error("gpt: piece " + std::to_string(index) + " of " + std::to_string(blocks->size() + 2));
 }
 
 std::vector<shardplan::nn::KVCache> GPTImpl::make_caches() const {
@@ -137,9 +165,10 @@ at::Tensor GPTImpl::full_logits(const at::Tensor& logits) const {
   return group && group->size() > 1 ? gather_from_group(logits, *group, -1) : logits;
 }
 
-at::Tensor GPTImpl::loss(const Batch& batch) {
-  at::Tensor logits = forward(batch.input);  // [T, B, V]
-  return loss_fn->forward(logits.reshape({-1, logits.size(-1)}), batch.target.t().reshape(-1));
+at::Tensor GPTImpl::loss(const Batch& batch) { return output_loss(forward(batch.input), batch.target); }
+
+at::Tensor GPTImpl::output_loss(const at::Tensor& logits, const at::Tensor& target) {
+  return loss_fn->forward(logits.reshape({-1, logits.size(-1)}), target.t().reshape(-1));
 }
 
 Batch GPTImpl::sample(at::Generator& gen, int64_t batch_size, const Corpus* corpus) const {

@@ -19,6 +19,7 @@
 #include "shardplan/nn/layer_norm.h"
 #include "shardplan/nn/linear.h"
 #include "shardplan/nn/multihead_attention.h"
+#include "shardplan/pipeline.h"
 #include "shardplan/recompute.h"
 
 namespace shardplan {
@@ -60,7 +61,10 @@ class GPTBlockImpl : public torch::nn::Cloneable<GPTBlockImpl>, public shardplan
 };
 TORCH_MODULE(GPTBlock);
 
-class GPTImpl : public torch::nn::Cloneable<GPTImpl>, public ExampleModel, public CausalLM {
+class GPTImpl : public torch::nn::Cloneable<GPTImpl>,
+                public ExampleModel,
+                public CausalLM,
+                public shardplan::PipelineModel {
  public:
   explicit GPTImpl(const GPTConfig& config = {});
   void reset() override;
@@ -85,7 +89,13 @@ class GPTImpl : public torch::nn::Cloneable<GPTImpl>, public ExampleModel, publi
   // over the head's group when the plan left them split.
   at::Tensor full_logits(const at::Tensor& logits) const;
 
+  // Pipeline pieces (shardplan/pipeline.h): {tok_emb, pos_emb}, each block,
+  // {ln_f, head}; piece 0 takes tokens [B, T], the last returns forward()'s logits.
+  std::vector<std::vector<std::string>> pieces() const override;
+  at::Tensor forward_piece(size_t index, const at::Tensor& input) override;
+
   at::Tensor loss(const Batch& batch) override;
+  at::Tensor output_loss(const at::Tensor& logits, const at::Tensor& target) override;  // logits [T, B, V]
   Batch sample(at::Generator& gen, int64_t batch_size, const Corpus* corpus) const override;
   bool needs_corpus() const override { return true; }
   int64_t items_per_sample() const override { return config.context; }
@@ -98,6 +108,10 @@ class GPTImpl : public torch::nn::Cloneable<GPTImpl>, public ExampleModel, publi
   shardplan::nn::LayerNorm ln_f{nullptr};
   shardplan::nn::Linear head{nullptr};
   shardplan::nn::CrossEntropyLoss loss_fn{nullptr};  // registered as "loss"
+
+ private:
+  at::Tensor embed(const at::Tensor& tokens);  // tokens [B, T] -> [T, B, E]
+  static at::Tensor causal_mask(int64_t t, const at::Tensor& x);  // additive, [t, t], in x's dtype
 };
 TORCH_MODULE(GPT);
 

@@ -292,8 +292,32 @@ CausalLM::CacheBytes LlamaImpl::cache_bytes(int64_t batch) const {
 }
 
 at::Tensor LlamaImpl::loss(const Batch& batch) {
-  const at::Tensor logits = forward(batch.input);  // [B, T, V]
-  return loss_fn->forward(logits.reshape({-1, logits.size(-1)}), batch.target.reshape(-1));
+  return output_loss(forward(batch.input), batch.target);
+}
+
+at::Tensor LlamaImpl::output_loss(const at::Tensor& logits, const at::Tensor& target) {
+  return loss_fn->forward(logits.reshape({-1, logits.size(-1)}), target.reshape(-1));
+}
+
+std::vector<std::vector<std::string>> LlamaImpl::pieces() const {
+  std::vector<std::vector<std::string>> out{{"model.embed_tokens"}};
+  for (size_t i = 0; i < model->layers->size(); ++i) out.push_back({"model.layers." + std::to_string(i)});
+  out.push_back({"model.norm", "lm_head"});
+  return out;
+}
+
+// forward() piece by piece, the same operations.
+at::Tensor LlamaImpl::forward_piece(size_t index, const at::Tensor& input) {
+  const size_t layers = model->layers->size();
+  if (index == 0) {
+    if (input.dim() != 2) throw Error("llama: tokens must be [batch, time], got " + num(input.dim()) + " dims");
+    if (input.size(1) > config.context)
+      throw Error("llama: " + num(input.size(1)) + " tokens exceed the context of " + num(config.context));
+    return model->embed_tokens->forward(input);
+  }
+  if (index <= layers) return model->layers->ptr<LlamaDecoderLayerImpl>(index - 1)->forward(input, 0, nullptr);
+  if (index == layers + 1) return lm_head->forward(model->norm->forward(input));
+  throw Error("llama: piece " + num(static_cast<int64_t>(index)) + " of " + num(static_cast<int64_t>(layers + 2)));
 }
 
 Batch LlamaImpl::sample(at::Generator& gen, int64_t batch_size, const Corpus* corpus) const {

@@ -33,6 +33,7 @@
 #include "shardplan/nn/kv_cache.h"
 #include "shardplan/nn/linear.h"
 #include "shardplan/nn/rms_norm.h"
+#include "shardplan/pipeline.h"
 #include "shardplan/recompute.h"
 
 namespace shardplan {
@@ -120,7 +121,10 @@ class LlamaModelImpl : public torch::nn::Cloneable<LlamaModelImpl> {
 };
 TORCH_MODULE(LlamaModel);
 
-class LlamaImpl : public torch::nn::Cloneable<LlamaImpl>, public ExampleModel, public CausalLM {
+class LlamaImpl : public torch::nn::Cloneable<LlamaImpl>,
+                  public ExampleModel,
+                  public CausalLM,
+                  public shardplan::PipelineModel {
  public:
   explicit LlamaImpl(const LlamaConfig& config = {});
   void reset() override;
@@ -142,7 +146,14 @@ class LlamaImpl : public torch::nn::Cloneable<LlamaImpl>, public ExampleModel, p
   at::Tensor forward_cached(const at::Tensor& tokens, std::vector<shardplan::nn::KVCache>& caches) override;
   CacheBytes cache_bytes(int64_t batch) const override;
 
+  // Pipeline pieces (shardplan/pipeline.h): model.embed_tokens, each layer,
+  // {model.norm, lm_head}; with tie=1 the first and last share the
+  // embedding, whose gradient the pipeline sums between their stages.
+  std::vector<std::vector<std::string>> pieces() const override;
+  at::Tensor forward_piece(size_t index, const at::Tensor& input) override;
+
   at::Tensor loss(const Batch& batch) override;
+  at::Tensor output_loss(const at::Tensor& logits, const at::Tensor& target) override;  // logits [B, T, V]
   Batch sample(at::Generator& gen, int64_t batch_size, const Corpus* corpus) const override;
   bool needs_corpus() const override { return true; }
   int64_t items_per_sample() const override { return config.context; }

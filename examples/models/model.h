@@ -44,6 +44,10 @@ class ExampleModel {
   virtual ~ExampleModel() = default;
   // The scalar training loss of a batch (the same on every rank of a plan).
   virtual at::Tensor loss(const Batch& batch) = 0;
+  // The loss of what the model's forward returned for `target`: what the last
+  // stage of a pipeline computes (shardplan/pipeline.h). Models that can be
+  // pipelined override it; the others throw.
+  virtual at::Tensor output_loss(const at::Tensor& output, const at::Tensor& target);
   // A batch drawn from `gen`: the same generator state gives the same batch
   // on every rank. Language models read `corpus` (ignored otherwise).
   virtual Batch sample(at::Generator& gen, int64_t batch_size, const Corpus* corpus) const = 0;

@@ -45,6 +45,10 @@ const Entry& find(const std::string& name) {
 
 }  // namespace
 
+at::Tensor ExampleModel::output_loss(const at::Tensor&, const at::Tensor&) {
+  throw Error("this model does not declare its pieces for a pipeline (shardplan::PipelineModel); gpt does");
+}
+
 Overrides parse_overrides(const std::string& text) {
   Overrides out;
   size_t begin = 0;

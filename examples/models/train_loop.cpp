@@ -16,6 +16,7 @@
 #include "models/schedule.h"
 #include "models/train_after.h"
 #include "models/train_args.h"
+#include "models/train_pipeline.h"
 #include "models/train_rank.h"
 #include "models/train_step.h"
 #include "shardplan/data_parallel.h"
@@ -36,6 +37,7 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
       a.threads > 0 ? set_num_threads(a.threads, world.options().local_world_size, ranks_in_process) : world.threads();
   TrainRank r{a, world, corpus, ranks_in_process, dtype_from_name(a.dtype, "--dtype")};
   build_sharded_model(r, threads.str());
+  if (r.plan.pipeline.enabled) return train_pipelined(r);
   // Gradients averaged over the plan's batch axis, if it has one.
   DataParallel dp = naming_out_of_memory("the data-parallel gradient buckets",
                                          [&] { return DataParallel(*r.m.module, r.report, r.plan, world); });

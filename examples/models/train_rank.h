@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "models/checkpoint_history.h"
 #include "models/memory.h"
@@ -76,6 +77,8 @@ void print_parameter_bytes(const TrainRank& r, int data_ranks);
 // the plan asks for it; with --dtype bfloat16/float16 over master weights
 // in --master, with a loss scaler for --loss-scale dynamic.
 std::unique_ptr<Optimizer> make_optimizer(const Args& a, DataParallel& dp);
+// The torch optimizer --optimizer names, at --lr, over `params`.
+std::unique_ptr<torch::optim::Optimizer> make_torch_optimizer(const Args& a, std::vector<at::Tensor> params);
 
 // --save and --load / --resume auto for one rank's model, optimizer and lr
 // schedule.

@@ -175,15 +175,17 @@ std::unique_ptr<Optimizer> make_optimizer(const Args& a, DataParallel& dp) {
   MixedPrecision mixed;
   if (!a.master.empty()) mixed.master_dtype = dtype_from_name(a.master, "--master");
   if (a.loss_scale) mixed.loss_scaler = LossScalerOptions{};
-  auto make = [&a](std::vector<at::Tensor> params) -> std::unique_ptr<torch::optim::Optimizer> {
-    namespace optim = torch::optim;
-    if (a.optimizer == "adam") return std::make_unique<optim::Adam>(params, optim::AdamOptions(a.lr));
-    if (a.optimizer == "adamw") return std::make_unique<optim::AdamW>(params, optim::AdamWOptions(a.lr));
-    if (a.optimizer == "rmsprop") return std::make_unique<optim::RMSprop>(params, optim::RMSpropOptions(a.lr));
-    if (a.optimizer == "adagrad") return std::make_unique<optim::Adagrad>(params, optim::AdagradOptions(a.lr));
-    return std::make_unique<optim::SGD>(params, optim::SGDOptions(a.lr).momentum(0.9));
-  };
+  auto make = [&a](std::vector<at::Tensor> params) { return make_torch_optimizer(a, std::move(params)); };
   return std::make_unique<Optimizer>(dp, make, mixed);
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_torch_optimizer(const Args& a, std::vector<at::Tensor> params) {
+  namespace optim = torch::optim;
+  if (a.optimizer == "adam") return std::make_unique<optim::Adam>(params, optim::AdamOptions(a.lr));
+  if (a.optimizer == "adamw") return std::make_unique<optim::AdamW>(params, optim::AdamWOptions(a.lr));
+  if (a.optimizer == "rmsprop") return std::make_unique<optim::RMSprop>(params, optim::RMSpropOptions(a.lr));
+  if (a.optimizer == "adagrad") return std::make_unique<optim::Adagrad>(params, optim::AdagradOptions(a.lr));
+  return std::make_unique<optim::SGD>(params, optim::SGDOptions(a.lr).momentum(0.9));
 }
 
 }  // namespace examples

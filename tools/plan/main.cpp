@@ -32,6 +32,7 @@
 #include "shardplan/error.h"
 #include "shardplan/plan.h"
 #include "shardplan/plan_check.h"
+#include "pipeline_check.h"
 #include "script_check.h"
 #include "state_dict.h"
 #include "torchscript_plan.h"
@@ -315,6 +316,7 @@ int check(const Args& a) {
       }
       result = shardplan::check_plan_for_model(*m.module, plan, a.world);
       result.subject = "model " + a.model + " (" + m.model->config_str() + ", " + a.dtype + ")";
+      shardplan_plan::check_pipeline(*m.module, plan, result);
       if (result.ok() && a.comm) {
         const ex::Batch& batch = batch_of();
         std::vector<std::shared_ptr<torch::nn::Module>> replicas;

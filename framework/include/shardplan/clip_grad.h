@@ -53,6 +53,7 @@ class World;
 class DataParallel;
 class Optimizer;
 class TensorParallelImpl;
+class Pipeline;
 
 // A model sharded by parallelize(model, plan, world) (`report` is what it
 // returned). Reads .grad: under data parallelism the averaged gradients
@@ -87,6 +88,16 @@ double clip_grad_norm_(DataParallel& dp, double max_norm, double norm_type = 2.0
 // DataParallel one: the slices it scales are the ones step() reads.
 double grad_norm(Optimizer& opt, double norm_type = 2.0, bool error_if_nonfinite = false);
 double clip_grad_norm_(Optimizer& opt, double max_norm, double norm_type = 2.0, bool error_if_nonfinite = false);
+
+// A pipelined model (shardplan/pipeline.h), after Pipeline::step: the
+// norm over every stage, each rank counting its stage's parameters by the
+// rule above on the other axes (a tensor tied across stages once, under its
+// first path). `report` is parallelize()'s for the model. Throws before any
+// communication under ZeRO, whose slices this does not read yet.
+double grad_norm(Pipeline& pipe, const ParallelReport& report, World& world, double norm_type = 2.0,
+                 bool error_if_nonfinite = false);
+double clip_grad_norm_(Pipeline& pipe, const ParallelReport& report, World& world, double max_norm,
+                       double norm_type = 2.0, bool error_if_nonfinite = false);
 
 // The in-process wrapper: its parameters() already hold each element once,
 // so this is torch's clip_grad_norm_ over them (float64 accumulation); no

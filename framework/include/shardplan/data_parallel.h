@@ -70,6 +70,11 @@ class DataParallel {
   // The same for a TorchScript module sharded by parallelize_script (its
   // ScriptParallel's module and report).
   DataParallel(torch::jit::Module& model, const ParallelReport& report, const Plan& plan, World& world);
+  // The same over the parameters given, named as in the model: one pipeline
+  // stage's (shardplan/pipeline.h), the rest of the model taking no part.
+  // Throws PlanError for ZeRO-3, whose gates live in the layers.
+  DataParallel(const std::vector<std::pair<std::string, at::Tensor>>& parameters, const ParallelReport& report,
+               const Plan& plan, World& world);
   ~DataParallel();
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;

@@ -137,6 +137,34 @@ struct RecomputeRule {
   bool matches(const std::string& module_path) const;
 };
 
+// Pipeline parallelism (docs/PLAN_FORMAT.md, "Pipeline parallelism"): the
+// top-level `pipeline` map. The mesh axis `axis` cuts the model's pieces
+// (shardplan/pipeline.h) into stages; its coordinate is a rank's stage.
+struct PipelineStagePattern {
+  std::string pattern;  // full-match regex over module paths ("blocks\\.[0-3]")
+  SourceLoc loc;
+  std::shared_ptr<const Matcher> matcher;
+
+  bool matches(const std::string& module_path) const;
+};
+
+struct PipelineSpec {
+  bool enabled = false;               // the key is present
+  std::string axis = "pipe";          // the mesh axis whose groups are the pipelines
+  SourceLoc axis_loc;
+  std::string schedule = "1f1b";      // gpipe | 1f1b | interleaved
+  SourceLoc schedule_loc;
+  int micro_batches = 1;              // per step, each a slice of the batch along dim 0
+  SourceLoc micro_batches_loc;
+  int virtual_stages = 1;             // model chunks per rank (interleaved only)
+  SourceLoc virtual_stages_loc;
+  // Per stage (axis size x virtual_stages of them), the patterns of the
+  // module paths it runs; empty: `stages: auto` (balanced by parameters).
+  std::vector<std::vector<PipelineStagePattern>> stages;
+  SourceLoc stages_loc;
+  SourceLoc loc;                      // the pipeline map
+};
+
 class Plan {
  public:
   std::string source;                    // file path, or "<string>"
@@ -158,6 +186,7 @@ class Plan {
   SourceLoc divide_loc;
   std::vector<RecomputeRule> recompute;  // in the order written; the first match of a module wins
   SourceLoc recompute_loc;
+  PipelineSpec pipeline;
   // Written by to_yaml as `#` lines at the top (auto_plan: what it left
   // replicated and why); not parsed back.
   std::string comment;

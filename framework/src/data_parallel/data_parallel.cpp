@@ -203,6 +203,23 @@ std::vector<DataParallel::GatedLayerInfo> gated_layers_of(torch::nn::Module& mod
 DataParallel::DataParallel(torch::nn::Module& model, const ParallelReport& report, const Plan& plan, World& world)
     : DataParallel(named_parameters_of(model), report, plan, world, gated_layers_of(model)) {}
 
+namespace {
+
+// Before anything is built: ZeRO-3's gates are found in the model's layers.
+const std::vector<std::pair<std::string, at::Tensor>>& without_zero3(
+    const std::vector<std::pair<std::string, at::Tensor>>& parameters, const Plan& plan) {
+  if (plan.data_parallel.zero == 3)
+    throw PlanError(plan.data_parallel.zero_loc, "data_parallel: {zero: 3} over a part of a model's parameters (a "
+                                                 "pipeline stage) is not supported yet; zero 1 or 2 is");
+  return parameters;
+}
+
+}  // namespace
+
+DataParallel::DataParallel(const std::vector<std::pair<std::string, at::Tensor>>& parameters,
+                           const ParallelReport& report, const Plan& plan, World& world)
+    : DataParallel(without_zero3(parameters, plan), report, plan, world, {}) {}
+
 DataParallel::DataParallel(const std::vector<std::pair<std::string, at::Tensor>>& parameters,
                            const ParallelReport& report, const Plan& plan, World& world,
                            const std::vector<GatedLayerInfo>& layers)

@@ -2,6 +2,7 @@
 
 #include "plan_data_parallel.h"
 #include "plan_divide.h"
+#include "plan_pipeline.h"
 #include "plan_recompute.h"
 #include "plan_sequence_parallel.h"
 
@@ -243,6 +244,7 @@ std::string Plan::to_yaml() const {
   y << detail::sequence_parallel_yaml(*this);
   y << detail::divide_yaml(*this);
   y << detail::recompute_yaml(*this);
+  y << detail::pipeline_yaml(*this);
   if (rules.empty()) {
     y << "rules: []\n";
     return y.str();

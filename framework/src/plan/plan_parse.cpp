@@ -8,6 +8,7 @@
 
 #include "plan_data_parallel.h"
 #include "plan_divide.h"
+#include "plan_pipeline.h"
 #include "plan_recompute.h"
 #include "plan_sequence_parallel.h"
 #include "plan_internal.h"
@@ -86,6 +87,8 @@ class Parser {
         detail::parse_divide(e.value, at(e.value, e.key_loc), plan);
       else if (e.key == "recompute")
         detail::parse_recompute(e.value, at(e.value, e.key_loc), plan);
+      else if (e.key == "pipeline")
+        detail::parse_pipeline(e.value, at(e.value, e.key_loc), plan);
       else if (!e.value.IsScalar() && !e.value.IsNull())  // name, description
         throw PlanError(at(e.value, e.key_loc), e.key + " must be text, got " + kind_name(e.value));
       else if (e.value.IsScalar())
@@ -98,6 +101,7 @@ class Parser {
     detail::check_batch_axis(plan);
     parse_rules(*rules, plan);
     detail::check_sequence_parallel(plan);
+    detail::check_pipeline(plan);
     return plan;
   }
 
@@ -110,7 +114,7 @@ class Parser {
 
   inline static const std::vector<std::string> kTopKeys = {
       "version", "mesh",         "plugins",           "strict", "paths",      "batch_axis",
-      "data_parallel", "sequence_parallel", "divide", "recompute", "rules",  "name", "description"};
+      "data_parallel", "sequence_parallel", "divide", "recompute", "pipeline", "rules", "name", "description"};
   inline static const std::vector<std::string> kRuleKeys = {"match", "layout", "output",
                                                             "input", "blocks", "plugin",
                                                             "sequence_parallel", "sequence_dim", "overlap",

@@ -48,6 +48,11 @@ bool RecomputeRule::matches(const std::string& module_path) const {
   return matcher->matches(module_path);
 }
 
+bool PipelineStagePattern::matches(const std::string& module_path) const {
+  if (!matcher) return plan_detail::compile(pattern, loc)->matches(module_path);
+  return matcher->matches(module_path);
+}
+
 bool Rule::matches(const std::string& path) const {
   // Rules built in code rather than parsed have no matcher yet.
   if (!matcher) return plan_detail::compile(pattern, pattern_loc)->matches(path);

@@ -134,13 +134,6 @@ std::vector<GradPiece> tensor_parallel_pieces(TensorParallelImpl& tp) {
   return pieces;
 }
 
-double clip_pieces(const std::vector<GradPiece>& pieces, Communicator* comm, double max_norm, double norm_type,
-            bool error_if_nonfinite) {
-  const double total = pieces_norm(pieces, comm, norm_type, error_if_nonfinite);
-  scale_pieces(pieces, clip_coefficient(max_norm, total));
-  return total;
-}
-
 }  // namespace
 
 void check_report_describes(const std::vector<std::pair<std::string, at::Tensor>>& params,

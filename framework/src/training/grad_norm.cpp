@@ -114,4 +114,11 @@ void scale_pieces(const std::vector<GradPiece>& pieces, double coef) {
     if (p.grad.defined()) p.grad.mul_(coef);
 }
 
+double clip_pieces(const std::vector<GradPiece>& pieces, Communicator* comm, double max_norm, double norm_type,
+                   bool error_if_nonfinite) {
+  const double total = pieces_norm(pieces, comm, norm_type, error_if_nonfinite);
+  scale_pieces(pieces, clip_coefficient(max_norm, total));
+  return total;
+}
+
 }  // namespace shardplan

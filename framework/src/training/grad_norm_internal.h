@@ -35,6 +35,9 @@ double pieces_norm(const std::vector<GradPiece>& pieces, Communicator* comm, dou
 void scale_pieces(const std::vector<GradPiece>& pieces, double coef);
 // torch's coefficient: min(1, max_norm / (total + 1e-6)).
 double clip_coefficient(double max_norm, double total);
+// pieces_norm, then scale_pieces by torch's coefficient; returns the norm.
+double clip_pieces(const std::vector<GradPiece>& pieces, Communicator* comm, double max_norm, double norm_type,
+                   bool error_if_nonfinite);
 
 // Throws shardplan::Error naming the argument: max_norm NaN or negative,
 // norm_type NaN or <= 0. Before any communication.

@@ -1,0 +1,135 @@
+#pragma once
+// Pipeline parallelism (docs/ARCHITECTURE.md and docs/PLAN_FORMAT.md,
+// "Pipeline parallelism"): a model lists its pieces in the order its forward
+// runs them, the plan's `pipeline:` key gives each rank of the pipe axis a
+// contiguous run of them (its stage), and Pipeline runs a schedule
+// (shardplan/pipeline_schedule.h) on this rank: activations forward and
+// their gradients back by point-to-point messages over the pipe group.
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "shardplan/communicator.h"
+#include "shardplan/data_parallel.h"
+#include "shardplan/parallelize.h"
+#include "shardplan/pipeline_schedule.h"
+#include "shardplan/plan.h"
+#include "shardplan/world.h"
+
+namespace shardplan {
+
+// What a model implements to be cut into stages: its pieces in order, each
+// named by the module paths (named_modules() keys) whose parameters it
+// uses, and one piece's forward. Piece 0 takes the batch input; each next
+// one takes the previous piece's output; the last returns what the loss
+// takes. Every parameter of the model must be under one piece's modules.
+class PipelineModel {
+ public:
+  virtual ~PipelineModel() = default;
+  virtual std::vector<std::vector<std::string>> pieces() const = 0;
+  virtual at::Tensor forward_piece(size_t index, const at::Tensor& input) = 0;
+};
+
+// A torch::nn::Sequential as pieces: one per child, in order.
+class SequentialPipeline : public PipelineModel {
+ public:
+  explicit SequentialPipeline(torch::nn::Sequential sequential);
+  std::vector<std::vector<std::string>> pieces() const override;
+  at::Tensor forward_piece(size_t index, const at::Tensor& input) override;
+
+ private:
+  torch::nn::Sequential sequential_;
+};
+
+// For each stage, the pieces it runs: [first, second). From the spec's
+// patterns (every piece in exactly one stage, stages in the model's order;
+// a PlanError at the pattern's file:line:col names the module otherwise) or,
+// for `stages: auto`, contiguous runs whose largest parameter count is as
+// small as it can be. piece_params[i]: the parameters (elements) of piece i.
+using StageRanges = std::vector<std::pair<size_t, size_t>>;
+StageRanges assign_stages(const std::vector<std::vector<std::string>>& pieces, const std::vector<int64_t>& piece_params,
+                          const PipelineSpec& spec, int stages);
+
+class Pipeline {
+ public:
+  // output: what the last piece returned for one micro-batch; target: that
+  // micro-batch's slice of the target. Returns the micro-batch's mean loss.
+  using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
+
+  // `model` owns the parameters `pieces` names (often the same object).
+  // Collective over the world (the pipe groups are made here). With a batch
+  // axis in the plan, `report` is parallelize()'s for `model` and this
+  // stage's gradients are averaged over that axis (a DataParallel over this
+  // stage's parameters). Throws PlanError for a plan without `pipeline:` or
+  // stages that do not fit the model, Error for a model whose pieces leave a
+  // parameter out or a batch axis without a report.
+  Pipeline(torch::nn::Module& model, PipelineModel& pieces, const Plan& plan, World& world,
+           const ParallelReport* report = nullptr);
+  ~Pipeline();
+
+  const std::string& axis() const { return axis_; }  // the pipe axis
+  int stage() const { return stage_; }    // this rank's coordinate on the pipe axis
+  int stages() const { return stages_; }  // the pipe axis' size
+  // Per chunk of this rank (one unless interleaved), its pieces.
+  const StageRanges& chunks() const { return chunks_; }
+  const PipelineSchedule& schedule() const { return schedule_; }
+  // This rank's parameters, named as in the whole model (a tied tensor once,
+  // under its first path here): what its optimizer steps. The others stay
+  // in the module but take no part. A tensor tied between pieces of several
+  // stages (an LM head sharing the embedding) is kept by each of them, and
+  // step() sums its gradient over the pipe group (Megatron's embedding
+  // group), so the copies stay equal.
+  const std::vector<std::pair<std::string, at::Tensor>>& named_parameters() const { return params_; }
+  std::vector<at::Tensor> parameters() const;
+
+  // One step's forwards and backwards over micro_batches slices of input
+  // and target along dim 0 (with a batch axis, of this data rank's slice of
+  // them). Gradients accumulate into this stage's parameters' .grad as those
+  // of the mean loss over the whole batch (averaged over the batch axis);
+  // the loss (that mean) is returned on every rank.
+  double step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss);
+  // The batch axis' DataParallel over this stage's parameters, or nullptr.
+  DataParallel* data_parallel() const { return dp_.get(); }
+
+ private:
+  struct Slot;  // one micro-batch chunk's tensors
+  double run_schedule(const at::Tensor& input, const at::Tensor& target, const LossFn& loss);
+  // rank_of_piece[i]: the pipe rank that runs piece i.
+  void keep_parameters(torch::nn::Module& model, const std::vector<std::vector<std::string>>& pieces,
+                       const std::vector<int>& rank_of_piece);
+  void sum_tied_gradients();
+  void forward(const PipelineAction& a, Slot& slot, const at::Tensor& micro_input);
+  void backward(const PipelineAction& a, Slot& slot, const at::Tensor& micro_target, const LossFn& loss);
+  void send_gradient(Slot& slot, int peer);
+  // `header`: micro-batch 0's activation, whose shape and dtype go first.
+  void send(const at::Tensor& t, int peer, int tag, bool header);
+  at::Tensor recv(int peer, int tag, int chunk, bool header);
+  at::Tensor recv_like(const at::Tensor& output, int peer);
+  int model_stage(int chunk) const { return chunk * stages_ + stage_; }
+  bool last_model_stage(int chunk) const { return model_stage(chunk) == stages_ * virtual_ - 1; }
+
+  PipelineModel& pieces_;
+  std::string axis_;
+  std::shared_ptr<Communicator> group_;
+  int stage_ = 0, stages_ = 1, virtual_ = 1, micro_ = 1;
+  StageRanges chunks_;
+  PipelineSchedule schedule_;
+  std::vector<std::pair<std::string, at::Tensor>> params_;
+  // Per chunk, the shape and dtype its incoming activations were agreed on
+  // (by micro-batch 0's header).
+  std::vector<std::pair<std::vector<int64_t>, at::ScalarType>> shapes_;
+  at::Tensor loss_sum_;                         // this step's, on the last model stage
+  // Tensors tied across ranks' stages, in tied_parameters() order (every
+  // rank alike), and whether this rank keeps it.
+  std::vector<std::pair<at::Tensor, bool>> tied_;
+  std::unique_ptr<DataParallel> dp_;
+  std::vector<std::unique_ptr<Work>> pending_;  // this step's sends (each keeps its tensor)
+};
+
+}  // namespace shardplan

@@ -1,0 +1,136 @@
+// Pipeline::step: this rank's action list, run.
+#include "pipeline_internal.h"
+#include "shardplan/error.h"
+
+namespace shardplan {
+
+namespace {
+
+// One tag per kind, so each channel's messages arrive in the order sent,
+// which is the order the schedule receives them (simulate_schedule checks).
+constexpr int kActivationTag = 0, kGradientTag = 1;
+// An activation's header: dims, dtype, then the sizes; fixed length, so the
+// receiver knows what to post before it knows the shape.
+constexpr int64_t kMaxDims = 8, kHeader = kMaxDims + 2;
+
+at::Tensor micro_slice(const at::Tensor& t, int micro, int micro_batches) {
+  const int64_t n = t.size(0) / micro_batches;
+  return t.narrow(0, micro * n, n);
+}
+
+}  // namespace
+
+double Pipeline::step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss) {
+  if (!dp_) return run_schedule(input, target, loss);
+  double local = 0;
+  {
+    // One reduction per step, after the last micro-batch's backward, not one per backward.
+    DataParallel::NoSync accumulate(*dp_);
+    local = run_schedule(dp_->local_batch(input), dp_->local_batch(target), loss);
+  }
+  dp_->finish();
+  return dp_->average(local);
+}
+
+double Pipeline::run_schedule(const at::Tensor& input, const at::Tensor& target, const LossFn& loss) {
+  for (const at::Tensor* t : {&input, &target})
+    if (t->dim() == 0 || t->size(0) % micro_ != 0)
+      throw Error("pipeline: a batch of " + (t->dim() ? std::to_string(t->size(0)) : std::string("no dims")) +
+                  " along dim 0 does not divide into " + std::to_string(micro_) + " micro-batches");
+  std::vector<Slot> slots(static_cast<size_t>(micro_ * virtual_));
+  loss_sum_ = at::zeros({1}, at::kDouble);
+  for (const PipelineAction& a : schedule_[stage_]) {
+    Slot& slot = slots[a.micro * virtual_ + a.chunk];
+    switch (a.op) {
+      case PipelineOp::recv_activation: slot.input = recv(a.peer, kActivationTag, a.chunk, a.micro == 0); break;
+      case PipelineOp::forward: forward(a, slot, micro_slice(input, a.micro, micro_)); break;
+      case PipelineOp::send_activation: send(slot.output.detach(), a.peer, kActivationTag, a.micro == 0); break;
+      case PipelineOp::recv_gradient: slot.grad = recv_like(slot.output, a.peer); break;
+      case PipelineOp::backward: backward(a, slot, micro_slice(target, a.micro, micro_), loss); break;
+      case PipelineOp::send_gradient: send_gradient(slot, a.peer); break;
+    }
+  }
+  for (auto& w : pending_) w->wait();
+  pending_.clear();
+  sum_tied_gradients();
+  // The last rank of the group holds the last model stage, whatever v is.
+  group_->broadcast(loss_sum_, stages_ - 1);
+  return loss_sum_.item<double>();
+}
+
+// Every rank of the pipe group takes part, zeros where it keeps no copy.
+void Pipeline::sum_tied_gradients() {
+  for (auto& [t, kept] : tied_) {
+    const bool had = t.grad().defined();
+    at::Tensor g = had ? t.grad() : at::zeros_like(t);
+    group_->all_reduce(g);
+    if (kept && !had) t.mutable_grad() = g;
+  }
+}
+
+void Pipeline::forward(const PipelineAction& a, Slot& slot, const at::Tensor& micro_input) {
+  at::Tensor x = model_stage(a.chunk) == 0 ? micro_input : slot.input;
+  for (size_t i = chunks_[a.chunk].first; i < chunks_[a.chunk].second; ++i) x = pieces_.forward_piece(i, x);
+  slot.output = x;
+}
+
+void Pipeline::backward(const PipelineAction& a, Slot& slot, const at::Tensor& micro_target, const LossFn& loss) {
+  if (last_model_stage(a.chunk)) {
+    // Each micro-batch's mean loss over m: the gradients add up to the
+    // global batch's mean loss's.
+    const at::Tensor l = loss(slot.output, micro_target) / micro_;
+    loss_sum_ += l.detach().to(at::kDouble).reshape({1});
+    l.backward();
+  } else if (slot.output.requires_grad()) {  // not so for a first stage without parameters
+    slot.output.backward(slot.grad);
+  }
+  slot.output = at::Tensor();
+  slot.grad = at::Tensor();
+}
+
+void Pipeline::send_gradient(Slot& slot, int peer) {
+  at::Tensor g = slot.input.grad();
+  // An input the chunk never used still owes its sender a gradient.
+  if (!g.defined()) g = at::zeros_like(slot.input);
+  send(g, peer, kGradientTag, false);
+  slot.input = at::Tensor();
+}
+
+void Pipeline::send(const at::Tensor& t, int peer, int tag, bool header) {
+  if (header) {
+    if (t.dim() > kMaxDims)
+      throw Error("pipeline: an activation of " + std::to_string(t.dim()) + " dims; at most " +
+                  std::to_string(kMaxDims) + " go between stages");
+    at::Tensor h = at::zeros({kHeader}, at::kLong);
+    h[0] = t.dim();
+    h[1] = static_cast<int64_t>(t.scalar_type());
+    for (int64_t d = 0; d < t.dim(); ++d) h[2 + d] = t.size(d);
+    pending_.push_back(group_->send_async(h, peer, tag));
+  }
+  pending_.push_back(group_->send_async(t.contiguous(), peer, tag));
+}
+
+at::Tensor Pipeline::recv(int peer, int tag, int chunk, bool header) {
+  auto& [shape, dtype] = shapes_[chunk];
+  if (header) {
+    at::Tensor h = at::zeros({kHeader}, at::kLong);
+    group_->recv(h, peer, tag);
+    const int64_t dims = h[0].item<int64_t>();
+    if (dims < 0 || dims > kMaxDims) throw Error("pipeline: a malformed activation header from stage " + std::to_string(peer));
+    shape.assign(h.data_ptr<int64_t>() + 2, h.data_ptr<int64_t>() + 2 + dims);
+    dtype = static_cast<at::ScalarType>(h[1].item<int64_t>());
+  }
+  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));
+  group_->recv(t, peer, tag);
+  // Activations that carry gradients become leaves whose .grad goes back.
+  if (c10::isFloatingType(dtype) || c10::isComplexType(dtype)) t.requires_grad_(true);
+  return t;
+}
+
+at::Tensor Pipeline::recv_like(const at::Tensor& output, int peer) {
+  at::Tensor g = at::empty(output.sizes(), output.options().requires_grad(false));
+  group_->recv(g, peer, kGradientTag);
+  return g;
+}
+
+}  // namespace shardplan
