@@ -60,6 +60,11 @@ if(TARGET train_gpt AND TARGET shardplan_cli)
   set_tests_properties(e2e_clip_torch_on_shards_caught_threads2 e2e_clip_torch_on_shards_caught_gloo2 PROPERTIES
     PASS_REGULAR_EXPRESSION "error: (rank [0-9]: )?step 10: replica check: "
     FAIL_REGULAR_EXPRESSION "step +1[1-9] " TIMEOUT 120 LABELS clip)
+  # --check-replicas 0 turns the default check off: the drifting run ends
+  # without an error (the check, not the run, stopped it above).
+  add_test(NAME e2e_clip_torch_on_shards_check_off_threads2 COMMAND ${_drift} --ranks 2 --check-replicas 0)
+  set_tests_properties(e2e_clip_torch_on_shards_check_off_threads2 PROPERTIES
+    PASS_REGULAR_EXPRESSION "step +60 " FAIL_REGULAR_EXPRESSION "error|replica check" TIMEOUT 120 LABELS clip)
   # Ours with the same options passes the checks.
   add_test(NAME e2e_clip_ours_passes_replica_check_threads2 COMMAND ${_drift} --ranks 2 --clip-with shardplan)
   set_tests_properties(e2e_clip_ours_passes_replica_check_threads2 PROPERTIES

@@ -288,6 +288,24 @@ TEST(ClipGrad, GradNormChangesNothing) {
   });
 }
 
+// The budget: at most one all-reduce per mesh axis. The norm's
+// pieces are summed locally and reduced once over the world, whatever the
+// plan (MLP, vocab-parallel GPT, SP Llama), and clipping adds nothing.
+TEST(ClipGrad, OneAllReducePerClip) {
+  for (const Case& c : {mlp_case(), gpt_case(), llama_case("llama_sp", 2)})
+    shardplan::run_ranks_in_threads(2, [&](World& w) {
+      auto m = c.model->clone();
+      const auto report = shardplan::parallelize(*m, c.plan, w);
+      c.loss(*m, 0).backward();
+      w.reset_stats();
+      shardplan::clip_grad_norm_(*m, report, w, c.max_norm, c.norm_type);
+      EXPECT_EQ(w.total_stats().calls, 1u) << "rank " << w.rank();
+      w.reset_stats();
+      shardplan::grad_norm(*m, report, w, kInf);
+      EXPECT_EQ(w.total_stats().calls, 1u) << "rank " << w.rank() << ", inf";
+    });
+}
+
 // ------------------------------------------------------------ in-process wrapper
 
 // The wrapper's own training: clip_grad_norm_(*tp) on tp->parameters().

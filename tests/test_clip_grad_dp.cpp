@@ -67,7 +67,10 @@ Trial torch_clipped(const dp_test::Task& task, double max_norm, double p) {
 // parallelize_for_training + shardplan::Optimizer (plain or ZeRO-1, as the
 // plan says), clipped through the Optimizer overload; every rank's norms
 // must be the same.
-Trial data_parallel(const dp_test::Task& task, const std::string& plan_text, double max_norm, double p) {
+// `via_data_parallel`: clip through the DataParallel overload (the averaged
+// .grad, or ZeRO's reduced slices) instead of the Optimizer's.
+Trial data_parallel(const dp_test::Task& task, const std::string& plan_text, double max_norm, double p,
+                    bool via_data_parallel = false) {
   const auto plan = shardplan::parse_plan(plan_text, "plan.yaml");
   std::vector<std::shared_ptr<torch::nn::Module>> models;
   for (int r = 0; r < 4; ++r) models.push_back(task.model->clone());
@@ -81,7 +84,8 @@ Trial data_parallel(const dp_test::Task& task, const std::string& plan_text, dou
     for (const auto& [x, y] : task.batches) {
       opt.zero_grad();
       task.loss(m, t.local_batch(x), t.local_batch(y)).backward();
-      norms[w.rank()].push_back(shardplan::clip_grad_norm_(opt, max_norm, p));
+      norms[w.rank()].push_back(via_data_parallel ? shardplan::clip_grad_norm_(*t.data_parallel, max_norm, p)
+                                                  : shardplan::clip_grad_norm_(opt, max_norm, p));
       opt.step();
     }
     t.data_parallel->check_replicas();
@@ -121,6 +125,24 @@ TEST(ClipGradDp, DataTwoModelTwoPlainAndZeroEqualTorchOnTheGlobalBatch) {
                                 dp_test::plan_2d(dp_test::kGptRules,
                                                  "data_parallel: {zero: " + std::string(stage) + ", bucket_mb: 0.001}\n"),
                                 max_norm, p),
+                  want, max_norm, what + " zero " + stage);
+  }
+}
+
+// The DataParallel overload scales what the optimizer then steps with:
+// the averaged .grad, or under ZeRO the reduced slices ZeroOptimizer reads.
+TEST(ClipGradDp, DataParallelOverloadPlainAndZero) {
+  const auto task = dp_test::gpt_task(3, 4);
+  for (double p : {2.0, kInf}) {
+    const double max_norm = p == kInf ? 0.01 : 0.1;
+    const Trial want = torch_clipped(task, max_norm, p);
+    const std::string what = "DataParallel overload, gpt {data: 2, model: 2} p=" + std::to_string(p);
+    expect_same(data_parallel(task, dp_test::plan_2d(dp_test::kGptRules), max_norm, p, true), want, max_norm, what);
+    for (const char* stage : {"1", "2"})
+      expect_same(data_parallel(task,
+                                dp_test::plan_2d(dp_test::kGptRules,
+                                                 "data_parallel: {zero: " + std::string(stage) + ", bucket_mb: 0.001}\n"),
+                                max_norm, p, true),
                   want, max_norm, what + " zero " + stage);
   }
 }

@@ -255,6 +255,52 @@ TEST(MixedPrecision, ReduceDtypeBfloat16RoundsTheAverage) { expect_reduced_in_bf
 
 TEST(MixedPrecision, ReduceDtypeBfloat16RoundsZeroSlices) { expect_reduced_in_bfloat16("true"); }
 
+// reduce_dtype: float32 on pure bfloat16 buckets (no masters): the buckets
+// go over the wire as float32 (twice the bytes) and the four ranks'
+// gradients come back as their exact average rounded once to bfloat16.
+TEST(MixedPrecision, ReduceDtypeFloat32ReducesBfloat16BucketsInFloat32) {
+  const Data data = make_data();
+  const auto& [x, y] = data.batches[0];
+  constexpr int kRanks = 4;
+  const int64_t n = kBatch / kRanks;
+  std::vector<torch::Tensor> exact;  // the average of the ranks' own gradients, in float64
+  for (int r = 0; r < kRanks; ++r) {
+    auto m = std::dynamic_pointer_cast<MlpImpl>(data.model->clone());
+    m->loss(x.narrow(0, r * n, n), y.narrow(0, r * n, n)).backward();
+    const auto ps = m->parameters();
+    for (size_t i = 0; i < ps.size(); ++i) {
+      auto g = ps[i].grad().to(torch::kDouble) / kRanks;
+      if (exact.size() <= i) exact.push_back(g); else exact[i].add_(g);
+    }
+  }
+  std::map<std::string, int64_t> bytes;
+  std::mutex mu;
+  for (const std::string dtype : {"float32", "bfloat16"}) {
+    const auto plan = shardplan::parse_plan("version: 1\nmesh: {data: 4}\ndata_parallel: {reduce_dtype: " + dtype +
+                                                "}\nrules: []\n", "r.yaml");
+    std::vector<std::shared_ptr<torch::nn::Module>> replicas;
+    for (int r = 0; r < kRanks; ++r) replicas.push_back(data.model->clone());
+    shardplan::run_ranks_in_threads(kRanks, [&](shardplan::World& w) {
+      auto& model = dynamic_cast<MlpImpl&>(*replicas[w.rank()]);
+      auto t = shardplan::parallelize_for_training(model, plan, w);
+      model.loss(t.local_batch(x), t.local_batch(y)).backward();
+      t.data_parallel->finish();
+      const std::string described = t.data_parallel->describe();
+      if (dtype == "float32") EXPECT_NE(described.find("reduced in Float"), std::string::npos) << described;
+      const auto ps = model.parameters();
+      for (size_t i = 0; i < ps.size(); ++i) {
+        EXPECT_EQ(ps[i].grad().scalar_type(), torch::kBFloat16);
+        EXPECT_EQ(max_diff(ps[i].grad(), exact[i].to(torch::kBFloat16)), 0) << dtype << ", parameter " << i;
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      bytes[dtype] = t.data_parallel->step_bytes();
+    });
+  }
+  int64_t elements = 0;
+  for (const auto& p : data.model->parameters()) elements += p.numel();
+  EXPECT_EQ(bytes["float32"] - bytes["bfloat16"], 2 * elements) << "the buckets did not go over the wire as float32";
+}
+
 TEST(MixedPrecision, ReduceDtypeBadValueNamesTheLine) {
   try {
     shardplan::parse_plan("version: 1\nmesh: {data: 2}\ndata_parallel:\n  reduce_dtype: int8\nrules: []\n", "p.yaml");

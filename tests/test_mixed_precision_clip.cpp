@@ -93,6 +93,7 @@ struct Case {
   int world = 2;
   torch::ScalarType model = torch::kBFloat16, master = torch::kFloat;
   bool scaler = false;
+  bool via_data_parallel = false;  // clip_grad_norm_(DataParallel&) instead of the Optimizer's
 };
 
 Result run(const Data& data, const Case& c) {
@@ -113,7 +114,8 @@ Result run(const Data& data, const Case& c) {
     for (const auto& [x, y] : data.batches) {
       opt.zero_grad();
       opt.scale_loss(model.loss(t.local_batch(x), t.local_batch(y))).backward();
-      norms.push_back(shardplan::clip_grad_norm_(opt, kMaxNorm));
+      norms.push_back(c.via_data_parallel ? shardplan::clip_grad_norm_(*t.data_parallel, kMaxNorm)
+                                          : shardplan::clip_grad_norm_(opt, kMaxNorm));
       opt.step();
       EXPECT_FALSE(opt.last_step_skipped());
     }
@@ -151,6 +153,18 @@ TEST(MixedPrecisionClip, ClipsTheFloat32MastersPlainAndZero) {
     // float32 norms of differently cut pieces (ZeRO's slices) differ in the
     // last bits of float32; the parameters, rounded to bfloat16, do not.
     expect_close(run(data, {plan}), want, 1e-6, 0);
+  }
+}
+
+// Without a loss scaler the DataParallel overload reads the same float32
+// gradients: the buckets the masters' .grad views, or ZeRO's slices.
+TEST(MixedPrecisionClip, DataParallelOverloadClipsTheMastersToo) {
+  const Data data = make_data(torch::kBFloat16);
+  const Result want = rounded(reference(data, torch::kFloat, 2), torch::kBFloat16);
+  for (const char* zero : {"false", "true"}) {
+    Case c{std::string("version: 1\nmesh: {data: 2}\ndata_parallel: {zero: ") + zero + "}\nrules: []\n"};
+    c.via_data_parallel = true;
+    expect_close(run(data, c), want, 1e-6, 0);
   }
 }
 
