@@ -26,6 +26,7 @@ namespace shardplan {
 struct ParallelReport;
 class World;
 class TensorParallelImpl;
+class Pipeline;
 
 // A model sharded by parallelize(model, plan, world) with its report.
 void check_replicas(torch::nn::Module& model, const ParallelReport& report, World& world);
@@ -34,5 +35,8 @@ void check_replicas(torch::jit::Module& model, const ParallelReport& report, Wor
 // The in-process wrapper: compares the replicas of each parameter across
 // its ranks' copies (the copies it does not expose follow their holder).
 void check_replicas(TensorParallelImpl& tp);
+// A pipelined model (shardplan/pipeline.h): this rank's stage's parameters,
+// over every axis but the pipe axis. Collective over the world.
+void check_replicas(Pipeline& pipe, const ParallelReport& report, World& world);
 
 }  // namespace shardplan
