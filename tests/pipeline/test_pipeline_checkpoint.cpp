@@ -114,6 +114,7 @@ std::string plan_yaml(const std::string& head, bool rules = true) {
   return yaml.replace(yaml.find(mesh), mesh.size(), head);
 }
 
+const std::string kPipe2 = "mesh: {pipe: 2}\npipeline: {micro_batches: 2}";
 const std::string kPipe2Model2 = "mesh: {pipe: 2, model: 2}\npipeline: {micro_batches: 2}";
 const std::string k3dZero = "mesh: {data: 2, pipe: 2, model: 2}\nbatch_axis: data\npipeline: {micro_batches: 2}\n"
                             "data_parallel: {zero: 1}";
@@ -242,8 +243,7 @@ TEST(PipelineCheckpoint, TieAcrossStagesIsWrittenOnce) {
   const Subject s = tied_llama();
   const Reference ref = reference(s);
   TempDir tmp;
-  const std::string pipe2 = plan_yaml("mesh: {pipe: 2}\npipeline: {micro_batches: 2}", false);
-  run(s, ref, pipe2, 2, "", 0, kSave, tmp.sub("ckpt"));
+  run(s, ref, plan_yaml(kPipe2, false), 2, "", 0, kSave, tmp.sub("ckpt"));
   std::ifstream in(tmp.sub("ckpt") + "/" + ckpt::kMetaFile);
   std::stringstream text;
   text << in.rdbuf();
@@ -253,11 +253,11 @@ TEST(PipelineCheckpoint, TieAcrossStagesIsWrittenOnce) {
       for (const auto& p : e.pieces) EXPECT_EQ(p.rank, 0) << e.name;
   ASSERT_NE(meta.find("lm_head.weight"), nullptr);
   run(s, ref, "", 1, tmp.sub("ckpt"), kSave, kSteps);
-  run(s, ref, pipe2, 2, tmp.sub("ckpt"), kSave, kSteps);
+  run(s, ref, plan_yaml(kPipe2, false), 2, tmp.sub("ckpt"), kSave, kSteps);
 }
 
 // Other stages' parameters are released: a rank's parameter memory is its
-// stage's (a tied tensor once), a small part of the whole model's.
+// stage's (a tied tensor once), less than the whole model's.
 TEST(PipelineCheckpoint, EachRankHoldsItsStagesParametersOnly) {
   for (const bool tied : {false, true}) {
     const Subject s = tied ? tied_llama() : gpt();
@@ -290,11 +290,10 @@ TEST(PipelineCheckpoint, RefusesWhatDoesNotFit) {
   const Subject s = gpt();
   const Reference ref = reference(s);
   TempDir tmp;
-  const std::string pipe2 = plan_yaml("mesh: {pipe: 2}\npipeline: {micro_batches: 2}", false);
-  run(s, ref, pipe2, 2, "", 0, kSave, tmp.sub("ckpt"));
+  run(s, ref, plan_yaml(kPipe2, false), 2, "", 0, kSave, tmp.sub("ckpt"));
   // Another MLP width: one line naming the tensor and both shapes.
   const Subject wider = gpt(32);
-  const Plan plan = parse_plan(pipe2, "p.yaml");
+  const Plan plan = parse_plan(plan_yaml(kPipe2, false), "p.yaml");
   std::vector<std::shared_ptr<torch::nn::Module>> models{wider.model->clone(), wider.model->clone()};
   std::vector<std::string> errors(2);
   run_ranks_in_threads(2, [&](World& world) {
