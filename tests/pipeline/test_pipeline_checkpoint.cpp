@@ -197,13 +197,17 @@ struct TempDir {
   std::string sub(const std::string& name) const { return (path / name).string(); }
 };
 
-// Where the continued runs load: {pipe: 4}, {pipe: 2}, {model: 2}, unsharded.
+// Where the continued runs load: {pipe: 4}, {pipe: 2} (GPipe, and
+// interleaved), {model: 2}, unsharded.
 void expect_loads_anywhere(const Subject& s, const Reference& ref, const std::string& dir) {
   SCOPED_TRACE("loaded at {pipe: 4}");
   run(s, ref, plan_yaml("mesh: {pipe: 4}\npipeline: {micro_batches: 4}", false), 4, dir, kSave, kSteps);
   SCOPED_TRACE("loaded at {pipe: 2}");
   run(s, ref, plan_yaml("mesh: {pipe: 2}\npipeline: {schedule: gpipe, micro_batches: 2}", false), 2, dir, kSave,
       kSteps);
+  SCOPED_TRACE("loaded at {pipe: 2}, interleaved: two chunks a rank");
+  run(s, ref, plan_yaml("mesh: {pipe: 2}\npipeline: {schedule: interleaved, virtual_stages: 2, micro_batches: 2}", false),
+      2, dir, kSave, kSteps);
   SCOPED_TRACE("loaded at {model: 2}");
   run(s, ref, plan_yaml("mesh: {model: 2}"), 2, dir, kSave, kSteps);
   SCOPED_TRACE("loaded unsharded");
@@ -254,6 +258,10 @@ TEST(PipelineCheckpoint, TieAcrossStagesIsWrittenOnce) {
   ASSERT_NE(meta.find("lm_head.weight"), nullptr);
   run(s, ref, "", 1, tmp.sub("ckpt"), kSave, kSteps);
   run(s, ref, plan_yaml(kPipe2, false), 2, tmp.sub("ckpt"), kSave, kSteps);
+  // Interleaved: rank 0 runs pieces 0 and 2, rank 1 pieces 1 and 3 (the head).
+  const std::string interleaved = "mesh: {pipe: 2}\npipeline: {schedule: interleaved, virtual_stages: 2, micro_batches: 2}";
+  run(s, ref, plan_yaml(interleaved, false), 2, "", 0, kSave, tmp.sub("interleaved"));
+  run(s, ref, "", 1, tmp.sub("interleaved"), kSave, kSteps);
 }
 
 // Other stages' parameters are released: a rank's parameter memory is its
