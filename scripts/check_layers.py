@@ -38,6 +38,8 @@ LAYERS = [
     (9, "check", ["plan_check.h", "dry_run.h"]),
     # Above data_parallel and parallel: a stage composes with both (later sessions).
     (9, "pipeline", ["pipeline.h", "pipeline_schedule.h"]),
+    # A stage's tensors in checkpoint's format: above both.
+    (9.5, "pipeline_checkpoint", ["pipeline_checkpoint.h"]),
     (10, "training", ["optimizer.h", "training.h", "clip_grad.h", "replicas.h", "mixed_precision.h", "state_bytes.h"]),
     (10, "weights", ["weights.h"]),
 ]

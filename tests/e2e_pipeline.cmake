@@ -51,6 +51,11 @@ if(TARGET train_gpt AND TARGET shardplan_cli)
   # --clip: the norm over every stage, printed and applied as one process's.
   add_test(NAME e2e_pipeline_gpt_3d_clip_threads8_f64 COMMAND ${_e2e} 1e-10 --norms-above 0.5
     -- ${_gpt} --clip 0.5 -- ${_gpt} --clip 0.5 --ranks 8 --plan ${_p}/gpt_pipe_3d.yaml)
+  # Checkpoints: saved by {data: 2, pipe: 2, model: 2}, resumed (--resume
+  # auto) at {pipe: 2}, {model: 2}, unsharded and {pipe: 2} on gloo.
+  add_test(NAME e2e_pipeline_ckpt_resume_gloo
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/ckpt_pipeline.sh $<TARGET_FILE:shardplan_cli> $<TARGET_FILE:train_gpt> ${_p})
+  set_tests_properties(e2e_pipeline_ckpt_resume_gloo PROPERTIES TIMEOUT 300 LABELS "pipeline;ckpt")
   add_test(NAME e2e_pipeline_refuses_clip_with_torch COMMAND $<TARGET_FILE:train_gpt> --ranks 2 --steps 1 --clip 1
     --clip-with torch --config context=16,embed=32,mlp=64,heads=4 --plan ${_p}/gpt_pipe.yaml)
   set_tests_properties(e2e_pipeline_refuses_clip_with_torch PROPERTIES

@@ -12,6 +12,7 @@
 #include "shardplan/clip_grad.h"
 #include "shardplan/data_parallel.h"
 #include "shardplan/error.h"
+#include "shardplan/nn/deferred_init.h"
 #include "shardplan/optimizer.h"
 #include "shardplan/pipeline.h"
 
@@ -24,7 +25,6 @@ namespace {
 void refuse_what_is_not_there_yet(const TrainRank& r) {
   const Args& a = r.a;
   const std::vector<std::pair<bool, std::string>> missing = {
-      {!a.save.empty() || !a.load.empty() || a.resume_auto, "checkpoints (--save, --load, --resume)"},
       {a.clip > 0 && a.clip_with_torch, "--clip-with torch"},
       {a.clip > 0 && r.plan.data_parallel.zero > 0, "--clip under data_parallel.zero"},
       {a.micro_batches > 1, "--micro-batches (the plan's pipeline.micro_batches cuts the batch)"},
@@ -50,12 +50,14 @@ void print_stages(const TrainRank& r, const Pipeline& pipe) {
                 pipeline_bubble(spec.schedule, pipe.stages(), spec.micro_batches, spec.virtual_stages));
   int64_t params = 0;
   for (const auto& p : pipe.named_parameters()) params += p.second.numel();
+  // The other stages' parameters were released (Pipeline): what it holds.
+  const int64_t held = nn::resident_parameter_bytes(*r.m.module);
   in_rank_order(r.world, [&] {
     std::string pieces;
     for (const auto& [first, end] : pipe.chunks())
       pieces += (pieces.empty() ? "" : ", ") + std::to_string(first) + "-" + std::to_string(end - 1);
-    std::printf("rank %d: stage %d, pieces %s, %lld parameters\n", r.world.rank(), pipe.stage(), pieces.c_str(),
-                static_cast<long long>(params));
+    std::printf("rank %d: stage %d, pieces %s, %lld parameters (%lld bytes held)\n", r.world.rank(), pipe.stage(),
+                pieces.c_str(), static_cast<long long>(params), static_cast<long long>(held));
   });
 }
 
@@ -81,14 +83,16 @@ void train_pipelined(TrainRank& r) {
   torch::optim::Optimizer& inner = averaged ? averaged->inner() : *plain;
   Schedule schedule(schedule_settings(a));
   auto gen = at::make_generator<at::CPUGeneratorImpl>(a.seed + 1);  // as train_loop.cpp's: the same batches
+  TrainCheckpoints checkpoints(r, pipe, averaged.get(), plain.get(), schedule);
+  const int start = checkpoints.resume(gen);
   ExampleModel& model = *r.m.model;
   const Pipeline::LossFn loss = [&model](const at::Tensor& out, const at::Tensor& target) {
     return model.output_loss(out, target);
   };
   r.m.module->train();
   r.world.reset_stats();
-  StepLog log(r, 1);
-  for (int step = 1; step <= a.steps; ++step) {
+  StepLog log(r, start);
+  for (int step = start; step <= a.steps; ++step) {
     Batch batch = model.sample(gen, a.batch, r.corpus);
     if (batch.input.is_floating_point()) batch.input = batch.input.to(r.dtype);
     if (averaged)
@@ -106,6 +110,7 @@ void train_pipelined(TrainRank& r) {
     schedule.advance();
     s.comm = r.world.total_stats();
     log.after_step(step, s);
+    checkpoints.maybe_save(step);
   }
 }
 

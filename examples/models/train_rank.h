@@ -7,6 +7,7 @@
 #include <ATen/core/Generator.h>
 
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -25,6 +26,8 @@
 namespace shardplan {
 
 class DataParallel;
+class Pipeline;
+struct CheckpointOptions;
 
 namespace examples {
 
@@ -85,6 +88,11 @@ std::unique_ptr<torch::optim::Optimizer> make_torch_optimizer(const Args& a, std
 class TrainCheckpoints {
  public:
   TrainCheckpoints(TrainRank& r, Optimizer& opt, Schedule& schedule);
+  // A pipelined run (train_pipeline.cpp): this rank's stage of `pipe`
+  // (shardplan/pipeline_checkpoint.h), stepped by `opt` (over the data axis)
+  // or else by `plain`.
+  TrainCheckpoints(TrainRank& r, const Pipeline& pipe, Optimizer* opt, torch::optim::Optimizer* plain,
+                   Schedule& schedule);
   // Loads --load, or with --resume auto the newest of --save's checkpoints
   // that loads (resharded to this plan and world), and advances the data
   // stream `gen` past the steps it saw. Returns the first step to train.
@@ -93,8 +101,14 @@ class TrainCheckpoints {
   void maybe_save(int step);
 
  private:
+  CheckpointOptions options() const;
+  std::map<std::string, std::string> load(const std::string& dir);
+  void save(const std::string& dir, const CheckpointOptions& o);
+
   TrainRank& r_;
-  Optimizer& opt_;
+  Optimizer* opt_;
+  torch::optim::Optimizer* plain_ = nullptr;
+  const Pipeline* pipe_ = nullptr;
   Schedule& schedule_;
   CheckpointHistory history_;
 };

@@ -87,6 +87,15 @@ class Pipeline {
   // group), so the copies stay equal.
   const std::vector<std::pair<std::string, at::Tensor>>& named_parameters() const { return params_; }
   std::vector<at::Tensor> parameters() const;
+  // The model's other parameters are released to the zero page at
+  // construction (shardplan/nn/deferred_init.h), keeping their shapes: a
+  // rank's parameter memory is its stage's (resident_parameter_bytes).
+
+  // For checkpoints (shardplan/pipeline_checkpoint.h): the model's pieces,
+  // and whether this rank saves one of its named_parameters(): a tensor tied
+  // across stages is saved by the first stage that keeps it.
+  const PipelineModel& model_pieces() const { return pieces_; }
+  bool saves(const at::Tensor& parameter) const;
 
   // One step's forwards and backwards over micro_batches slices of input
   // and target along dim 0 (with a batch axis, of this data rank's slice of
@@ -128,6 +137,7 @@ class Pipeline {
   // Tensors tied across ranks' stages, in tied_parameters() order (every
   // rank alike), and whether this rank keeps it.
   std::vector<std::pair<at::Tensor, bool>> tied_;
+  std::vector<const void*> saved_elsewhere_;  // TensorImpls this rank keeps that an earlier stage saves
   std::unique_ptr<DataParallel> dp_;
   std::vector<std::unique_ptr<Work>> pending_;  // this step's sends (each keeps its tensor)
 };

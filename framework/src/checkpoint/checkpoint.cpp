@@ -29,11 +29,13 @@
 #include "shardplan/data_parallel.h"
 #include "shardplan/zero_optimizer.h"
 #include "shardplan/error.h"
+#include "shardplan/nn/deferred_init.h"
 #include "shardplan/plan.h"
 #include "shardplan/shard.h"
 #include "shardplan/world.h"
 #include "shardplan/zero_optimizer.h"
 #include "checkpoint_internal.h"
+#include "nn/deferred_internal.h"
 
 namespace shardplan {
 
@@ -93,7 +95,7 @@ std::vector<Item> inventory(const ModelTensors& model, const ParallelReport& rep
   const auto rows = rows_by_path(report);
   std::vector<Item> items;
   for (const auto& [name, value] : model.parameters) {
-    Item it{name, value.detach(), value, value.sizes().vec(), {}, "", false, at::Tensor()};
+    Item it{name, value.detach(), value, value.sizes().vec(), {}, "", false, at::Tensor(), !model.copies.count(name)};
     auto r = rows.find(name);
     if (r != rows.end()) {
       it.global_shape = r->second->global_shape;
@@ -103,7 +105,8 @@ std::vector<Item> inventory(const ModelTensors& model, const ParallelReport& rep
     items.push_back(it);
   }
   for (const auto& [name, value] : model.buffers)
-    items.push_back(Item{name, value.detach(), at::Tensor(), value.sizes().vec(), {}, "", true, at::Tensor()});
+    items.push_back(
+        Item{name, value.detach(), at::Tensor(), value.sizes().vec(), {}, "", true, at::Tensor(), !model.copies.count(name)});
   return items;
 }
 
@@ -150,6 +153,16 @@ void test_pause(int rank, const std::string& target) {
   std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
+// Another pipeline stage's parameters hold no values on this rank: a
+// checkpoint of them would be zeros.
+void refuse_released(const std::vector<Item>& items) {
+  for (const auto& item : items)
+    if (item.param.defined() && nn::is_deferred(item.param) && nn::detail::over_zero_page(item.param))
+      throw Error("parameter '" + item.name +
+                  "' holds no values on this rank (deferred and never loaded, or another pipeline stage's): a "
+                  "pipelined model is saved with save_checkpoint(dir, pipeline, ...) of shardplan/pipeline_checkpoint.h");
+}
+
 }  // namespace
 
 namespace ckpt_detail {
@@ -163,9 +176,10 @@ at::Tensor take_splits(const at::Tensor& full, const std::vector<ShardSplit>& sp
 // A rank writes a piece only when it is the first holder of that piece: the
 // ranks that differ from it only on axes the tensor is not split over hold
 // copies, and so do the next ranks of an axis whose pieces are shared.
-bool writes_piece(const Mesh& mesh, int rank, const std::vector<ShardSplit>& splits) {
+bool writes_piece(const Mesh& mesh, int rank, const std::vector<ShardSplit>& splits, const std::string& apart_axis) {
   if (mesh.ndim() == 0) return rank == 0;
   for (const auto& axis : mesh.axes()) {
+    if (axis.first == apart_axis) continue;
     int64_t shared = 0;  // 0: not split over this axis
     for (const auto& s : splits)
       if (s.axis == axis.first) shared = s.shared;
@@ -230,6 +244,7 @@ void ckpt_detail::save_model_checkpoint(const std::string& dir, const ModelTenso
   };
   try {
     items = inventory(model, report);
+    refuse_released(items);
     ckpt_detail::use_masters(items, options, nullptr);
     add_optimizer_items(items, options, &attributes);
     // Rank 0 prepares the staging directory; a stale one from a crashed save
@@ -250,13 +265,14 @@ void ckpt_detail::save_model_checkpoint(const std::string& dir, const ModelTenso
   try {
     const std::string file = rank_file(world.rank());
     for (const auto& item : items) {
-      if (!writes_piece(report.mesh, world.rank(), item.splits)) continue;
+      if (!item.written || !writes_piece(report.mesh, world.rank(), item.splits, model.apart_axis)) continue;
       at::Tensor t = item.local.contiguous().cpu();
       ckpt::TensorEntry e;
       e.name = item.name;
       e.dtype = dtype_name(t.scalar_type());
       e.shape = item.global_shape;
       e.layout = item.layout;
+      e.buffer = item.buffer;
       ckpt::Piece p;
       p.rank = world.rank();
       p.file = file;
@@ -280,6 +296,7 @@ void ckpt_detail::save_model_checkpoint(const std::string& dir, const ModelTenso
   // staging directory in.
   mine.world_size = world.size();
   mine.mesh = report.mesh.axes();
+  mine.attributes = attributes;  // a pipeline stage's optimizer steps are its own
   auto texts = all_gather_text(comm, err.empty() ? ckpt::to_yaml(mine) : "");
   if (world.rank() == 0) {
     try {
@@ -300,13 +317,22 @@ void ckpt_detail::save_model_checkpoint(const std::string& dir, const ModelTenso
         e.dtype = dtype_name(item.local.scalar_type());
         meta.tensors.push_back(e);
       }
+      // Without a pipeline every rank has rank 0's tensors; with one, a later
+      // stage's are described by the ranks that wrote them.
       for (const auto& text : texts) {
         const ckpt::Meta part = ckpt::parse_meta(text, "<rank metadata>", /*complete=*/false);
         for (const auto& e : part.tensors) {
           auto at = index.find(e.name);
-          if (at == index.end()) throw Error("a rank wrote tensor '" + e.name + "', which rank 0 does not have");
+          if (at == index.end() && model.apart_axis.empty())
+            throw Error("a rank wrote tensor '" + e.name + "', which rank 0 does not have");
+          if (at == index.end()) {
+            at = index.emplace(e.name, meta.tensors.size()).first;
+            meta.tensors.push_back(e);
+            meta.tensors.back().pieces.clear();
+          }
           for (const auto& p : e.pieces) meta.tensors[at->second].pieces.push_back(p);
         }
+        meta.attributes.insert(part.attributes.begin(), part.attributes.end());  // rank 0's kept
       }
       const std::string yaml = ckpt::to_yaml(meta);
       ckpt::parse_meta(yaml, "<new metadata>");  // what we write must read back

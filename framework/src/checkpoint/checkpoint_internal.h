@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -48,6 +49,7 @@ struct Item {
   std::string layout;
   bool buffer = false;
   at::Tensor model;  // with master weights: the model's parameter, `local` being its master
+  bool written = true;  // false: a copy another rank writes (a tensor tied across pipeline stages)
 };
 
 // The report's rows by path: how each tensor of the model was cut.
@@ -57,6 +59,11 @@ std::map<std::string, const ReportRow*> rows_by_path(const ParallelReport& repor
 struct ModelTensors {
   std::vector<std::pair<std::string, at::Tensor>> parameters, buffers;  // this rank's, not detached
   std::vector<std::string> modules;                                     // every submodule's path
+  // A pipelined model's part (shardplan/pipeline_checkpoint.h): the ranks of
+  // `apart_axis` hold different tensors, each writing its own (writes_piece
+  // leaves that axis out), and `copies` are held here but written elsewhere.
+  std::string apart_axis;
+  std::set<std::string> copies;
 };
 ModelTensors model_tensors(torch::nn::Module& model);
 ModelTensors model_tensors(const torch::jit::Module& model);
@@ -81,7 +88,9 @@ at::Tensor gather_whole(const Item& item, const at::Tensor& local, const Paralle
 // This rank's piece of `full`, cut by `splits` (contiguous).
 at::Tensor take_splits(const at::Tensor& full, const std::vector<ShardSplit>& splits);
 // Whether `rank` writes the piece `splits` describe: only its first holder does.
-bool writes_piece(const Mesh& mesh, int rank, const std::vector<ShardSplit>& splits);
+// `apart_axis` (a pipe axis, or empty) is left out: its ranks hold different tensors.
+bool writes_piece(const Mesh& mesh, int rank, const std::vector<ShardSplit>& splits,
+                  const std::string& apart_axis = "");
 // The file holding a rank's pieces: rank-00003.bin.
 std::string rank_file(int rank);
 // The whole tensor from its pieces in `dir`, checksums verified.

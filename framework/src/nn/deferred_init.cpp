@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <unordered_map>
 
 #include "base/shape_text.h"
@@ -242,7 +243,23 @@ bool over_zero_page(const at::Tensor& t) { return nn::over_zero_page(t); }
 
 at::Tensor zero_page_like(at::IntArrayRef sizes, at::ScalarType dtype) { return zero_page_tensor(sizes, dtype, ""); }
 
+void release_to_zero_page(at::Tensor& p) {
+  if (over_zero_page(p)) return;  // never given memory (built under DeferredInit)
+  at::NoGradGuard no_grad;
+  p.set_data(zero_page_tensor(p.sizes(), p.scalar_type(), ""));
+  registry().add(p);
+}
+
 }  // namespace detail
+
+int64_t resident_parameter_bytes(const torch::nn::Module& model) {
+  std::set<const void*> seen;  // a tied tensor once
+  int64_t bytes = 0;
+  for (const auto& p : model.parameters(/*recurse=*/true))
+    if (p.has_storage() && !over_zero_page(p) && seen.insert(p.storage().unsafeGetStorageImpl()).second)
+      bytes += static_cast<int64_t>(p.storage().nbytes());
+  return bytes;
+}
 
 std::vector<std::string> materialize_deferred(torch::nn::Module& model) {
   auto names = detail::give_memory(model, /*zero=*/true);

@@ -29,6 +29,10 @@ bool over_zero_page(const at::Tensor& t);
 // shard becomes (replace_parameter), so that a rank gives its shard memory
 // only when it loads it, and under ZeRO-3 only its slice of it ever.
 at::Tensor zero_page_like(at::IntArrayRef sizes, at::ScalarType dtype);
+// Puts `p` (a parameter this rank will never compute with: another pipeline
+// stage's) back over the zero page in place, keeping its shape and dtype, so
+// that its memory is freed and forward refuses it as a deferred parameter.
+void release_to_zero_page(at::Tensor& p);
 
 }  // namespace detail
 }  // namespace nn

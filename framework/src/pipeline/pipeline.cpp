@@ -1,7 +1,9 @@
 // Pipeline: one rank's part of a pipelined step.
+#include <algorithm>
 #include <map>
 #include <set>
 
+#include "nn/deferred_internal.h"
 #include "pipeline_internal.h"
 #include "shardplan/error.h"
 #include "shardplan/tied.h"
@@ -92,7 +94,18 @@ void Pipeline::keep_parameters(torch::nn::Module& model, const std::vector<std::
     std::set<int> ranks;
     for (const std::string& path : group) ranks.insert(rank_of_piece[piece_of(path)]);
     if (ranks.size() > 1) tied_.emplace_back(named[group.front()], ranks.count(stage_) > 0);
+    if (ranks.size() > 1 && ranks.count(stage_) && *ranks.begin() != stage_)
+      saved_elsewhere_.push_back(named[group.front()].unsafeGetTensorImpl());
   }
+  // Other stages' parameters never take part here: their memory goes back,
+  // so that a rank holds its stage's parameters only.
+  for (auto& p : model.named_parameters())
+    if (!kept.count(p.value().unsafeGetTensorImpl())) nn::detail::release_to_zero_page(p.value());
+}
+
+bool Pipeline::saves(const at::Tensor& parameter) const {
+  const void* impl = parameter.unsafeGetTensorImpl();
+  return std::find(saved_elsewhere_.begin(), saved_elsewhere_.end(), impl) == saved_elsewhere_.end();
 }
 
 std::vector<at::Tensor> Pipeline::parameters() const {

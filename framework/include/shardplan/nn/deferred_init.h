@@ -35,6 +35,7 @@
 #include <c10/core/ScalarType.h>
 #include <c10/util/ArrayRef.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,11 @@ bool is_deferred(const at::Tensor& t);
 // Throws shardplan::Error naming `layer` and `what` when `t` is deferred
 // (unless a ReadDeferred lives on this thread).
 void check_materialized(const at::Tensor& t, const char* layer, const char* what);
+
+// The bytes of memory `model`'s parameters own: each storage once, those
+// over the zero page (deferred, or another pipeline stage's: Pipeline
+// releases them) not at all.
+int64_t resident_parameter_bytes(const torch::nn::Module& model);
 
 // Gives every deferred parameter of `model` its own memory, in place (the
 // same tensor object, so typed members, ties and views of the module stay
