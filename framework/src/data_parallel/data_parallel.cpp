@@ -226,6 +226,7 @@ DataParallel::DataParallel(const std::vector<std::pair<std::string, at::Tensor>>
     : impl_(std::make_shared<Impl>()) {
   Impl& d = *impl_;
   d.axis = plan.batch_axis();
+  if (plan.pipeline.enabled) d.pipe_axis = plan.pipeline.axis;
   const auto& spec = plan.data_parallel;
   if (!d.axis.empty() && !report.mesh.has_axis(d.axis)) {
     if (!spec.batch_axis.empty())
