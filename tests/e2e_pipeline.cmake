@@ -65,7 +65,7 @@ if(TARGET train_gpt AND TARGET shardplan_cli)
   endif()
   file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_async.yaml "${_async}")
   add_test(NAME e2e_pipeline_gpt_sp_threads4_f64 COMMAND ${_e2e} 1e-10
-    -- ${_gpt} -- ${_gpt} --ranks 4 --plan ${_p}/gpt_pipe_sp.yaml)
+    -- ${_gpt} -- ${_gpt} --check-replicas 1 --ranks 4 --plan ${_p}/gpt_pipe_sp.yaml)
   add_test(NAME e2e_pipeline_gpt_async_gloo4_f64 COMMAND ${_e2e} 1e-10
     -- ${_gpt} -- ${_gloo} 4 -- ${_gpt} --plan ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_async.yaml)
   # --micro-batches 2: two pipeline steps of 4 samples each, the data axis
@@ -160,9 +160,9 @@ if(TARGET train_model AND TARGET shardplan_cli)
     "tied_pipe4_threads4|1|--ranks 4 --plan ${_b}/llama_pipe_pipe4.yaml"
     "2d_threads4|0|--ranks 4 --plan ${_b}/llama_pipe_2d.yaml"
     "tied_2d_gloo4|1|GLOO 4 -- TRAIN --plan ${_b}/llama_pipe_2d.yaml"
-    "tied_3d_threads8|1|--ranks 8 --plan ${_p}/llama_pipe_3d.yaml"
+    "tied_3d_threads8|1|--check-replicas 1 --ranks 8 --plan ${_p}/llama_pipe_3d.yaml"
     "3d_threads8|0|--ranks 8 --plan ${_p}/llama_pipe_3d.yaml"
-    "tied_sp_threads4|1|--ranks 4 --plan ${_p}/llama_pipe_sp.yaml"
+    "tied_sp_threads4|1|--check-replicas 1 --ranks 4 --plan ${_p}/llama_pipe_sp.yaml"
     "async_threads4|0|--ranks 4 --plan ${_b}/llama_async_pipe_2d.yaml"
     "tied_accumulate_threads2|1|--micro-batches 2 --ranks 2 --plan ${_p}/llama_pipe.yaml")
   foreach(t ${_tests})

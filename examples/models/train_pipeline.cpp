@@ -118,8 +118,12 @@ void train_pipelined(TrainRank& r) {
   r.m.module->train();
   r.world.reset_stats();
   StepLog log(r, 1);
-  for (int step = 1; step <= a.steps; ++step)
-    log.after_step(step, pipelined_step(r, pipe, dp, *opt, schedule, r.m.model->sample(gen, a.batch, r.corpus)));
+  for (int step = 1; step <= a.steps; ++step) {
+    const StepResult s = pipelined_step(r, pipe, dp, *opt, schedule, r.m.model->sample(gen, a.batch, r.corpus));
+    // Within each stage: its model ranks' and data ranks' replicas.
+    if (a.check_replicas > 0 && step % a.check_replicas == 0) check_replicas_at(step, dp);
+    log.after_step(step, s);
+  }
 }
 
 }  // namespace examples
