@@ -6,7 +6,8 @@
 # unsharded process's losses (and with --clip its norms), float64, to 1e-10
 # relative; as threads and as gloo processes. With sequence parallelism and
 # async tensor parallelism in the stages, --micro-batches, --clip under
-# ZeRO-1/2, bfloat16 with float32 masters and a loss scaler, and MPI. And an
+# ZeRO-1/2, bfloat16 with float32 masters and a loss scaler, MPI, and dropout
+# (schedule- and backend-independent, replicas kept). And an
 # option it does not take yet is refused.
 if(TARGET train_gpt AND TARGET shardplan_cli)
   set(_e2e ${CMAKE_CURRENT_SOURCE_DIR}/e2e/losses_match.sh)
@@ -50,6 +51,20 @@ if(TARGET train_gpt AND TARGET shardplan_cli)
       -- ${_gpt} -- ${_gpt} --ranks 2 --plan ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_${kind}.yaml)
     set_tests_properties(e2e_pipeline_gpt_${kind}_threads2_f64 PROPERTIES TIMEOUT 300 LABELS pipeline)
   endforeach()
+  # Dropout (0.1): not one process's masks (a micro-batch draws its own
+  # shape), but each stage's own streams drawn in micro-batch order, so
+  # GPipe and 1F1B train alike, threads and gloo processes alike, and the
+  # model ranks of a stage keep their replicas (--check-replicas 1).
+  set(_gpt_drop $<TARGET_FILE:train_gpt> --steps 4 --log-every 1 --batch 8 --dtype float64 --optimizer adam --lr 0.01
+    --config context=16,embed=32,mlp=64,heads=4,layers=2,dropout=0.1)
+  add_test(NAME e2e_pipeline_gpt_dropout_schedules_threads2_f64 COMMAND ${_e2e} 1e-10
+    -- ${_gpt_drop} --ranks 2 --plan ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_gpipe.yaml
+    -- ${_gpt_drop} --ranks 2 --plan ${_p}/gpt_pipe.yaml)
+  add_test(NAME e2e_pipeline_gpt_dropout_2d_gloo4_f64 COMMAND ${_e2e} 1e-10
+    -- ${_gpt_drop} --ranks 4 --plan ${_p}/gpt_pipe_2d.yaml
+    -- ${_gloo} 4 -- ${_gpt_drop} --check-replicas 1 --plan ${_p}/gpt_pipe_2d.yaml)
+  set_tests_properties(e2e_pipeline_gpt_dropout_schedules_threads2_f64 e2e_pipeline_gpt_dropout_2d_gloo4_f64
+    PROPERTIES TIMEOUT 300 LABELS pipeline)
   # --clip: the norm over every stage, printed and applied as one process's.
   add_test(NAME e2e_pipeline_gpt_3d_clip_threads8_f64 COMMAND ${_e2e} 1e-10 --norms-above 0.5
     -- ${_gpt} --clip 0.5 -- ${_gpt} --clip 0.5 --ranks 8 --plan ${_p}/gpt_pipe_3d.yaml)
