@@ -83,6 +83,20 @@ if(TARGET train_gpt AND TARGET shardplan_cli)
     -- ${_gpt} -- ${_gpt} --check-replicas 1 --ranks 4 --plan ${_p}/gpt_pipe_sp.yaml)
   add_test(NAME e2e_pipeline_gpt_async_gloo4_f64 COMMAND ${_e2e} 1e-10
     -- ${_gpt} -- ${_gloo} 4 -- ${_gpt} --plan ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_async.yaml)
+  # All at once: {data: 2, pipe: 2, model: 2} with sequence parallelism,
+  # --micro-batches 2, --clip and the replicas checked every step.
+  file(READ ${_p}/gpt_pipe_sp.yaml _plan)
+  string(REPLACE "mesh: {pipe: 2, model: 2}" "mesh: {data: 2, pipe: 2, model: 2}" _sp3d "${_plan}")
+  if(_sp3d STREQUAL _plan)
+    message(FATAL_ERROR "plans/gpt_pipe_sp.yaml changed: tests/e2e_pipeline.cmake finds no mesh line to edit")
+  endif()
+  file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_sp_3d.yaml "${_sp3d}")
+  set(_gpt16 $<TARGET_FILE:train_gpt> --steps 4 --log-every 1 --batch 16 --dtype float64 --optimizer adam --lr 0.01
+    --config context=16,embed=32,mlp=64,heads=4,layers=2 --clip 0.5)
+  add_test(NAME e2e_pipeline_gpt_sp_3d_accumulate_clip_threads8_f64 COMMAND ${_e2e} 1e-10 --norms-above 0.5
+    -- ${_gpt16} -- ${_gpt16} --micro-batches 2 --check-replicas 1 --ranks 8
+    --plan ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_sp_3d.yaml)
+  set_tests_properties(e2e_pipeline_gpt_sp_3d_accumulate_clip_threads8_f64 PROPERTIES TIMEOUT 300 LABELS pipeline)
   # --micro-batches 2: two pipeline steps of 4 samples each, the data axis
   # reduced once; --clip under ZeRO-1 and ZeRO-2 (the norm over the stages'
   # slices).
