@@ -214,6 +214,12 @@ if(TARGET train_model AND TARGET shardplan_cli)
     endif()
     set_tests_properties(e2e_pipeline_llama_${name}_f64 PROPERTIES TIMEOUT 300 LABELS pipeline)
   endforeach()
+  # bfloat16 with float32 masters and a loss scaler, the tied Llama with
+  # sequence parallelism in its stages, within the unsharded bfloat16 spread.
+  set(_llama_bf16 $<TARGET_FILE:train_model> --model llama --steps 20 --log-every 1 --batch 8 --config ${_cfg},tie=1)
+  add_test(NAME e2e_pipeline_llama_tied_sp_bf16_loss_scale_threads4 COMMAND ${_e2e} bfloat16 -- ${_llama_bf16}
+    -- ${_llama_bf16} --dtype bfloat16 --loss-scale dynamic --ranks 4 --plan ${_p}/llama_pipe_sp.yaml)
+  set_tests_properties(e2e_pipeline_llama_tied_sp_bf16_loss_scale_threads4 PROPERTIES TIMEOUT 300 LABELS pipeline)
 endif()
 
 # `shardplan plan check` on a pipelined plan: the stages, their bytes and the

@@ -342,7 +342,7 @@ TEST(PipelineRun, SequenceParallelAndAsyncStagesMatchOneProcess) {
   const Subject gpt = gpt_subject();
   const Result gpt_ref = reference(gpt);
   for (const char* file : {"gpt_sp.yaml", "gpt_async.yaml"})
-    for (const char* schedule : {"gpipe", "1f1b"}) {
+    for (const char* schedule : {"gpipe", "1f1b", "interleaved, virtual_stages: 2"}) {
       SCOPED_TRACE(std::string(file) + " " + schedule);
       expect_sharded_run(gpt, gpt_ref, yaml_with(file, "{pipe: 2, model: 2}", schedule), 4, 2);
     }
