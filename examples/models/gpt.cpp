@@ -115,10 +115,13 @@ std::vector<std::vector<std::string>> GPTImpl::pieces() const {
 // the whole one to the last bit.
 at::Tensor GPTImpl::forward_piece(size_t index, const at::Tensor& input) {
   if (index == 0) return embed(input);
-  // A block's input holds every position (a pipeline with sequence
-  // parallelism inside its stages, which would not, is not supported yet).
-  if (index <= blocks->size())
-    return blocks->ptr<GPTBlockImpl>(index - 1)->forward(input, causal_mask(input.size(0), input));
+  if (index <= blocks->size()) {
+    // Under sequence parallelism the input holds T/N positions; the mask
+    // spans the T the attention gathers.
+    const auto& block = blocks->ptr<GPTBlockImpl>(index - 1);
+    const auto& s = block->attn->strategy();
+    return block->forward(input, causal_mask(input.size(0) * (s ? s->sequence_parts() : 1), input));
+  }
   if (index == blocks->size() + 1) return head->forward(ln_f->forward(input));
   throw Error("gpt: piece " + std::to_string(index) + " of " + std::to_string(blocks->size() + 2));
 }

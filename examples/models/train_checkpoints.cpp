@@ -13,18 +13,12 @@ namespace shardplan {
 namespace examples {
 
 TrainCheckpoints::TrainCheckpoints(TrainRank& r, Optimizer& opt, Schedule& schedule)
-    : r_(r), opt_(&opt), schedule_(schedule), history_(r.a.save, r.a.keep) {}
+    : r_(r), opt_(opt), schedule_(schedule), history_(r.a.save, r.a.keep) {}
 
-TrainCheckpoints::TrainCheckpoints(TrainRank& r, const Pipeline& pipe, Optimizer* opt, torch::optim::Optimizer* plain,
-                                   Schedule& schedule)
-    : r_(r), opt_(opt), plain_(opt ? nullptr : plain), pipe_(&pipe), schedule_(schedule), history_(r.a.save, r.a.keep) {}
+TrainCheckpoints::TrainCheckpoints(TrainRank& r, const Pipeline& pipe, Optimizer& opt, Schedule& schedule)
+    : r_(r), opt_(opt), pipe_(&pipe), schedule_(schedule), history_(r.a.save, r.a.keep) {}
 
-CheckpointOptions TrainCheckpoints::options() const {
-  if (opt_) return opt_->checkpoint_options();
-  CheckpointOptions o;
-  o.optimizer = plain_;
-  return o;
-}
+CheckpointOptions TrainCheckpoints::options() const { return opt_.checkpoint_options(); }
 
 // A pipelined run's rank saves and loads its stage's tensors only.
 std::map<std::string, std::string> TrainCheckpoints::load(const std::string& dir) {
@@ -50,7 +44,7 @@ int TrainCheckpoints::resume(at::Generator& gen) {
   const auto it = attributes->find("step");
   if (it == attributes->end()) throw Error("checkpoint '" + from + "' records no step");
   const int start = std::stoi(it->second) + 1;
-  if (opt_) opt_->load_attributes(*attributes);  // the loss scaler's state
+  opt_.load_attributes(*attributes);  // the loss scaler's state
   if (start <= a.steps) schedule_.resume(*attributes, a.override_schedule, from);  // else no lr is used
   for (int s = 1; s < start; ++s) r_.m.model->sample(gen, a.batch, r_.corpus);
   if (r_.lead()) std::printf("resumed from %s at step %d\n", from.c_str(), start - 1);

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "shardplan/clip_grad.h"
 #include "shardplan/data_parallel.h"
 #include "shardplan/error.h"
+#include "shardplan/mixed_precision.h"
 #include "shardplan/nn/deferred_init.h"
 #include "shardplan/optimizer.h"
 #include "shardplan/pipeline.h"
@@ -26,9 +28,6 @@ void refuse_what_is_not_there_yet(const TrainRank& r) {
   const Args& a = r.a;
   const std::vector<std::pair<bool, std::string>> missing = {
       {a.clip > 0 && a.clip_with_torch, "--clip-with torch"},
-      {a.clip > 0 && r.plan.data_parallel.zero > 0, "--clip under data_parallel.zero"},
-      {a.micro_batches > 1, "--micro-batches (the plan's pipeline.micro_batches cuts the batch)"},
-      {!a.master.empty() || a.loss_scale, "half precision (--dtype bfloat16/float16)"},
       {a.generate > 0 || !a.dump_logits.empty() || !a.save_weights.empty(),
        "--generate, --dump-logits and --save-weights"},
   };
@@ -37,9 +36,10 @@ void refuse_what_is_not_there_yet(const TrainRank& r) {
   const int micro = r.plan.pipeline.micro_batches;
   const std::string batch_axis = r.plan.batch_axis();
   const int data = batch_axis.empty() ? 1 : r.report.mesh.axis_size(batch_axis);
-  if (a.batch % (data * micro) != 0)
-    throw Error("--batch " + std::to_string(a.batch) + " does not divide into " + std::to_string(data) +
-                " data rank(s) x the " + std::to_string(micro) + " micro-batches of " + a.plan + "'s pipeline: key");
+  if (a.batch % (a.micro_batches * data * micro) != 0)
+    throw Error("--batch " + std::to_string(a.batch) + " does not divide into " + std::to_string(a.micro_batches) +
+                " --micro-batches x " + std::to_string(data) + " data rank(s) x the " + std::to_string(micro) +
+                " micro-batches of " + a.plan + "'s pipeline: key");
 }
 
 void print_stages(const TrainRank& r, const Pipeline& pipe) {
@@ -61,6 +61,42 @@ void print_stages(const TrainRank& r, const Pipeline& pipe) {
   });
 }
 
+// --micro-batches K: K pipeline steps on batch/K each, their gradients
+// accumulated, the batch axis reduced once after the last (one process's
+// gradient accumulation); then the optimizer step as train_step's.
+StepResult pipelined_step(const TrainRank& r, Pipeline& pipe, DataParallel& dp, Optimizer& opt, Schedule& schedule,
+                          Batch batch) {
+  const int k_steps = r.a.micro_batches;
+  if (batch.input.is_floating_point()) batch.input = batch.input.to(r.dtype);
+  opt.zero_grad();
+  StepResult s;
+  // A dynamic scale is a power of two: the loss divides back exactly.
+  const double scale = opt.loss_scaler() ? opt.loss_scaler()->scale() : 1.0;
+  ExampleModel& model = *r.m.model;
+  const Pipeline::LossFn loss = [&](const at::Tensor& out, const at::Tensor& target) {
+    at::Tensor l = model.output_loss(out, target);
+    return opt.scale_loss(k_steps > 1 ? l / k_steps : l);
+  };
+  {
+    DataParallel::NoSync accumulate(dp);
+    const int64_t n = batch.input.size(0) / k_steps;
+    for (int k = 0; k < k_steps; ++k)
+      s.loss += pipe.step(batch.input.narrow(0, k * n, n), batch.target.narrow(0, k * n, n), loss);
+  }
+  dp.finish();
+  s.loss /= scale;
+  s.lr = schedule.apply(opt.inner());
+  // The norm over every stage of what the optimizer steps with (ZeRO's
+  // slices, float32 masters), unscaled first.
+  if (r.a.clip > 0) s.norm = clip_grad_norm_(opt, r.a.clip);
+  s.scale = scale;
+  opt.step();
+  s.skipped = opt.last_step_skipped();
+  if (!s.skipped) schedule.advance();
+  s.comm = r.world.total_stats();
+  return s;
+}
+
 }  // namespace
 
 void train_pipelined(TrainRank& r) {
@@ -69,46 +105,27 @@ void train_pipelined(TrainRank& r) {
   auto* pieces = dynamic_cast<PipelineModel*>(r.m.module.get());
   if (!pieces)
     throw Error("model " + a.model + " does not declare its pieces (shardplan::PipelineModel), which a plan's " +
-                "pipeline: key needs; gpt does");
+                "pipeline: key needs; gpt and llama do");
   Pipeline pipe(*r.m.module, *pieces, r.plan, r.world, &r.report);
   print_stages(r, pipe);
-  // With a batch axis the stage's DataParallel: shardplan::Optimizer (ZeRO-1
-  // and 2 included) steps on its averaged gradients.
-  std::unique_ptr<Optimizer> averaged;
-  std::unique_ptr<torch::optim::Optimizer> plain;
-  if (DataParallel* dp = pipe.data_parallel())
-    averaged = make_optimizer(a, *dp);
-  else
-    plain = make_torch_optimizer(a, pipe.parameters());
-  torch::optim::Optimizer& inner = averaged ? averaged->inner() : *plain;
+  // shardplan::Optimizer over the stage's DataParallel (the batch axis'
+  // when the plan has one, ZeRO-1 and 2 included; else one of size 1), so
+  // that masters, the loss scaler and clipping are the unpipelined loop's.
+  std::unique_ptr<DataParallel> own;
+  if (!pipe.data_parallel()) own = std::make_unique<DataParallel>(pipe.named_parameters(), r.report, r.plan, r.world);
+  DataParallel& dp = own ? *own : *pipe.data_parallel();
+  const std::unique_ptr<Optimizer> opt = make_optimizer(a, dp);
   Schedule schedule(schedule_settings(a));
   auto gen = at::make_generator<at::CPUGeneratorImpl>(a.seed + 1);  // as train_loop.cpp's: the same batches
-  TrainCheckpoints checkpoints(r, pipe, averaged.get(), plain.get(), schedule);
+  TrainCheckpoints checkpoints(r, pipe, *opt, schedule);
   const int start = checkpoints.resume(gen);
-  ExampleModel& model = *r.m.model;
-  const Pipeline::LossFn loss = [&model](const at::Tensor& out, const at::Tensor& target) {
-    return model.output_loss(out, target);
-  };
   r.m.module->train();
   r.world.reset_stats();
   StepLog log(r, start);
   for (int step = start; step <= a.steps; ++step) {
-    Batch batch = model.sample(gen, a.batch, r.corpus);
-    if (batch.input.is_floating_point()) batch.input = batch.input.to(r.dtype);
-    if (averaged)
-      averaged->zero_grad();
-    else
-      plain->zero_grad();
-    StepResult s;
-    s.loss = pipe.step(batch.input, batch.target, loss);
-    if (a.clip > 0) s.norm = clip_grad_norm_(pipe, r.report, r.world, a.clip);
-    s.lr = schedule.apply(inner);
-    if (averaged)
-      averaged->step();
-    else
-      plain->step();
-    schedule.advance();
-    s.comm = r.world.total_stats();
+    const StepResult s = pipelined_step(r, pipe, dp, *opt, schedule, r.m.model->sample(gen, a.batch, r.corpus));
+    // Within each stage: its model ranks' and data ranks' replicas.
+    if (a.check_replicas > 0 && step % a.check_replicas == 0) check_replicas_at(step, dp);
     log.after_step(step, s);
     checkpoints.maybe_save(step);
   }

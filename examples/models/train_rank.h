@@ -89,10 +89,8 @@ class TrainCheckpoints {
  public:
   TrainCheckpoints(TrainRank& r, Optimizer& opt, Schedule& schedule);
   // A pipelined run (train_pipeline.cpp): this rank's stage of `pipe`
-  // (shardplan/pipeline_checkpoint.h), stepped by `opt` (over the data axis)
-  // or else by `plain`.
-  TrainCheckpoints(TrainRank& r, const Pipeline& pipe, Optimizer* opt, torch::optim::Optimizer* plain,
-                   Schedule& schedule);
+  // (shardplan/pipeline_checkpoint.h), stepped by `opt`.
+  TrainCheckpoints(TrainRank& r, const Pipeline& pipe, Optimizer& opt, Schedule& schedule);
   // Loads --load, or with --resume auto the newest of --save's checkpoints
   // that loads (resharded to this plan and world), and advances the data
   // stream `gen` past the steps it saw. Returns the first step to train.
@@ -106,8 +104,7 @@ class TrainCheckpoints {
   void save(const std::string& dir, const CheckpointOptions& o);
 
   TrainRank& r_;
-  Optimizer* opt_;
-  torch::optim::Optimizer* plain_ = nullptr;
+  Optimizer& opt_;
   const Pipeline* pipe_ = nullptr;
   Schedule& schedule_;
   CheckpointHistory history_;

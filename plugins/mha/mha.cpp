@@ -113,6 +113,8 @@ class HeadParallel : public nn::MultiheadAttentionStrategy {
     return std::make_tuple(output, weights);
   }
 
+  int64_t sequence_parts() const override { return seq_.on ? group_->size() : 1; }
+
   std::string describe() const override {
     return "head-parallel over '" + group_->name() + "' (" + std::to_string(group_->size()) + "): " +
            std::to_string(num_heads_ / group_->size()) + " of " + std::to_string(num_heads_) + " heads per rank" +

@@ -94,8 +94,8 @@ TEST(PipelinePlan, BadInputIsOneLineAtItsPlace) {
   // The pipeline's axis is neither the batch axis nor split by a rule.
   EXPECT_PLAN_ERROR(plan_with("{axis: data, micro_batches: 4}", "{data: 2}"), 3, 18, "also the batch axis");
   EXPECT_PLAN_ERROR("version: 1\nmesh: {pipe: 2, model: 2}\npipeline: {micro_batches: 4}\n"
-                    "sequence_parallel: {dim: 0, axis: model}\nrules: []\n",
-                    4, 20, "sequence_parallel with a pipeline: key is not supported yet");
+                    "sequence_parallel: {dim: 0, axis: pipe}\nrules: []\n",
+                    4, 35, "sequence_parallel.axis 'pipe' is the pipeline's axis");
   EXPECT_PLAN_ERROR("version: 1\nmesh: {pipe: 2, model: 2}\npipeline: {micro_batches: 4}\nrules:\n"
                     "  - match: 'fc\\.weight'\n    layout: [pipe, null]\n",
                     6, 13, "layout splits over 'pipe', the pipeline's axis");
@@ -109,6 +109,11 @@ TEST(PipelinePlan, ComposesWithTheOtherAxes) {
   EXPECT_EQ(plan.batch_axis(), "data");
   EXPECT_EQ(plan.pipeline.axis, "pipe");
   EXPECT_EQ(plan.resolve_mesh(16).axis_size("pipe"), 4);
+  // Sequence parallelism takes the one axis that is neither the batch's nor the pipeline's.
+  const Plan sp = parse_plan("version: 1\nmesh: {data: 2, pipe: 2, model: 2}\npipeline: {micro_batches: 4}\n"
+                             "sequence_parallel: {dim: 0}\nrules: []\n",
+                             "p.yaml");
+  EXPECT_EQ(sp.sequence_axis(), "model");
 }
 
 }  // namespace test_pipeline_plan

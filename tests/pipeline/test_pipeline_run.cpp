@@ -3,7 +3,8 @@
 // at {pipe: 2} and {pipe: 4}, GPipe and 1F1B, auto and explicit stages; the
 // GPT interleaved too, with plans/gpt.yaml's tensor parallelism in each
 // stage ({pipe: 2, model: 2}) and with a data axis ({data: 2, pipe: 2},
-// {data: 2, pipe: 2, model: 2}): the loss on every rank, every parameter's
+// {data: 2, pipe: 2, model: 2}), with sequence parallelism and async tensor
+// parallelism in the stages: the loss on every rank, every parameter's
 // gradient (each on exactly its stage's ranks) and the parameters after 3
 // Adam steps. And what a step refuses.
 #include <gtest/gtest.h>
@@ -251,9 +252,9 @@ TEST(PipelineRun, SequentialMlpMatchesOneProcess) {
     }
 }
 
-// plans/gpt.yaml with its mesh replaced by `mesh` and a pipeline: key.
-std::string gpt_yaml_with(const std::string& mesh, const std::string& schedule) {
-  std::ifstream in(std::string(SHARDPLAN_SOURCE_DIR) + "/plans/gpt.yaml");
+// plans/<file> with its mesh replaced by `mesh` and a pipeline: key.
+std::string yaml_with(const std::string& file, const std::string& mesh, const std::string& schedule) {
+  std::ifstream in(std::string(SHARDPLAN_SOURCE_DIR) + "/plans/" + file);
   std::stringstream text;
   text << in.rdbuf();
   std::string yaml = text.str();
@@ -262,6 +263,10 @@ std::string gpt_yaml_with(const std::string& mesh, const std::string& schedule) 
   EXPECT_NE(at, std::string::npos);
   return yaml.replace(at, old.size(),
                       "mesh: " + mesh + "\npipeline: {schedule: " + schedule + ", micro_batches: 2}");
+}
+
+std::string gpt_yaml_with(const std::string& mesh, const std::string& schedule) {
+  return yaml_with("gpt.yaml", mesh, schedule);
 }
 
 void expect_shards(const std::map<std::string, at::Tensor>& whole, const ParallelReport& report,
@@ -324,6 +329,30 @@ TEST(PipelineRun, GptWithTensorParallelStagesMatchesOneProcess) {
   for (const char* schedule : {"gpipe", "1f1b"}) {
     SCOPED_TRACE(schedule);
     expect_sharded_run(s, ref, gpt_yaml_with("{pipe: 2, model: 2}", schedule), 4, 2);
+  }
+}
+
+// Sequence parallelism inside each stage: the boundary activation is the
+// model rank's part of the sequence ([T/2, B, E] for the GPT, [B, T/2, E]
+// for the Llama), sent to the same model rank of the next stage; the GPT's
+// causal mask spans the whole sequence the attention gathers. And async
+// tensor parallelism (ring exchanges over the model axis) between the
+// pipeline's point-to-point messages.
+TEST(PipelineRun, SequenceParallelAndAsyncStagesMatchOneProcess) {
+  const Subject gpt = gpt_subject();
+  const Result gpt_ref = reference(gpt);
+  for (const char* file : {"gpt_sp.yaml", "gpt_async.yaml"})
+    for (const char* schedule : {"gpipe", "1f1b", "interleaved, virtual_stages: 2"}) {
+      SCOPED_TRACE(std::string(file) + " " + schedule);
+      expect_sharded_run(gpt, gpt_ref, yaml_with(file, "{pipe: 2, model: 2}", schedule), 4, 2);
+    }
+  for (int tie : {0, 1}) {
+    const Subject llama = llama_subject(tie);
+    const Result ref = reference(llama);
+    for (const char* file : {"llama_sp.yaml", "llama_async.yaml"}) {
+      SCOPED_TRACE(std::string(file) + " tie " + std::to_string(tie));
+      expect_sharded_run(llama, ref, yaml_with(file, "{pipe: 2, model: 2}", "1f1b"), 4, 2);
+    }
   }
 }
 

@@ -85,7 +85,10 @@ double clip_grad_norm_(DataParallel& dp, double max_norm, double norm_type = 2.0
 // gradients, and with a loss scaler unscaled first (Optimizer::unscale_, as
 // torch's GradScaler.unscale_ before clipping; step() then does not unscale
 // again). With ZeRO-1 and a loss scaler use this overload, not the
-// DataParallel one: the slices it scales are the ones step() reads.
+// DataParallel one: the slices it scales are the ones step() reads. Over a
+// pipeline stage's DataParallel (Pipeline::data_parallel(), or one built
+// from Pipeline::named_parameters() under the pipelined plan) every stage
+// counts its own parameters: the norm over every stage.
 double grad_norm(Optimizer& opt, double norm_type = 2.0, bool error_if_nonfinite = false);
 double clip_grad_norm_(Optimizer& opt, double max_norm, double norm_type = 2.0, bool error_if_nonfinite = false);
 
@@ -93,7 +96,8 @@ double clip_grad_norm_(Optimizer& opt, double max_norm, double norm_type = 2.0, 
 // norm over every stage, each rank counting its stage's parameters by the
 // rule above on the other axes (a tensor tied across stages once, under its
 // first path). `report` is parallelize()'s for the model. Throws before any
-// communication under ZeRO, whose slices this does not read yet.
+// communication under ZeRO, whose slices this does not read: use the
+// Optimizer overload over the stage's DataParallel there.
 double grad_norm(Pipeline& pipe, const ParallelReport& report, World& world, double norm_type = 2.0,
                  bool error_if_nonfinite = false);
 double clip_grad_norm_(Pipeline& pipe, const ParallelReport& report, World& world, double max_norm,

@@ -172,7 +172,9 @@ class DataParallel {
   // an axis' group (not split over it; for the batch axis, not ignored) and
   // throws shardplan::Error naming the first parameter that differs, the
   // axis and the ranks; every other rank throws too, naming the world rank
-  // that found it (so no rank trains on while another stops).
+  // that found it (so no rank trains on while another stops). Under a
+  // pipelined plan not over the pipe axis, whose stages hold different
+  // parameters.
   void check_replicas() const;
 
   // The bucket plan and what is averaged.

@@ -24,6 +24,8 @@
 
 namespace shardplan {
 
+class RngTracker;
+
 // What a model implements to be cut into stages: its pieces in order, each
 // named by the module paths (named_modules() keys) whose parameters it
 // uses, and one piece's forward. Piece 0 takes the batch input; each next
@@ -101,7 +103,9 @@ class Pipeline {
   // and target along dim 0 (with a batch axis, of this data rank's slice of
   // them). Gradients accumulate into this stage's parameters' .grad as those
   // of the mean loss over the whole batch (averaged over the batch axis);
-  // the loss (that mean) is returned on every rank.
+  // the loss (that mean) is returned on every rank. Inside a
+  // DataParallel::NoSync over data_parallel() the batch axis' reduction
+  // waits for the first step outside one (gradient accumulation over steps).
   double step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss);
   // The batch axis' DataParallel over this stage's parameters, or nullptr.
   DataParallel* data_parallel() const { return dp_.get(); }
@@ -112,7 +116,8 @@ class Pipeline {
   // rank_of_piece[i]: the pipe rank that runs piece i.
   void keep_parameters(torch::nn::Module& model, const std::vector<std::vector<std::string>>& pieces,
                        const std::vector<int>& rank_of_piece);
-  void sum_tied_gradients();
+  // `before`: per tied tensor, its .grad before this step (undefined: none).
+  void sum_tied_gradients(const std::vector<at::Tensor>& before);
   void forward(const PipelineAction& a, Slot& slot, const at::Tensor& micro_input);
   void backward(const PipelineAction& a, Slot& slot, const at::Tensor& micro_target, const LossFn& loss);
   void send_gradient(Slot& slot, int peer);
@@ -140,6 +145,11 @@ class Pipeline {
   std::vector<const void*> saved_elsewhere_;  // TensorImpls this rank keeps that an earlier stage saves
   std::unique_ptr<DataParallel> dp_;
   std::vector<std::unique_ptr<Work>> pending_;  // this step's sends (each keeps its tensor)
+  // Past stage 0: the thread's RNG tracker with the seed offset by the
+  // stage (made from `stage_rng_base_`), what this stage's dropout draws from.
+  std::shared_ptr<RngTracker> stage_rng_;
+  const RngTracker* stage_rng_base_ = nullptr;
+  std::shared_ptr<RngTracker> stage_rng();
 };
 
 }  // namespace shardplan

@@ -196,8 +196,8 @@ class Plan {
   // parallelism).
   std::string batch_axis() const;
   // The mesh axis sequence parallelism splits activations over:
-  // `sequence_parallel.axis` when given, else the one mesh axis that is not
-  // the batch axis; "" when sequence parallelism is off. Throws PlanError at
+  // `sequence_parallel.axis` when given, else the one mesh axis that is
+  // neither the batch axis nor the pipeline's; "" when sequence parallelism is off. Throws PlanError at
   // the map when the choice is ambiguous (checked at parse time).
   std::string sequence_axis() const;
 

@@ -226,6 +226,7 @@ DataParallel::DataParallel(const std::vector<std::pair<std::string, at::Tensor>>
     : impl_(std::make_shared<Impl>()) {
   Impl& d = *impl_;
   d.axis = plan.batch_axis();
+  if (plan.pipeline.enabled) d.pipe_axis = plan.pipeline.axis;
   const auto& spec = plan.data_parallel;
   if (!d.axis.empty() && !report.mesh.has_axis(d.axis)) {
     if (!spec.batch_axis.empty())
@@ -529,6 +530,7 @@ void DataParallel::check_replicas() const {
   const Impl& d = *impl_;
   std::vector<ReplicaAxis> axes;
   for (size_t a = 0; a < d.axis_names.size(); ++a) {
+    if (d.axis_names[a] == d.pipe_axis) continue;  // the stages hold different parameters
     axes.push_back(ReplicaAxis{d.axis_names[a], d.axis_groups[a], {}});
     if (d.axis_names[a] == d.axis) axes.back().skip.insert(d.ignored.begin(), d.ignored.end());
   }

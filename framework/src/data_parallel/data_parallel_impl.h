@@ -65,6 +65,9 @@ struct DataParallel::Impl {
   };
 
   std::string axis;
+  // A pipelined plan's pipe axis: this DataParallel is over one stage's
+  // parameters, whose gradients the other stages do not hold.
+  std::string pipe_axis;
   int size = 1, rank = 0;
   int zero = 0;  // the ZeRO stage (data_parallel.zero)
   // ZeRO: entries whose gradient is in its bucket but whose .grad

@@ -1,6 +1,10 @@
 // Pipeline::step: this rank's action list, run.
+#include "data_parallel/data_parallel_impl.h"
 #include "pipeline_internal.h"
 #include "shardplan/error.h"
+#include "shardplan/random.h"
+
+#include <optional>
 
 namespace shardplan {
 
@@ -20,15 +24,36 @@ at::Tensor micro_slice(const at::Tensor& t, int micro, int micro_batches) {
 
 }  // namespace
 
+// Megatron seeds each pipeline rank's streams with seed + 100 x its stage:
+// with one seed for all, stage 1's first block would draw stage 0's first
+// block's dropout masks. Ranks of one stage (model, data) offset alike.
+std::shared_ptr<RngTracker> Pipeline::stage_rng() {
+  RngTracker* base = current_rng_tracker();
+  if (!base || stage_ == 0) return nullptr;
+  if (base != stage_rng_base_) {
+    stage_rng_ = std::make_shared<RngTracker>(base->seed() + 100 * static_cast<uint64_t>(stage_), base->mesh(),
+                                              base->rank());
+    stage_rng_->owner = base->owner;
+    stage_rng_base_ = base;
+  }
+  return stage_rng_;
+}
+
 double Pipeline::step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss) {
+  const std::shared_ptr<RngTracker> rng = stage_rng();
+  std::optional<RngTrackerScope> stage_streams;
+  if (rng) stage_streams.emplace(rng);
   if (!dp_) return run_schedule(input, target, loss);
+  // Under the caller's NoSync (gradient accumulation over several steps)
+  // the reduction waits for its first step outside it.
+  const bool accumulating = dp_->impl().no_sync > 0;
   double local = 0;
   {
     // One reduction per step, after the last micro-batch's backward, not one per backward.
     DataParallel::NoSync accumulate(*dp_);
     local = run_schedule(dp_->local_batch(input), dp_->local_batch(target), loss);
   }
-  dp_->finish();
+  if (!accumulating) dp_->finish();
   return dp_->average(local);
 }
 
@@ -39,6 +64,10 @@ double Pipeline::run_schedule(const at::Tensor& input, const at::Tensor& target,
                   " along dim 0 does not divide into " + std::to_string(micro_) + " micro-batches");
   std::vector<Slot> slots(static_cast<size_t>(micro_ * virtual_));
   loss_sum_ = at::zeros({1}, at::kDouble);
+  // What earlier steps accumulated into the tied copies (already summed):
+  // only this step's part goes over the pipe group.
+  std::vector<at::Tensor> before;
+  for (const auto& [t, kept] : tied_) before.push_back(t.grad().defined() ? t.grad().clone() : at::Tensor());
   for (const PipelineAction& a : schedule_[stage_]) {
     Slot& slot = slots[a.micro * virtual_ + a.chunk];
     switch (a.op) {
@@ -52,18 +81,22 @@ double Pipeline::run_schedule(const at::Tensor& input, const at::Tensor& target,
   }
   for (auto& w : pending_) w->wait();
   pending_.clear();
-  sum_tied_gradients();
+  sum_tied_gradients(before);
   // The last rank of the group holds the last model stage, whatever v is.
   group_->broadcast(loss_sum_, stages_ - 1);
   return loss_sum_.item<double>();
 }
 
 // Every rank of the pipe group takes part, zeros where it keeps no copy.
-void Pipeline::sum_tied_gradients() {
-  for (auto& [t, kept] : tied_) {
+// In place: .grad may be a DataParallel bucket's view.
+void Pipeline::sum_tied_gradients(const std::vector<at::Tensor>& before) {
+  for (size_t i = 0; i < tied_.size(); ++i) {
+    auto& [t, kept] = tied_[i];
     const bool had = t.grad().defined();
     at::Tensor g = had ? t.grad() : at::zeros_like(t);
+    if (before[i].defined()) g.sub_(before[i]);
     group_->all_reduce(g);
+    if (before[i].defined()) g.add_(before[i]);
     if (kept && !had) t.mutable_grad() = g;
   }
 }

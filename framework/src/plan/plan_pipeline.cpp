@@ -145,10 +145,13 @@ void check_pipeline(const Plan& plan) {
         throw PlanError(r.layout_loc, "layout splits over '" + p.axis +
                                           "', the pipeline's axis; rules split over the other axes (the pipeline cuts "
                                           "between modules, not inside parameters)");
-  // Between stages the activations would hold T/N positions, which no
-  // piece's interface says yet.
-  if (plan.sequence_parallel.enabled)
-    throw PlanError(plan.sequence_parallel.loc, "sequence_parallel with a pipeline: key is not supported yet");
+  // Under sequence parallelism a stage's boundary activation is its model
+  // rank's part of the sequence, sent to the same model rank of the next
+  // stage; the sequence cannot be split over the pipe axis itself.
+  if (plan.sequence_parallel.enabled && plan.sequence_axis() == p.axis)
+    throw PlanError(plan.sequence_parallel.axis_loc, "sequence_parallel.axis '" + p.axis +
+                                                         "' is the pipeline's axis; the sequence splits over the "
+                                                         "tensor-parallel axis inside each stage (e.g. model)");
   if (axis->size == MeshAxisSpec::kAutoSize) return;  // the rest is checked once the world size is known
   const int stages = axis->size * p.virtual_stages;
   if (!p.stages.empty() && static_cast<int>(p.stages.size()) != stages)

@@ -110,7 +110,8 @@ std::string Plan::sequence_axis() const {
   const std::string batch = batch_axis();
   std::string found;
   for (const auto& a : mesh) {
-    if (a.name == batch) continue;
+    // The pipe axis cuts between modules; it never holds a tensor-parallel group.
+    if (a.name == batch || (pipeline.enabled && a.name == pipeline.axis)) continue;
     if (!found.empty())
       throw PlanError(sp.loc, "sequence_parallel: the mesh has several axes besides the batch axis (" + names +
                                   "); name the one tensor parallelism uses, e.g. {dim: 0, axis: model}");

@@ -22,6 +22,9 @@
 namespace shardplan {
 namespace {
 
+// A DataParallel over a pipeline stage's parameters (pipe_axis set): every
+// stage counts its own, as if the pipe axis split them.
+//
 // ZeRO-1: the reduced slices of the buckets, cut at the parameters' edges so
 // that each part takes its parameter's ownership on the model axes (the
 // batch axis' slices are disjoint: every rank counts its own). The padding
@@ -38,7 +41,7 @@ std::vector<GradPiece> zero_pieces(const DataParallel::Impl& d) {
       if (begin >= end) continue;
       const ReportRow& row = *rows.at(e.path);
       pieces.push_back({b.shard.narrow(0, begin - lo, end - begin),
-                        counts_on_this_rank(row, d.mesh, d.world_rank, d.axis)});
+                        counts_on_this_rank(row, d.mesh, d.world_rank, d.axis, d.pipe_axis)});
     }
   }
   // Outside the buckets: their own gradients (ZeroOptimizer::locals()).
@@ -47,7 +50,7 @@ std::vector<GradPiece> zero_pieces(const DataParallel::Impl& d) {
     const bool own = ignored.count(d.unique[i].first) > 0;
     const at::Tensor& g = d.unique[i].second.grad();
     if ((own || split.count(d.unique[i].first)) && g.defined())
-      pieces.push_back({g, counts_on_this_rank(d.unique_rows[i], d.mesh, d.world_rank, own ? d.axis : "")});
+      pieces.push_back({g, counts_on_this_rank(d.unique_rows[i], d.mesh, d.world_rank, own ? d.axis : "", d.pipe_axis)});
   }
   return pieces;
 }
@@ -79,7 +82,7 @@ std::vector<GradPiece> data_parallel_pieces(DataParallel& dp) {
     if (!g.defined()) continue;
     // An ignored parameter is not averaged: each rank's gradient is its own.
     const bool own = ignored.count(d.unique[i].first) > 0;
-    pieces.push_back({g, counts_on_this_rank(d.unique_rows[i], d.mesh, d.world_rank, own ? d.axis : "")});
+    pieces.push_back({g, counts_on_this_rank(d.unique_rows[i], d.mesh, d.world_rank, own ? d.axis : "", d.pipe_axis)});
   }
   return pieces;
 }
@@ -103,7 +106,7 @@ std::vector<GradPiece> optimizer_pieces(Optimizer& opt) {
         const at::Tensor& g = grads[k++];
         if (!g.defined()) continue;
         const ReportRow& row = *rows.at(b.members[s.member].first.unsafeGetTensorImpl());
-        pieces.push_back({g, counts_on_this_rank(row, d.mesh, d.world_rank, d.axis)});
+        pieces.push_back({g, counts_on_this_rank(row, d.mesh, d.world_rank, d.axis, d.pipe_axis)});
       }
     // Then the locals, in the model's order: an ignored one is this rank's own.
     const std::set<std::string> ignored(d.ignored.begin(), d.ignored.end());
@@ -114,7 +117,7 @@ std::vector<GradPiece> optimizer_pieces(Optimizer& opt) {
       const at::Tensor& g = grads[k++];
       const bool own = ignored.count(d.unique[i].first) > 0;
       if (g.defined())
-        pieces.push_back({g, counts_on_this_rank(d.unique_rows[i], d.mesh, d.world_rank, own ? d.axis : "")});
+        pieces.push_back({g, counts_on_this_rank(d.unique_rows[i], d.mesh, d.world_rank, own ? d.axis : "", d.pipe_axis)});
     }
     return pieces;
   }
@@ -122,7 +125,7 @@ std::vector<GradPiece> optimizer_pieces(Optimizer& opt) {
   for (size_t i = 0; i < d.unique.size(); ++i) {  // the masters, in the same order
     if (!grads[i].defined()) continue;
     const bool own = ignored.count(d.unique[i].first) > 0;
-    pieces.push_back({grads[i], counts_on_this_rank(d.unique_rows[i], d.mesh, d.world_rank, own ? d.axis : "")});
+    pieces.push_back({grads[i], counts_on_this_rank(d.unique_rows[i], d.mesh, d.world_rank, own ? d.axis : "", d.pipe_axis)});
   }
   return pieces;
 }

@@ -37,10 +37,11 @@ void check_clip_args(double max_norm, double norm_type, const char* who) {
   check_norm_type(norm_type, who);
 }
 
-bool counts_on_this_rank(const ReportRow& row, const Mesh& mesh, int world_rank, const std::string& skip_axis) {
+bool counts_on_this_rank(const ReportRow& row, const Mesh& mesh, int world_rank, const std::string& skip_axis,
+                         const std::string& skip_axis2) {
   if (!row.tied_to.empty()) return false;  // counted under its first path
   for (const auto& [axis, n] : mesh.axes()) {
-    if (n <= 1 || axis == skip_axis) continue;
+    if (n <= 1 || axis == skip_axis || axis == skip_axis2) continue;
     const int c = mesh.coord(world_rank, axis);
     const ShardSplit* split = nullptr;
     for (const auto& s : row.splits)
@@ -50,8 +51,12 @@ bool counts_on_this_rank(const ReportRow& row, const Mesh& mesh, int world_rank,
   return true;
 }
 
+bool counts_on_this_rank(const ReportRow& row, const Mesh& mesh, int world_rank, const std::string& skip_axis) {
+  return counts_on_this_rank(row, mesh, world_rank, skip_axis, "");
+}
+
 bool counts_on_this_rank(const ReportRow& row, const Mesh& mesh, int world_rank) {
-  return counts_on_this_rank(row, mesh, world_rank, "");
+  return counts_on_this_rank(row, mesh, world_rank, "", "");
 }
 
 double pieces_norm(const std::vector<GradPiece>& pieces, World& world, double norm_type, bool error_if_nonfinite) {

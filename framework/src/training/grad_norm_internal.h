@@ -49,5 +49,8 @@ void check_norm_type(double norm_type, const char* who);
 // decides that axis itself (DataParallel's batch axis).
 bool counts_on_this_rank(const ReportRow& row, const Mesh& mesh, int world_rank);
 bool counts_on_this_rank(const ReportRow& row, const Mesh& mesh, int world_rank, const std::string& skip_axis);
+// And a second such axis (a pipeline's: each stage counts its own parameters).
+bool counts_on_this_rank(const ReportRow& row, const Mesh& mesh, int world_rank, const std::string& skip_axis,
+                         const std::string& skip_axis2);
 
 }  // namespace shardplan

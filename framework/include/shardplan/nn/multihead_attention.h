@@ -54,6 +54,10 @@ class MultiheadAttentionStrategy {
                                                      const at::Tensor& key_padding_mask, bool need_weights,
                                                      const at::Tensor& attn_mask, bool average_attn_weights) = 0;
   virtual std::string describe() const = 0;  // "head-parallel over 'model' (2): 2 of 4 heads per rank"
+  // How many parts of the sequence a query arrives in (sequence
+  // parallelism's N; 1 when it arrives whole): an attn_mask spans the
+  // gathered sequence, N times the query's length.
+  virtual int64_t sequence_parts() const { return 1; }
 };
 
 class MultiheadAttentionImpl : public torch::nn::Cloneable<MultiheadAttentionImpl>, public GatedLayer,
