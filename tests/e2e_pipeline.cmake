@@ -73,3 +73,19 @@ if(TARGET shardplan_plan AND TARGET shardplan_cli)
   set_tests_properties(plan_check_pipeline_refuses_uncut_model PROPERTIES TIMEOUT 120 LABELS pipeline
     PASS_REGULAR_EXPRESSION "gpt_pipe.yaml:13:3: pipeline: the model does not declare its pieces")
 endif()
+
+# `stages: {auto: time}`: plan check says the run will time the pieces (the
+# cut it shows is by parameters). The plan is plans/gpt_pipe.yaml with its
+# stages line changed, written here.
+if(TARGET shardplan_plan AND TARGET shardplan_cli)
+  file(READ ${PROJECT_SOURCE_DIR}/plans/gpt_pipe.yaml _timed)
+  string(REPLACE "stages: auto " "stages: {auto: time} " _timed_new "${_timed}")
+  if(_timed_new STREQUAL _timed)
+    message(FATAL_ERROR "plans/gpt_pipe.yaml changed: tests/e2e_pipeline.cmake finds no stages line to edit")
+  endif()
+  file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_timed.yaml "${_timed_new}")
+  add_test(NAME plan_check_pipeline_timed_stages COMMAND $<TARGET_FILE:shardplan_cli> plan check
+    ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_timed.yaml --model gpt --world 2 --no-comm)
+  set_tests_properties(plan_check_pipeline_timed_stages PROPERTIES TIMEOUT 120 LABELS pipeline PASS_REGULAR_EXPRESSION
+    "pipeline stages \\{auto: time\\}: when the run starts, every rank times each piece's forward")
+endif()
