@@ -89,3 +89,13 @@ if(TARGET shardplan_plan AND TARGET shardplan_cli)
   set_tests_properties(plan_check_pipeline_timed_stages PROPERTIES TIMEOUT 120 LABELS pipeline PASS_REGULAR_EXPRESSION
     "pipeline stages \\{auto: time\\}: when the run starts, every rank times each piece's forward")
 endif()
+
+# Interleaved over gloo processes: its chunks have two ranks send to each
+# other and then receive, which waited forever while the gloo plugin queued
+# a blocking receive behind the rank's earlier sends (comm_gloo.cpp's
+# point_to_point now waits for it at once).
+if(TARGET train_gpt AND TARGET shardplan_cli)
+  add_test(NAME e2e_pipeline_gpt_interleaved_gloo2_f64 COMMAND ${_e2e} 1e-10
+    -- ${_gpt} -- ${_gloo} 2 -- ${_gpt} --plan ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_interleaved.yaml)
+  set_tests_properties(e2e_pipeline_gpt_interleaved_gloo2_f64 PROPERTIES TIMEOUT 300 LABELS pipeline)
+endif()
