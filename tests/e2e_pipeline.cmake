@@ -90,12 +90,19 @@ if(TARGET shardplan_plan AND TARGET shardplan_cli)
     "pipeline stages \\{auto: time\\}: when the run starts, every rank times each piece's forward")
 endif()
 
-# Interleaved over gloo processes: its chunks have two ranks send to each
-# other and then receive, which waited forever while the gloo plugin queued
-# a blocking receive behind the rank's earlier sends (comm_gloo.cpp's
-# point_to_point now waits for it at once).
+# Interleaved over gloo and MPI processes: its chunks have two ranks send to
+# each other and then receive, which waited forever while the plugins queued
+# a blocking receive behind the rank's earlier sends (their point_to_point
+# now waits for it at once).
 if(TARGET train_gpt AND TARGET shardplan_cli)
   add_test(NAME e2e_pipeline_gpt_interleaved_gloo2_f64 COMMAND ${_e2e} 1e-10
     -- ${_gpt} -- ${_gloo} 2 -- ${_gpt} --plan ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_interleaved.yaml)
   set_tests_properties(e2e_pipeline_gpt_interleaved_gloo2_f64 PROPERTIES TIMEOUT 300 LABELS pipeline)
+  find_program(SHARDPLAN_MPIRUN NAMES mpirun mpiexec)
+  if(TARGET shardplan_comm_mpi AND SHARDPLAN_MPIRUN)
+    add_test(NAME e2e_pipeline_gpt_interleaved_mpi2_f64 COMMAND ${_e2e} 1e-10
+      -- ${_gpt} -- $<TARGET_FILE:shardplan_cli> launch --backend mpi -n 2 --timeout-ms 60000
+      -- ${_gpt} --plan ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_interleaved.yaml)
+    set_tests_properties(e2e_pipeline_gpt_interleaved_mpi2_f64 PROPERTIES TIMEOUT 300 LABELS "pipeline;mpi")
+  endif()
 endif()
