@@ -71,6 +71,20 @@ if(_bench_models)
   set_tests_properties(bench_sp_memory_smoke PROPERTIES TIMEOUT 120
     PASS_REGULAR_EXPRESSION "2 +gpt_sp.yaml +[0-9]+ +[0-9.]+ +0\\.[0-9]+")
 endif()
+# Pipeline parallelism's figures (benchmarks/pipeline), tiny: every schedule
+# at p = 2 and 4 as thread ranks and at p = 2 as gloo processes; --check 1
+# fails unless the bytes between stages, the micro-batches in flight and the
+# activation bytes kept are exactly what the schedule says.
+if(_bench_models)
+  set(_pipe_small --config context=8,embed=16,heads=2,layers=6,mlp=32 --batch 8 --micro 4,8 --steps 1 --check 1)
+  add_test(NAME bench_pipeline_smoke COMMAND bench_pipeline --pipes 2,4 ${_pipe_small})
+  add_test(NAME bench_pipeline_gloo_smoke COMMAND $<TARGET_FILE:shardplan_cli> launch -n 2 --backend gloo
+    --timeout-ms 60000 -- $<TARGET_FILE:bench_pipeline> ${_pipe_small})
+  set_tests_properties(bench_pipeline_smoke PROPERTIES PASS_REGULAR_EXPRESSION "\ninterleaved +4 +2 +8 .* exact\n")
+  set_tests_properties(bench_pipeline_gloo_smoke PROPERTIES PASS_REGULAR_EXPRESSION "\n(\\[rank 0\\] )?interleaved +2 +2 +8 .* exact\n")
+  set_tests_properties(bench_pipeline_smoke bench_pipeline_gloo_smoke PROPERTIES TIMEOUT 120 LABELS "bench;pipeline"
+    FAIL_REGULAR_EXPRESSION "OFF:|error|figure is off")
+endif()
 # Async tensor parallelism's step timings (benchmarks/async_tp), tiny: every
 # mode runs, gives the sync path's numbers, and (GPT) the communication replay
 # moves the bytes of the sync step.

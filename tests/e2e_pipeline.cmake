@@ -240,3 +240,36 @@ if(TARGET shardplan_plan AND TARGET shardplan_cli)
   set_tests_properties(plan_check_pipeline_refuses_uncut_model PROPERTIES TIMEOUT 120 LABELS pipeline
     PASS_REGULAR_EXPRESSION "gpt_pipe.yaml:13:3: pipeline: the model does not declare its pieces")
 endif()
+
+# `stages: {auto: time}`: plan check says the run will time the pieces (the
+# cut it shows is by parameters). The plan is plans/gpt_pipe.yaml with its
+# stages line changed, written here.
+if(TARGET shardplan_plan AND TARGET shardplan_cli)
+  file(READ ${PROJECT_SOURCE_DIR}/plans/gpt_pipe.yaml _timed)
+  string(REPLACE "stages: auto " "stages: {auto: time} " _timed_new "${_timed}")
+  if(_timed_new STREQUAL _timed)
+    message(FATAL_ERROR "plans/gpt_pipe.yaml changed: tests/e2e_pipeline.cmake finds no stages line to edit")
+  endif()
+  file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_timed.yaml "${_timed_new}")
+  add_test(NAME plan_check_pipeline_timed_stages COMMAND $<TARGET_FILE:shardplan_cli> plan check
+    ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_timed.yaml --model gpt --world 2 --no-comm)
+  set_tests_properties(plan_check_pipeline_timed_stages PROPERTIES TIMEOUT 120 LABELS pipeline PASS_REGULAR_EXPRESSION
+    "pipeline stages \\{auto: time\\}: when the run starts, every rank times each piece's forward")
+endif()
+
+# Interleaved over gloo and MPI processes: its chunks have two ranks send to
+# each other and then receive, which waited forever while the plugins queued
+# a blocking receive behind the rank's earlier sends (their point_to_point
+# now waits for it at once).
+if(TARGET train_gpt AND TARGET shardplan_cli)
+  add_test(NAME e2e_pipeline_gpt_interleaved_gloo2_f64 COMMAND ${_e2e} 1e-10
+    -- ${_gpt} -- ${_gloo} 2 -- ${_gpt} --plan ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_interleaved.yaml)
+  set_tests_properties(e2e_pipeline_gpt_interleaved_gloo2_f64 PROPERTIES TIMEOUT 300 LABELS pipeline)
+  find_program(SHARDPLAN_MPIRUN NAMES mpirun mpiexec)
+  if(TARGET shardplan_comm_mpi AND SHARDPLAN_MPIRUN)
+    add_test(NAME e2e_pipeline_gpt_interleaved_mpi2_f64 COMMAND ${_e2e} 1e-10
+      -- ${_gpt} -- $<TARGET_FILE:shardplan_cli> launch --backend mpi -n 2 --timeout-ms 60000
+      -- ${_gpt} --plan ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_interleaved.yaml)
+    set_tests_properties(e2e_pipeline_gpt_interleaved_mpi2_f64 PROPERTIES TIMEOUT 300 LABELS "pipeline;mpi")
+  endif()
+endif()

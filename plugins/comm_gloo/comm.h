@@ -70,6 +70,21 @@ class Comm {
   // (0: none), this communicator's and its splits' (link.h).
   double link_bytes_per_second = 0;
   std::shared_ptr<ShmGroup> shm;      // set when its ranks share a host (shm.h)
+  // Runs `run` on the calling thread at once, whatever is queued ahead: for
+  // a blocking receive already posted, whose wait needs its own message
+  // only. Queued, it would first wait for this rank's earlier sends to be
+  // taken, which may need the peer to get further first: two ranks that
+  // send to each other and then receive (an interleaved pipeline's chunks,
+  // shardplan/pipeline.h) would each wait for the other.
+  template <class F>
+  int run_now(const char* op, F&& run) {
+    std::string err;
+    const int status = execute(run, err);
+    if (status != SP_OK)
+      shardplan::comm::last_error() = shardplan::comm::OpInfo{"gloo", op, rank, size, timeout}.what() + ": " + err;
+    return status;
+  }
+
   // Test hook SHARDPLAN_TEST_GLOO_STALL_MS (env.h), this communicator's and its splits'.
   long test_stall_ms = 0;
   bool verbose = false;  // SHARDPLAN_GLOO_VERBOSE, this communicator's and its splits'

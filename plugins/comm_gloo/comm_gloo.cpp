@@ -509,6 +509,12 @@ int point_to_point(bool is_send, sp_comm* comm, const sp_buffer* buf, int32_t pe
       else ub->recv(peer, slot, 0, nbytes);
     }
     ms timeout = c->timeout;
+    if (!is_send && !work)
+      return c->run_now(name, [c, ub, timeout, link_s] {
+        if (!ub) return;
+        const LinkPace pace(link_s, c->aborted);
+        ub->waitRecv(timeout);
+      });
     return c->submit(
         name,
         [c, ub, is_send, timeout, link_s] {

@@ -155,6 +155,21 @@ class Comm {
     return queue_.submit(info, Task{Run(std::forward<F>(run)), std::move(posted)}, work);
   }
 
+  // Runs `run` on the calling thread at once, whatever is queued ahead: for
+  // a blocking receive already posted, whose completion needs its own
+  // message only. Queued, it would first wait for this rank's earlier sends
+  // to be matched, which may need the peer to get further first: two ranks
+  // that send to each other and then receive (an interleaved pipeline's
+  // chunks, shardplan/pipeline.h) would each wait for the other.
+  template <class F>
+  int run_now(const char* op, F&& run, const std::shared_ptr<MPI_Request>& posted) {
+    std::string err;
+    const int status = execute(run, posted, err);
+    if (status != SP_OK)
+      shardplan::comm::last_error() = shardplan::comm::OpInfo{"mpi", op, rank, size, timeout}.what() + ": " + err;
+    return status;
+  }
+
   void abort() {
     aborted = true;
     children.abort_all();

@@ -41,25 +41,24 @@ int point_to_point(bool is_send, sp_comm* comm, const sp_buffer* buf, int32_t pe
                      : MPI_Irecv(buf->data, n, dt, peer, tag, c->mc, req.get());
     if (rc != MPI_SUCCESS) return fail(SP_ERR_INTERNAL, "mpi " + c->what(name) + ": " + mpi_error(rc));
   }
-  return c->submit(
-      name,
-      [c, req, is_send, n, dt, peer, name](std::string& err) -> int {
-        MPI_Status st;
-        int rc = c->complete(name, req.get(), 1, err, &st);
-        if (rc == SP_ERR_INVALID)
-          err = "the message from rank " + std::to_string(peer) + " is longer than the " + std::to_string(n) +
-                "-element recv buffer";
-        if (rc != SP_OK || is_send) return rc;
-        int got = 0;
-        MPI_Get_count(&st, dt, &got);
-        if (got != n) {
-          err = "the message from rank " + std::to_string(peer) + " has " + std::to_string(got) +
-                " elements but the recv buffer " + std::to_string(n);
-          return SP_ERR_INVALID;
-        }
-        return SP_OK;
-      },
-      work, req);
+  auto finish = [c, req, is_send, n, dt, peer, name](std::string& err) -> int {
+    MPI_Status st;
+    int rc = c->complete(name, req.get(), 1, err, &st);
+    if (rc == SP_ERR_INVALID)
+      err = "the message from rank " + std::to_string(peer) + " is longer than the " + std::to_string(n) +
+            "-element recv buffer";
+    if (rc != SP_OK || is_send) return rc;
+    int got = 0;
+    MPI_Get_count(&st, dt, &got);
+    if (got != n) {
+      err = "the message from rank " + std::to_string(peer) + " has " + std::to_string(got) +
+            " elements but the recv buffer " + std::to_string(n);
+      return SP_ERR_INVALID;
+    }
+    return SP_OK;
+  };
+  if (!is_send && !work) return c->run_now(name, finish, req);
+  return c->submit(name, std::move(finish), work, req);
 }
 
 }  // namespace

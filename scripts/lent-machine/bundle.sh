@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${1:-build}
 D=.devrun
-BINS=(shardplan bench_async_tp bench_dp_step comm_nccl_tests bench_comm_nccl bench_script bench_recompute)
+BINS=(shardplan bench_async_tp bench_dp_step comm_nccl_tests bench_comm_nccl bench_script bench_recompute bench_pipeline)
 for b in "${BINS[@]}"; do
   [[ -x $BUILD/bin/$b ]] || { echo "bundle.sh: $BUILD/bin/$b is missing (scripts/build.sh)" >&2; exit 2; }
 done

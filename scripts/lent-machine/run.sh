@@ -3,7 +3,7 @@
 # scripts/lent-machine/bundle.sh packed: the benchmarks that need cores to
 # spare and the NCCL plugin's GPU tests (README.md beside this file).
 #
-#   bash .devrun/run.sh [SECTION...]     # smoke nccl dp async gpt script recompute (default: all)
+#   bash .devrun/run.sh [SECTION...]     # smoke nccl dp async gpt script recompute pipe (default: all)
 #
 # Results go to $OUT (the device tool's folder), one file per run, and to
 # stdout. Each run has its own timeout, so one that hangs costs only itself.
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 R=$PWD
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-SECTIONS=${*:-smoke nccl dp async gpt script recompute}
+SECTIONS=${*:-smoke nccl dp async gpt script recompute pipe}
 log() { echo "### $*"; }
 log "host $(getconf _NPROCESSORS_ONLN) cores, $(ldd --version | head -1), kernel $(uname -r), $(date -u)"
 log "load $(cut -d' ' -f1-3 /proc/loadavg); cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
@@ -101,7 +101,24 @@ recompute)
   timeout ${REC_TIMEOUT:-150} $B/bench_recompute --model gpt --reps ${REC_REPS:-9} --ranks 1,2 \
     --gpt context=256,embed=1024,heads=16,layers=2,mlp=4096,dropout=0.1 ${REC_ARGS:-} 2>&1 | tee $OUT/recompute_gpt1024.txt
   ;;
-*) echo "run.sh: unknown section '$s' (smoke nccl dp async gpt script recompute)" ;;
+pipe)
+  # Issue 36: the pipeline schedules' bubble against theory with a core per
+  # stage to spare (PIPE_THREADS per rank): thread ranks, then gloo processes
+  # over TCP. About a minute.
+  export SHARDPLAN_NUM_THREADS=${PIPE_THREADS:-2}
+  log "bench_pipeline, thread ranks, ${PIPE_THREADS:-2} threads per rank"
+  timeout ${PIPE_TIMEOUT:-120} $B/bench_pipeline --pipes 2,4 --micro ${PIPE_MICRO:-4,8,16} --steps ${PIPE_STEPS:-9} \
+    --check 1 ${PIPE_ARGS:-} 2>&1 | tee $OUT/pipe_threads.txt
+  for n in 2 4; do
+    log "bench_pipeline, $n gloo processes (TCP)"
+    SHARDPLAN_GLOO_SHM=off timeout ${PIPE_TIMEOUT:-120} $B/shardplan launch -n $n --backend gloo -- $B/bench_pipeline \
+      --micro ${PIPE_MICRO:-4,8,16} --steps ${PIPE_STEPS:-9} --check 1 ${PIPE_ARGS:-} 2>&1 |
+      grep -v warning |
+      tee $OUT/pipe_gloo$n.txt
+  done
+  unset SHARDPLAN_NUM_THREADS
+  ;;
+*) echo "run.sh: unknown section '$s' (smoke nccl dp async gpt script recompute pipe)" ;;
 esac
 done
 log "done $(date -u); load $(cut -d' ' -f1-3 /proc/loadavg)"

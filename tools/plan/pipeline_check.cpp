@@ -77,6 +77,11 @@ void check_pipeline(torch::nn::Module& model, const shardplan::Plan& plan, shard
   result.notes.push_back("pipeline over '" + spec.axis + "': " + std::to_string(p) + " stages, schedule " +
                          spec.schedule + ", " + std::to_string(spec.micro_batches) +
                          " micro-batches, predicted bubble " + bubble);
+  // Timing needs the run's batch and ranks; what is shown is the guess by parameters.
+  if (spec.stages.empty() && spec.balance == "time")
+    result.notes.push_back("pipeline stages {auto: time}: when the run starts, every rank times each piece's forward on "
+                           "its first micro-batch and the slowest rank's times are balanced, so every rank cuts alike; "
+                           "the stages below are the cut by parameter count, which the timed one replaces");
   for (size_t k = 0; k < stages.size(); ++k) {
     int64_t bytes = 0;
     for (size_t i = stages[k].first; i < stages[k].second; ++i) bytes += sizes.bytes[i];

@@ -58,6 +58,45 @@ using StageRanges = std::vector<std::pair<size_t, size_t>>;
 StageRanges assign_stages(const std::vector<std::vector<std::string>>& pieces, const std::vector<int64_t>& piece_params,
                           const PipelineSpec& spec, int stages);
 
+// What one step did on this rank (Pipeline::stats()), for the benchmarks
+// (docs/BENCHMARKS.md, "Pipeline parallelism"). Times are wall-clock seconds
+// on this rank's thread; step_s - compute_s is its idle time, the bubble
+// plus the waits.
+struct PipelineStats {
+  // The schedule's run, the tied gradients' sum and the loss broadcast
+  // included (a batch axis' gradient reduction after it not).
+  double step_s = 0;
+  double forward_s = 0;   // in the pieces' forwards
+  double backward_s = 0;  // in autograd's backward (and the loss, on the last stage)
+  double compute_s() const { return forward_s + backward_s; }
+  // In point-to-point calls: blocked in receives, posting sends, and waiting
+  // for this step's sends to complete at its end.
+  double wait_s = 0;
+  // The activations and gradients this rank sent to and received from the
+  // other stages, payload only (the shape header a chunk's first
+  // micro-batch carries, 80 bytes, is not counted); with m micro-batches and
+  // activations of A bytes, a middle stage sends and receives m x A per
+  // direction and chunk.
+  int64_t bytes_sent = 0, bytes_received = 0;
+  // Micro-batch chunks forwarded and not yet backwarded, at most at once:
+  // m for GPipe, at most p - stage for 1F1B.
+  int peak_in_flight = 0;
+  // The bytes of the in-flight chunks' inputs (received activations; none on
+  // model stage 0, which slices the batch) and outputs (what the chunk's last
+  // piece returned), at most at once. What a stage keeps for backward, up to
+  // the tensors autograd saves inside the pieces (proportional to them for
+  // uniform blocks); counted as each tensor's numel x element size.
+  int64_t peak_activation_bytes = 0;
+};
+
+// What `stages: {auto: time}` balances: each piece's forward time on the
+// first of `micro_batches` slices of `sample` along dim 0, the median of
+// three runs after a warm-up, in nanoseconds, the largest over the world's
+// ranks (collective: every rank gets the same). `model` is put in eval mode
+// and back, so no dropout draws from the generators.
+std::vector<int64_t> time_pieces(torch::nn::Module& model, PipelineModel& pieces, const at::Tensor& sample,
+                                 int micro_batches, World& world);
+
 class Pipeline {
  public:
   // output: what the last piece returned for one micro-batch; target: that
@@ -70,9 +109,13 @@ class Pipeline {
   // stage's gradients are averaged over that axis (a DataParallel over this
   // stage's parameters). Throws PlanError for a plan without `pipeline:` or
   // stages that do not fit the model, Error for a model whose pieces leave a
-  // parameter out or a batch axis without a report.
+  // parameter out or a batch axis without a report. `stages: {auto: time}`
+  // needs `sample`, a batch input as step() takes: each piece's forward is
+  // timed on its first micro-batch (the model in eval mode, without
+  // gradients) on every rank, and the slowest rank's times are balanced,
+  // so every rank cuts alike.
   Pipeline(torch::nn::Module& model, PipelineModel& pieces, const Plan& plan, World& world,
-           const ParallelReport* report = nullptr);
+           const ParallelReport* report = nullptr, const at::Tensor& sample = at::Tensor());
   ~Pipeline();
 
   const std::string& axis() const { return axis_; }  // the pipe axis
@@ -107,6 +150,8 @@ class Pipeline {
   // DataParallel::NoSync over data_parallel() the batch axis' reduction
   // waits for the first step outside one (gradient accumulation over steps).
   double step(const at::Tensor& input, const at::Tensor& target, const LossFn& loss);
+  // The last step()'s figures on this rank (zeros before the first).
+  const PipelineStats& stats() const { return stats_; }
   // The batch axis' DataParallel over this stage's parameters, or nullptr.
   DataParallel* data_parallel() const { return dp_.get(); }
 
@@ -150,6 +195,9 @@ class Pipeline {
   std::shared_ptr<RngTracker> stage_rng_;
   const RngTracker* stage_rng_base_ = nullptr;
   std::shared_ptr<RngTracker> stage_rng();
+  PipelineStats stats_;
+  int in_flight_ = 0;
+  int64_t live_bytes_ = 0;  // the in-flight chunks' inputs and outputs
 };
 
 }  // namespace shardplan

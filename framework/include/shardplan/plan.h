@@ -161,6 +161,10 @@ struct PipelineSpec {
   // Per stage (axis size x virtual_stages of them), the patterns of the
   // module paths it runs; empty: `stages: auto` (balanced by parameters).
   std::vector<std::vector<PipelineStagePattern>> stages;
+  // With stages empty, what auto balances: "params" (`stages: auto` or
+  // `{auto: params}`) or "time" (`{auto: time}`: each piece's forward time,
+  // measured on a sample batch when the Pipeline is made).
+  std::string balance = "params";
   SourceLoc stages_loc;
   SourceLoc loc;                      // the pipeline map
 };

@@ -41,7 +41,7 @@ std::vector<int64_t> piece_params(torch::nn::Module& model, const std::vector<st
 }  // namespace
 
 Pipeline::Pipeline(torch::nn::Module& model, PipelineModel& pieces, const Plan& plan, World& world,
-                   const ParallelReport* report)
+                   const ParallelReport* report, const at::Tensor& sample)
     : pieces_(pieces), axis_(plan.pipeline.axis) {
   const PipelineSpec& spec = plan.pipeline;
   if (!spec.enabled) throw PlanError(SourceLoc{plan.source, 1, 1}, "the plan has no pipeline: key");
@@ -54,7 +54,10 @@ Pipeline::Pipeline(torch::nn::Module& model, PipelineModel& pieces, const Plan& 
     throw PlanError(spec.micro_batches_loc, "schedule 1f1b needs at least as many micro_batches as stages (" +
                                                 std::to_string(stages_) + "), got " + std::to_string(micro_));
   const auto piece_list = pieces.pieces();
-  const StageRanges all = assign_stages(piece_list, piece_params(model, piece_list), spec, stages_ * virtual_);
+  const bool by_time = spec.stages.empty() && spec.balance == "time";
+  const StageRanges all = assign_stages(
+      piece_list, by_time ? time_pieces(model, pieces, sample, micro_, world) : piece_params(model, piece_list), spec,
+      stages_ * virtual_);
   group_ = world.group(mesh, spec.axis);
   stage_ = group_->rank();
   schedule_ = pipeline_schedule(spec.schedule, stages_, micro_, virtual_);

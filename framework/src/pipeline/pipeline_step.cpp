@@ -1,10 +1,12 @@
 // Pipeline::step: this rank's action list, run.
+#include <algorithm>
+#include <chrono>
+#include <optional>
+
 #include "data_parallel/data_parallel_impl.h"
 #include "pipeline_internal.h"
 #include "shardplan/error.h"
 #include "shardplan/random.h"
-
-#include <optional>
 
 namespace shardplan {
 
@@ -21,6 +23,19 @@ at::Tensor micro_slice(const at::Tensor& t, int micro, int micro_batches) {
   const int64_t n = t.size(0) / micro_batches;
   return t.narrow(0, micro * n, n);
 }
+
+// Adds the scope's wall time to a PipelineStats field.
+class Timed {
+ public:
+  explicit Timed(double& into) : into_(into), t0_(std::chrono::steady_clock::now()) {}
+  ~Timed() { into_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
+
+ private:
+  double& into_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+int64_t bytes_of(const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
 
 }  // namespace
 
@@ -62,6 +77,10 @@ double Pipeline::run_schedule(const at::Tensor& input, const at::Tensor& target,
     if (t->dim() == 0 || t->size(0) % micro_ != 0)
       throw Error("pipeline: a batch of " + (t->dim() ? std::to_string(t->size(0)) : std::string("no dims")) +
                   " along dim 0 does not divide into " + std::to_string(micro_) + " micro-batches");
+  stats_ = PipelineStats();
+  in_flight_ = 0;
+  live_bytes_ = 0;
+  Timed whole(stats_.step_s);
   std::vector<Slot> slots(static_cast<size_t>(micro_ * virtual_));
   loss_sum_ = at::zeros({1}, at::kDouble);
   // What earlier steps accumulated into the tied copies (already summed):
@@ -79,7 +98,10 @@ double Pipeline::run_schedule(const at::Tensor& input, const at::Tensor& target,
       case PipelineOp::send_gradient: send_gradient(slot, a.peer); break;
     }
   }
-  for (auto& w : pending_) w->wait();
+  {
+    Timed waiting(stats_.wait_s);
+    for (auto& w : pending_) w->wait();
+  }
   pending_.clear();
   sum_tied_gradients(before);
   // The last rank of the group holds the last model stage, whatever v is.
@@ -103,11 +125,21 @@ void Pipeline::sum_tied_gradients(const std::vector<at::Tensor>& before) {
 
 void Pipeline::forward(const PipelineAction& a, Slot& slot, const at::Tensor& micro_input) {
   at::Tensor x = model_stage(a.chunk) == 0 ? micro_input : slot.input;
-  for (size_t i = chunks_[a.chunk].first; i < chunks_[a.chunk].second; ++i) x = pieces_.forward_piece(i, x);
+  {
+    Timed computing(stats_.forward_s);
+    for (size_t i = chunks_[a.chunk].first; i < chunks_[a.chunk].second; ++i) x = pieces_.forward_piece(i, x);
+  }
   slot.output = x;
+  live_bytes_ += bytes_of(slot.input) + bytes_of(slot.output);
+  stats_.peak_in_flight = std::max(stats_.peak_in_flight, ++in_flight_);
+  stats_.peak_activation_bytes = std::max(stats_.peak_activation_bytes, live_bytes_);
 }
 
 void Pipeline::backward(const PipelineAction& a, Slot& slot, const at::Tensor& micro_target, const LossFn& loss) {
+  // Released here: the input's gradient goes out right after.
+  live_bytes_ -= bytes_of(slot.input) + bytes_of(slot.output);
+  --in_flight_;
+  Timed computing(stats_.backward_s);
   if (last_model_stage(a.chunk)) {
     // Each micro-batch's mean loss over m: the gradients add up to the
     // global batch's mean loss's.
@@ -130,6 +162,8 @@ void Pipeline::send_gradient(Slot& slot, int peer) {
 }
 
 void Pipeline::send(const at::Tensor& t, int peer, int tag, bool header) {
+  Timed waiting(stats_.wait_s);
+  stats_.bytes_sent += bytes_of(t);
   if (header) {
     if (t.dim() > kMaxDims)
       throw Error("pipeline: an activation of " + std::to_string(t.dim()) + " dims; at most " +
@@ -144,6 +178,7 @@ void Pipeline::send(const at::Tensor& t, int peer, int tag, bool header) {
 }
 
 at::Tensor Pipeline::recv(int peer, int tag, int chunk, bool header) {
+  Timed waiting(stats_.wait_s);
   auto& [shape, dtype] = shapes_[chunk];
   if (header) {
     at::Tensor h = at::zeros({kHeader}, at::kLong);
@@ -155,14 +190,17 @@ at::Tensor Pipeline::recv(int peer, int tag, int chunk, bool header) {
   }
   at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));
   group_->recv(t, peer, tag);
+  stats_.bytes_received += bytes_of(t);
   // Activations that carry gradients become leaves whose .grad goes back.
   if (c10::isFloatingType(dtype) || c10::isComplexType(dtype)) t.requires_grad_(true);
   return t;
 }
 
 at::Tensor Pipeline::recv_like(const at::Tensor& output, int peer) {
+  Timed waiting(stats_.wait_s);
   at::Tensor g = at::empty(output.sizes(), output.options().requires_grad(false));
   group_->recv(g, peer, kGradientTag);
+  stats_.bytes_received += bytes_of(g);
   return g;
 }
 

@@ -46,12 +46,19 @@ int positive(const YAML::Node& v, const SourceLoc& vloc, const std::string& what
 }
 
 constexpr const char* kStagesExample =
-    "pipeline.stages must be auto or a list with one list of module path patterns per stage, e.g. "
+    "pipeline.stages must be auto, {auto: time} or a list with one list of module path patterns per stage, e.g. "
     "stages: [['tok_emb|pos_emb', 'blocks\\.[01]'], ['blocks\\.[23]', 'ln_f|head']]";
 
 void parse_stages(const YAML::Node& v, const SourceLoc& vloc, PipelineSpec& p) {
   p.stages_loc = vloc;
   if (v.IsScalar() && v.Scalar() == "auto") return;
+  if (v.IsMap() && v.size() == 1 && v.begin()->first.IsScalar() && v.begin()->first.Scalar() == "auto") {
+    const YAML::Node by = v.begin()->second;
+    if (!by.IsScalar() || (by.Scalar() != "params" && by.Scalar() != "time"))
+      throw PlanError(loc_of(by, vloc), "pipeline.stages: {auto: ...} balances by params or time");
+    p.balance = by.Scalar();
+    return;
+  }
   if (!v.IsSequence() || v.size() == 0) throw PlanError(vloc, kStagesExample);
   std::set<std::string> seen;
   for (const YAML::Node& stage : v) {
@@ -175,7 +182,7 @@ std::string pipeline_yaml(const Plan& plan) {
     << ", micro_batches: " << p.micro_batches;
   if (p.schedule == "interleaved") y << ", virtual_stages: " << p.virtual_stages;
   if (p.stages.empty()) {
-    y << ", stages: auto}\n";
+    y << (p.balance == "time" ? ", stages: {auto: time}}\n" : ", stages: auto}\n");
     return y.str();
   }
   std::vector<std::string> stages;

@@ -10,7 +10,10 @@
  *    thread) holds a one-line message naming the collective.
  *  - `work == NULL` makes the call blocking. Otherwise the call only enqueues
  *    and stores a handle in *work that the caller must `release`. Operations
- *    on one communicator complete in the order they were issued.
+ *    on one communicator complete in the order they were issued, but for a
+ *    blocking recv: it returns once its own message is in, whatever sends
+ *    this rank issued before are still waiting for their peers (two ranks
+ *    that send to each other and then receive must not wait on each other).
  *  - In-place is expressed by send->data == recv->data (where a collective
  *    allows it). Buffers of different dtype/device are invalid.
  *  - Rank-major layouts: all_gather writes rank r's contribution at
