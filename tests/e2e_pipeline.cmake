@@ -255,6 +255,15 @@ if(TARGET shardplan_plan AND TARGET shardplan_cli)
     ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_timed.yaml --model gpt --world 2 --no-comm)
   set_tests_properties(plan_check_pipeline_timed_stages PROPERTIES TIMEOUT 120 LABELS pipeline PASS_REGULAR_EXPRESSION
     "pipeline stages \\{auto: time\\}: when the run starts, every rank times each piece's forward")
+  # The trainer passes its first batch as the sample: the timed cut trains
+  # to one process's losses.
+  if(TARGET train_gpt)
+    set(_gpt $<TARGET_FILE:train_gpt> --steps 4 --log-every 1 --batch 8 --dtype float64 --optimizer adam --lr 0.01
+      --config context=16,embed=32,mlp=64,heads=4,layers=2)
+    add_test(NAME e2e_pipeline_gpt_timed_stages_threads2_f64 COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/losses_match.sh
+      1e-10 -- ${_gpt} -- ${_gpt} --ranks 2 --plan ${CMAKE_CURRENT_BINARY_DIR}/gpt_pipe_timed.yaml)
+    set_tests_properties(e2e_pipeline_gpt_timed_stages_threads2_f64 PROPERTIES TIMEOUT 120 LABELS pipeline)
+  endif()
 endif()
 
 # Interleaved over gloo and MPI processes: its chunks have two ranks send to

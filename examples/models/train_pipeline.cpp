@@ -106,7 +106,15 @@ void train_pipelined(TrainRank& r) {
   if (!pieces)
     throw Error("model " + a.model + " does not declare its pieces (shardplan::PipelineModel), which a plan's " +
                 "pipeline: key needs; gpt and llama do");
-  Pipeline pipe(*r.m.module, *pieces, r.plan, r.world, &r.report);
+  // stages: {auto: time} times the pieces on a batch drawn from a
+  // generator of its own, so the run's batches stay the same.
+  at::Tensor sample;
+  if (r.plan.pipeline.balance == "time") {
+    auto probe = at::make_generator<at::CPUGeneratorImpl>(a.seed + 1);
+    sample = r.m.model->sample(probe, a.batch, r.corpus).input;
+    if (sample.is_floating_point()) sample = sample.to(r.dtype);
+  }
+  Pipeline pipe(*r.m.module, *pieces, r.plan, r.world, &r.report, sample);
   print_stages(r, pipe);
   // shardplan::Optimizer over the stage's DataParallel (the batch axis'
   // when the plan has one, ZeRO-1 and 2 included; else one of size 1), so
