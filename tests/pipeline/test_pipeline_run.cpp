@@ -75,17 +75,17 @@ Subject lm_subject(const std::shared_ptr<torch::nn::Module>& model, Pipeline::Lo
   return s;
 }
 
-Subject gpt_subject() {
+Subject gpt_subject(int layers = 4) {
   ex::GPTConfig c;
-  c.vocab = 32, c.context = 6, c.embed = 16, c.heads = 2, c.layers = 4, c.mlp = 24;
+  c.vocab = 32, c.context = 6, c.embed = 16, c.heads = 2, c.layers = layers, c.mlp = 24;
   torch::manual_seed(5);
   return lm_subject<ex::GPTImpl>(ex::GPT(c).ptr(), gpt_loss);
 }
 
 // tie: lm_head shares the embedding, in the first stage and the last.
-Subject llama_subject(int tie) {
+Subject llama_subject(int tie, int layers = 2) {
   ex::LlamaConfig c;
-  c.vocab = 32, c.context = 6, c.embed = 16, c.heads = 2, c.kv_heads = 1, c.layers = 2, c.mlp = 24, c.tie = tie;
+  c.vocab = 32, c.context = 6, c.embed = 16, c.heads = 2, c.kv_heads = 1, c.layers = layers, c.mlp = 24, c.tie = tie;
   torch::manual_seed(5);
   return lm_subject<ex::LlamaImpl>(ex::Llama(c).ptr(), [](const at::Tensor& logits, const at::Tensor& target) {
     return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape(-1));
@@ -253,7 +253,7 @@ TEST(PipelineRun, SequentialMlpMatchesOneProcess) {
 }
 
 // plans/<file> with its mesh replaced by `mesh` and a pipeline: key.
-std::string yaml_with(const std::string& file, const std::string& mesh, const std::string& schedule) {
+std::string yaml_with(const std::string& file, const std::string& mesh, const std::string& schedule, int micro = 2) {
   std::ifstream in(std::string(SHARDPLAN_SOURCE_DIR) + "/plans/" + file);
   std::stringstream text;
   text << in.rdbuf();
@@ -262,7 +262,8 @@ std::string yaml_with(const std::string& file, const std::string& mesh, const st
   const size_t at = yaml.find(old);
   EXPECT_NE(at, std::string::npos);
   return yaml.replace(at, old.size(),
-                      "mesh: " + mesh + "\npipeline: {schedule: " + schedule + ", micro_batches: 2}");
+                      "mesh: " + mesh + "\npipeline: {schedule: " + schedule +
+                          ", micro_batches: " + std::to_string(micro) + "}");
 }
 
 std::string gpt_yaml_with(const std::string& mesh, const std::string& schedule) {
@@ -353,6 +354,33 @@ TEST(PipelineRun, SequenceParallelAndAsyncStagesMatchOneProcess) {
       SCOPED_TRACE(std::string(file) + " tie " + std::to_string(tie));
       expect_sharded_run(llama, ref, yaml_with(file, "{pipe: 2, model: 2}", "1f1b"), 4, 2);
     }
+  }
+}
+
+// The matrix: the example GPT and the tied Llama (8 pieces each, so
+// that 4 stages interleave 2 chunks) at {pipe: 2}, {pipe: 4}, {pipe: 2,
+// model: 2} and {data: 2, pipe: 2, model: 2}, under every schedule.
+TEST(PipelineRun, EveryMeshAndScheduleForGptAndLlama) {
+  struct Mesh {
+    std::string mesh;
+    int world, copies;
+  };
+  const std::vector<Mesh> meshes = {
+      {"{pipe: 2}", 2, 1}, {"{pipe: 4}", 4, 1}, {"{pipe: 2, model: 2}", 4, 2}, {"{data: 2, pipe: 2, model: 2}", 8, 4}};
+  for (const bool llama : {false, true}) {
+    const Subject s = llama ? llama_subject(1, 6) : gpt_subject(6);
+    const Result ref = reference(s);
+    for (const Mesh& m : meshes)
+      for (const char* schedule : {"gpipe", "1f1b", "interleaved, virtual_stages: 2"}) {
+        SCOPED_TRACE(std::string(llama ? "llama " : "gpt ") + m.mesh + " " + schedule);
+        const int micro = m.mesh == "{pipe: 4}" ? 4 : 2;
+        const std::string yaml =
+            m.mesh.find("model") == std::string::npos
+                ? "version: 1\nmesh: " + m.mesh + "\npipeline: {schedule: " + schedule +
+                      ", micro_batches: " + std::to_string(micro) + "}\nrules: []\n"
+                : yaml_with(llama ? "llama.yaml" : "gpt.yaml", m.mesh, schedule, micro);
+        expect_sharded_run(s, ref, yaml, m.world, m.copies);
+      }
   }
 }
 
