@@ -20,6 +20,7 @@ namespace test_tokenizer {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using shardplan::examples::load_hf_tokenizer;
+using shardplan::examples::load_tokenizer;
 
 const std::string kPython = "/usr/bin/python3";
 
@@ -51,10 +52,11 @@ class HfTokenizer : public ::testing::Test {
     return p.string();
   }
 
-  // The one-line error loading `path` gives, or "" where it loads.
-  static std::string load_error(const std::string& path) {
+  // The one-line error loading gives, or "" where it loads.
+  static std::string load_error(const std::string& path, bool directory = false) {
     try {
-      load_hf_tokenizer(path);
+      if (directory) load_tokenizer(path);
+      else load_hf_tokenizer(path);
     } catch (const shardplan::Error& e) {
       return e.what();
     }
@@ -135,6 +137,51 @@ TEST_F(HfTokenizer, BadFilesAreOneLine) {
   }
   EXPECT_NE(load_error((dir_ / "missing.json").string()).find("cannot be read"), std::string::npos);
   EXPECT_EQ(load_error((dir_ / "llama3" / "tokenizer.json").string()), "");
+}
+
+// A checkpoint directory: tokenizer_config.json and generation_config.json
+// decide BOS, EOS and what add_special adds.
+TEST_F(HfTokenizer, CheckpointDirectoryConfigs) {
+  const fs::path d = dir_ / "checkpoint";
+  fs::create_directories(d);
+  fs::copy_file(dir_ / "llama3" / "tokenizer.json", d / "tokenizer.json", fs::copy_options::overwrite_existing);
+  const auto plain = load_hf_tokenizer((d / "tokenizer.json").string());
+  const int64_t bos = plain->token_to_id("<|begin_of_text|>"), end = plain->token_to_id("<|end_of_text|>"),
+                eot = plain->token_to_id("<|eot_id|>");
+  const std::vector<int64_t> body = plain->encode("Hello world", false);
+  {  // the tokenizer file's own choice: its template's BOS, no EOS
+    const auto t = load_tokenizer(d.string());
+    EXPECT_EQ(t->encode("Hello world", true), plain->encode("Hello world", true));
+    EXPECT_EQ(t->bos_id(), bos);
+    EXPECT_TRUE(t->eos_ids().empty());
+  }
+  write("checkpoint/tokenizer_config.json",
+        R"({"add_bos_token": true, "add_eos_token": true, "eos_token": {"content": "<|end_of_text|>"},
+            "chat_template": "{{ x }}"})");
+  {
+    const auto t = load_tokenizer(d.string());
+    std::vector<int64_t> want{bos};
+    want.insert(want.end(), body.begin(), body.end());
+    want.push_back(end);
+    EXPECT_EQ(t->encode("Hello world", true), want);
+    EXPECT_EQ(t->encode("Hello world", false), body);
+    EXPECT_EQ(t->eos_ids(), std::vector<int64_t>{end});
+  }
+  write("checkpoint/generation_config.json", "{\"eos_token_id\": [" + std::to_string(end) + ", " + std::to_string(eot) + "]}");
+  EXPECT_EQ(load_tokenizer(d.string())->eos_ids(), (std::vector<int64_t>{end, eot}));
+  // Wrong files: one line naming the file and the key.
+  const std::string gen = write("checkpoint/generation_config.json", "{\"eos_token_id\": 1000000}");
+  std::string error = load_error(d.string(), true);
+  EXPECT_NE(error.find("'" + gen + "': eos_token_id is not an id below"), std::string::npos) << error;
+  fs::remove(gen);
+  const std::string cfg = write("checkpoint/tokenizer_config.json", R"({"eos_token": "<|not a token|>"})");
+  EXPECT_NE(load_error(d.string(), true).find("eos_token '<|not a token|>' is no token"), std::string::npos);
+  write("checkpoint/tokenizer_config.json", "{\"add_bos_token\": ");
+  error = load_error(d.string(), true);
+  EXPECT_NE(error.find("'" + cfg + "': is not valid JSON"), std::string::npos) << error;
+  fs::remove_all(d);
+  fs::create_directories(d);
+  EXPECT_NE(load_error(d.string(), true).find("neither tokenizer.json nor tokenizer.model"), std::string::npos);
 }
 
 }  // namespace test_tokenizer

@@ -18,6 +18,7 @@ namespace test_tokenizer_sentencepiece {
 namespace fs = std::filesystem;
 using nlohmann::json;
 using shardplan::examples::load_sentencepiece_tokenizer;
+using shardplan::examples::load_tokenizer;
 
 const std::string kPython = "/usr/bin/python3";
 
@@ -102,6 +103,21 @@ TEST_F(SentencePiece, BadFileIsOneLine) {
   }
   std::ofstream(dir_ / "truncated.model", std::ios::binary) << truncated.substr(0, truncated.size() / 2);
   EXPECT_THROW(load_sentencepiece_tokenizer((dir_ / "truncated.model").string()), shardplan::Error);
+}
+
+// Llama 2's and Mistral's directories: tokenizer.model with
+// tokenizer_config.json's add_bos_token / add_eos_token.
+TEST_F(SentencePiece, CheckpointDirectory) {
+  const fs::path d = dir_ / "checkpoint";
+  fs::create_directories(d);
+  fs::copy_file(dir_ / "bpe.model", d / "tokenizer.model", fs::copy_options::overwrite_existing);
+  const auto plain = load_sentencepiece_tokenizer((d / "tokenizer.model").string());
+  std::ofstream(d / "tokenizer_config.json") << R"({"add_bos_token": false, "add_eos_token": true})";
+  const auto t = load_tokenizer(d.string());
+  auto want = plain->encode("Hello world", false);
+  want.push_back(plain->eos_id());
+  EXPECT_EQ(t->encode("Hello world", true), want);
+  EXPECT_EQ(t->decode(t->encode("Hello world", false)), "Hello world");
 }
 
 }  // namespace test_tokenizer_sentencepiece

@@ -25,13 +25,13 @@ using nlohmann::json;
 
 std::string shown(const std::string& s) { return "'" + (s.size() > 80 ? s.substr(0, 80) + "..." : s) + "'"; }
 
-std::string read_bounded(const std::string& path) {
+std::string read_bounded(const std::string& path, int64_t max_bytes) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) fail(path, "cannot be read");
   const std::streamoff size = in.tellg();
   if (size < 0) fail(path, "cannot be read");
-  if (size > kMaxFileBytes) fail(path, "is " + std::to_string(size) + " bytes, over the " +
-                                           std::to_string(kMaxFileBytes) + " a tokenizer may have");
+  if (size > max_bytes)
+    fail(path, "is " + std::to_string(size) + " bytes, over the " + std::to_string(max_bytes) + " it may have");
   std::string text(static_cast<size_t>(size), '\0');
   in.seekg(0);
   if (!in.read(&text[0], size)) fail(path, "cannot be read");
@@ -51,6 +51,12 @@ json parse(const std::string& text, const std::string& file) {
     fail(file, std::string("is not valid JSON (") + e.what() + ")");
   }
 }
+
+}  // namespace
+
+json read_json_object(const std::string& path, int64_t max_bytes) { return parse(read_bounded(path, max_bytes), path); }
+
+namespace {
 
 const json* member(const json& obj, const char* key) {
   if (!obj.is_object()) return nullptr;
@@ -301,7 +307,7 @@ void read_post_processor(const json& root, HfParts* p) {
 HfParts read_hf_parts(const std::string& path) {
   HfParts p;
   p.file = path;
-  const json root = parse(read_bounded(path), path);
+  const json root = read_json_object(path, kMaxFileBytes);
   read_model(root, &p);
   read_added_tokens(root, &p);
   if (const json* n = member(root, "normalizer"))

@@ -7,6 +7,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "models/tokenizer/pretokenize.h"
 
 namespace shardplan {
@@ -49,6 +51,10 @@ struct HfParts {
 };
 
 HfParts read_hf_parts(const std::string& path);
+
+// A JSON object from an untrusted file: at most max_bytes, nesting bounded;
+// else an error naming the file ("tokenizer file '...': ...").
+nlohmann::json read_json_object(const std::string& path, int64_t max_bytes);
 
 }  // namespace tokenizer_detail
 }  // namespace examples

@@ -34,6 +34,11 @@ class Tokenizer {
   // -1 where the file names none.
   virtual int64_t bos_id() const = 0;
   virtual int64_t eos_id() const = 0;
+  // The ids generation stops at: eos_id(), or generation_config.json's
+  // eos_token_id list (Llama 3 Instruct: <|end_of_text|> and <|eot_id|>).
+  virtual std::vector<int64_t> eos_ids() const {
+    return eos_id() >= 0 ? std::vector<int64_t>{eos_id()} : std::vector<int64_t>{};
+  }
 };
 
 // Hugging Face tokenizer.json, byte-level BPE.
@@ -42,6 +47,14 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path);
 // Llama 2's and Mistral's tokenizer_config.json do); control pieces such as
 // "</s>" written in the text are encoded as text, as SentencePiece does.
 std::unique_ptr<Tokenizer> load_sentencepiece_tokenizer(const std::string& path);
+
+// A checkpoint directory's tokenizer: tokenizer.json, else tokenizer.model,
+// with BOS and EOS as tokenizer_config.json says (add_bos_token,
+// add_eos_token, bos_token, eos_token) and generation_config.json
+// (bos_token_id, eos_token_id, one id or a list), which wins where both
+// name one. Each file is optional; one that is there and wrong is an error
+// naming it and the key.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& dir);
 
 }  // namespace examples
 }  // namespace shardplan
