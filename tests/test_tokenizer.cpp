@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -99,6 +100,19 @@ TEST_F(HfTokenizer, SpecialTokensAndLookups) {
   EXPECT_THROW(tok->decode({tok->vocab_size()}), shardplan::Error);
   EXPECT_THROW(tok->decode({-1}), shardplan::Error);
   EXPECT_THROW(tok->encode(std::string("bad \xff utf-8"), false), shardplan::Error);
+}
+
+// One pre-token of a million characters: the heap's merges take O(n log n)
+// (rescanning every pair after each merge would look up some 5e11 pairs).
+TEST_F(HfTokenizer, LongPreTokensAreQuick) {
+  const auto tok = load_hf_tokenizer((dir_ / "gpt2" / "tokenizer.json").string());
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const std::string& text : {std::string(1 << 20, ' ') + "x", std::string(1 << 20, 'a')}) {
+    const auto ids = tok->encode(text, false);
+    EXPECT_LE(ids.size(), text[0] == ' ' ? text.size() / 2 + 1 : text.size());  // spaces merge in pairs at least
+    EXPECT_EQ(tok->decode(ids), text);
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
 }
 
 // Each damaged file: one line naming the file and what is wrong.

@@ -4,7 +4,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <fstream>
+#include <functional>
+#include <queue>
 #include <unordered_map>
 
 #include "models/tokenizer/hf_tokenizer_parts.h"
@@ -117,21 +118,42 @@ class HfTokenizer : public Tokenizer {
         return;
       }
     }
-    for (;;) {
-      size_t best = symbols.size();
-      const Merge* best_merge = nullptr;
-      for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-        const auto it = p_.merges.find(pair_key(symbols[i], symbols[i + 1]));
-        if (it != p_.merges.end() && (best_merge == nullptr || it->second.rank < best_merge->rank)) {
-          best = i;
-          best_merge = &it->second;
-        }
-      }
-      if (best_merge == nullptr) break;
-      symbols[best] = best_merge->id;
-      symbols.erase(symbols.begin() + best + 1);
+    merge_all(symbols, ids);
+  }
+
+  // Merges by a heap of (rank, position), as Hugging Face's Word::merge_all:
+  // O(n log n), where rescanning every pair after each merge is O(n^2) and
+  // a prompt of a million spaces (one pre-token) would not end.
+  void merge_all(const std::vector<int64_t>& start, std::vector<int64_t>* ids) const {
+    const int64_t n = static_cast<int64_t>(start.size());
+    std::vector<int64_t> id = start, next(n), prev(n);
+    for (int64_t i = 0; i < n; ++i) {
+      next[i] = i + 1 < n ? i + 1 : -1;
+      prev[i] = i - 1;
     }
-    ids->insert(ids->end(), symbols.begin(), symbols.end());
+    using Entry = std::pair<int64_t, int64_t>;  // (rank, position of the pair's left symbol)
+    std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
+    const auto push = [&](int64_t left) {
+      if (left < 0 || next[left] < 0) return;
+      const auto it = p_.merges.find(pair_key(id[left], id[next[left]]));
+      if (it != p_.merges.end()) heap.emplace(it->second.rank, left);
+    };
+    for (int64_t i = 0; i + 1 < n; ++i) push(i);
+    while (!heap.empty()) {
+      const auto [rank, left] = heap.top();
+      heap.pop();
+      const int64_t right = id[left] < 0 ? -1 : next[left];
+      if (right < 0) continue;  // merged away, or no right neighbour any more
+      const auto it = p_.merges.find(pair_key(id[left], id[right]));
+      if (it == p_.merges.end() || it->second.rank != rank) continue;  // the pair changed since
+      id[left] = it->second.id;
+      id[right] = -1;
+      next[left] = next[right];
+      if (next[left] >= 0) prev[next[left]] = left;
+      push(prev[left]);
+      push(left);
+    }
+    for (int64_t i = n > 0 ? 0 : -1; i >= 0; i = next[i]) ids->push_back(id[i]);
   }
 
   HfParts p_;
