@@ -166,5 +166,9 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path) {
   return std::make_unique<HfTokenizer>(read_hf_parts(path));
 }
 
+std::unique_ptr<Tokenizer> load_hf_tokenizer_text(const std::string& text, const std::string& name) {
+  return std::make_unique<HfTokenizer>(read_hf_parts_text(text, name));
+}
+
 }  // namespace examples
 }  // namespace shardplan

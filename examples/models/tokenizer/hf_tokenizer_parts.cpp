@@ -20,7 +20,7 @@ namespace {
 using nlohmann::json;
 
 [[noreturn]] void fail(const std::string& file, const std::string& what) {
-  throw Error("tokenizer file '" + file + "': " + what);
+  throw Error(printable("tokenizer file '" + file + "': " + what));
 }
 
 std::string shown(const std::string& s) { return "'" + (s.size() > 80 ? s.substr(0, 80) + "..." : s) + "'"; }
@@ -304,10 +304,14 @@ void read_post_processor(const json& root, HfParts* p) {
 
 }  // namespace
 
-HfParts read_hf_parts(const std::string& path) {
+HfParts read_hf_parts(const std::string& path) { return read_hf_parts_text(read_bounded(path, kMaxFileBytes), path); }
+
+HfParts read_hf_parts_text(const std::string& text, const std::string& path) {
   HfParts p;
   p.file = path;
-  const json root = read_json_object(path, kMaxFileBytes);
+  if (static_cast<int64_t>(text.size()) > kMaxFileBytes)
+    fail(path, "is over the " + std::to_string(kMaxFileBytes) + " bytes it may have");
+  const json root = parse(text, path);
   read_model(root, &p);
   read_added_tokens(root, &p);
   if (const json* n = member(root, "normalizer"))

@@ -51,6 +51,8 @@ struct HfParts {
 };
 
 HfParts read_hf_parts(const std::string& path);
+// The same from the file's text (the fuzzer's entry); `path` names it in errors.
+HfParts read_hf_parts_text(const std::string& text, const std::string& path);
 
 // A JSON object from an untrusted file: at most max_bytes, nesting bounded;
 // else an error naming the file ("tokenizer file '...': ...").

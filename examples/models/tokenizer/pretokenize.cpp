@@ -62,6 +62,16 @@ bool valid_utf8(const std::string& s) {
   return true;
 }
 
+std::string printable(const std::string& s) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : s) {
+    if (c < 0x20 || c == 0x7f) out += std::string("\\x") + hex[c >> 4] + hex[c & 15];
+    else out += static_cast<char>(c);
+  }
+  return out;
+}
+
 namespace {
 
 // Bytes that print stand for themselves; the others, in order, for 256, 257, ...
@@ -83,7 +93,7 @@ bool is_white_space(int32_t cp) {
 }
 
 [[noreturn]] void fail_pattern(const std::string& file, const std::string& pattern, const std::string& what) {
-  throw Error("tokenizer file '" + file + "': pre-tokenizer pattern " + pattern.substr(0, 200) + ": " + what);
+  throw Error(printable("tokenizer file '" + file + "': pre-tokenizer pattern " + pattern.substr(0, 200) + ": " + what));
 }
 
 const char* const kLookahead = R"(|\s+(?!\S)|\s+)";

@@ -20,6 +20,10 @@ int32_t next_code_point(const std::string& s, size_t* pos);
 void append_utf8(std::string* out, int32_t cp);
 bool valid_utf8(const std::string& s);
 
+// Text for a one-line message: control bytes as \xNN (a file's tokens and
+// patterns may hold newlines).
+std::string printable(const std::string& s);
+
 // GPT-2's bytes_to_unicode: each byte as a printable character, as UTF-8.
 const std::vector<std::string>& byte_to_char();
 // The inverse, by code point (-1 where a code point is no byte's).

@@ -7,6 +7,7 @@
 
 #include <fstream>
 
+#include "models/tokenizer/pretokenize.h"
 #include "models/tokenizer/sp_module.h"
 #include "models/tokenizer/tokenizer.h"
 #include "shardplan/error.h"
@@ -22,7 +23,7 @@ using tokenizer_detail::SentencePieceModule;
 constexpr int64_t kMaxModelBytes = int64_t{256} << 20;
 
 [[noreturn]] void fail_model(const std::string& file, const std::string& what) {
-  throw Error("tokenizer file '" + file + "': " + what);
+  throw Error(tokenizer_detail::printable("tokenizer file '" + file + "': " + what));
 }
 
 // Opened once and kept: SentencePiece's protobuf registrations cannot be

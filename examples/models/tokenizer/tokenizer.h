@@ -43,6 +43,8 @@ class Tokenizer {
 
 // Hugging Face tokenizer.json, byte-level BPE.
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path);
+// The same from the file's text; `name` is what errors call the file.
+std::unique_ptr<Tokenizer> load_hf_tokenizer_text(const std::string& text, const std::string& name);
 // SentencePiece tokenizer.model. add_special adds the model's BOS (as
 // Llama 2's and Mistral's tokenizer_config.json do); control pieces such as
 // "</s>" written in the text are encoded as text, as SentencePiece does.

@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "models/tokenizer/hf_tokenizer_parts.h"
+#include "models/tokenizer/pretokenize.h"
 #include "models/tokenizer/tokenizer.h"
 #include "shardplan/error.h"
 
@@ -20,7 +21,7 @@ using tokenizer_detail::read_json_object;
 constexpr int64_t kMaxConfigBytes = int64_t{16} << 20;
 
 [[noreturn]] void fail_config(const std::string& file, const std::string& what) {
-  throw Error("tokenizer file '" + file + "': " + what);
+  throw Error(tokenizer_detail::printable("tokenizer file '" + file + "': " + what));
 }
 
 struct Special {
