@@ -137,13 +137,15 @@ TEST_F(HfTokenizer, BadFilesAreOneLine) {
       {"normalizer", changed([](json& c) { c["normalizer"] = {{"type", "NFC"}}; })},
       {"lookbehind", changed([](json& c) { c["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(?<=a)b"; })},
       {"lstrip", changed([](json& c) { c["added_tokens"][0]["lstrip"] = true; })},
+      {"truncation", changed([](json& c) { c["truncation"] = {{"max_length", 8}}; })},
       {"newline_in_pattern",  // found by tokenizer_json_fuzzer: the message quoted it raw
        changed([](json& c) { c["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "a\n[]+"; })},
   };
   const std::vector<std::string> says = {"not valid JSON", "not valid JSON", "nests deeper",
                                          "not in model.vocab", "not two tokens", "not an id",
                                          "is given to both", "no token for byte", "model.type is not BPE",
-                                         "normalizer", "lookaround", "lstrip is true", "a\\x0a[]+: RE2 cannot run it"};
+                                         "normalizer", "lookaround", "lstrip is true", "truncation is set",
+                                         "a\\x0a[]+: RE2 cannot run it"};
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string path = write(cases[i].first + ".json", cases[i].second);
     const std::string error = load_error(path);

@@ -262,7 +262,8 @@ CORPUS = [
     "<|begin_of_text|>hi<|eot_id|>", "\r\n windows\r\nline\r\n", "punctuation!!! ??? ... ---", "  \n  x",
     "a\u00a0b\u3000c\u2003d", "x \t y", "Ελληνικά кириллица العربية עברית", "tab-led\t\tword", "$$$ 100% #hashtag @user",
     "ends with newline\n", "print(x)\n    return {\"a\": 1}\n", "<|endoftext|>", "<|endoftext|><|endoftext|>",
-    "a<|end", "<|im_start|>user\nhi<|im_end|>\n", "१२३ ٣٤٥ ⅫⅣ", "CamelCaseWord snake_case_word", "\t\t\n \n\t x", "tokenizer tokenizers tokenized",
+    "a<|end", "<|im_start|>user\nhi<|im_end|>\n", "१२३ ٣٤٥ ⅫⅣ", "CamelCaseWord snake_case_word", "\t\t\n \n\t x",
+    "tokenizer tokenizers tokenized",
 ]
 
 
@@ -280,7 +281,8 @@ def main():
             added[name] = len(vocab) + (0 if style == "gpt2" else 5 + k)  # llama3, qwen2: ids past a gap
             if style == "gpt2":
                 vocab[name] = added[name]  # GPT-2 lists its one special token in the vocab too
-        ref = Reference(style, vocab, merges, added, style == "llama3", "<|begin_of_text|>" if style == "llama3" else None)
+        bos = "<|begin_of_text|>" if style == "llama3" else None
+        ref = Reference(style, vocab, merges, added, style == "llama3", bos)
         os.makedirs(os.path.join(out, style), exist_ok=True)
         with open(os.path.join(out, style, "tokenizer.json"), "w", encoding="utf-8") as f:
             json.dump(tokenizer_json(style, vocab, merges, added), f, ensure_ascii=False)

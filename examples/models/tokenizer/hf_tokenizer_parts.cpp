@@ -314,6 +314,8 @@ HfParts read_hf_parts_text(const std::string& text, const std::string& path) {
   const json root = parse(text, path);
   read_model(root, &p);
   read_added_tokens(root, &p);
+  for (const char* key : {"truncation", "padding"})  // each would cut or pad what encode returns
+    if (member(root, key) != nullptr) fail(path, std::string(key) + " is set, which is not supported");
   if (const json* n = member(root, "normalizer"))
     fail(path, "normalizer " + n->dump().substr(0, 80) + " is not supported (only none)");
   read_pre_tokenizer(root, &p);
