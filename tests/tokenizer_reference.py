@@ -267,9 +267,24 @@ CORPUS = [
 ]
 
 
+def check_scanner(text):
+    """Where the regex module (Debian's python3-regex) is installed, the hand
+    scanner must split exactly as it does (the engine GPT-2's own encoder.py
+    used); else the scanner stands alone."""
+    try:
+        import regex
+    except ImportError:
+        return
+    for style, pattern in (("gpt2", GPT2_PATTERN), ("llama3", LLAMA3_PATTERN), ("qwen2", QWEN2_PATTERN)):
+        for t in CORPUS + [text]:
+            if pre_tokenize(t, style) != regex.findall(pattern, t):
+                sys.exit("tokenizer_reference.py: the %s scanner and the regex module split %r apart" % (style, t[:80]))
+
+
 def main():
     out = sys.argv[1]
     text = training_text()
+    check_scanner(text)
     with open(os.path.join(out, "corpus.json"), "w", encoding="utf-8") as f:
         json.dump(CORPUS, f, ensure_ascii=False)
     for style in ("gpt2", "llama3", "qwen2"):
