@@ -10,7 +10,8 @@ seconds=${1:-600}
 shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(plan_fuzzer checkpoint_meta_fuzzer safetensors_header_fuzzer
-                                     zip_reader_fuzzer pickle_reader_fuzzer hf_config_fuzzer)
+                                     zip_reader_fuzzer pickle_reader_fuzzer hf_config_fuzzer
+                                     tokenizer_json_fuzzer)
 out=${SHARDPLAN_FUZZ_BUILD:-build-fuzz}
 
 if ! command -v clang++ >/dev/null; then

@@ -11,6 +11,9 @@ PACKAGES=(
   libyaml-cpp-dev         # plan parser
   nlohmann-json3-dev      # safetensors headers and indexes (weights)
   libre2-dev              # plan patterns and weight renames: linear-time regexes (base/ecma_regex.h)
+  libsentencepiece-dev    # SentencePiece tokenizer.model (examples/models/tokenizer/)
+  python3-sentencepiece   # its reference in tests/sentencepiece_reference.py
+  python3-regex           # tests/tokenizer_reference.py checks its pattern scanner against it
   libboost-dev            # Boost.DLL plugin loading (header-only with std::filesystem)
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
