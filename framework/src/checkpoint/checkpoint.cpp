@@ -44,6 +44,7 @@ using ckpt_detail::assemble;
 using ckpt_detail::inventory;
 using ckpt_detail::Item;
 using ckpt_detail::optimizer_of;
+using ckpt_detail::ModelTensors;
 using ckpt_detail::ParamState;
 using ckpt_detail::rank_file;
 using ckpt_detail::read_meta;
@@ -163,6 +164,78 @@ void refuse_released(const std::vector<Item>& items) {
                   "pipelined model is saved with save_checkpoint(dir, pipeline, ...) of shardplan/pipeline_checkpoint.h");
 }
 
+// This rank's pieces of `items` into its one file under `staging`; what it
+// wrote, as a partial metadata.
+ckpt::Meta write_pieces(const std::vector<Item>& items, const ModelTensors& model, const ParallelReport& report,
+                        int rank, const fs::path& staging) {
+  ckpt::Meta mine;
+  std::string blob;
+  const std::string file = rank_file(rank);
+  for (const auto& item : items) {
+    if (!item.written || !writes_piece(report.mesh, rank, item.splits, model.apart_axis)) continue;
+    at::Tensor t = item.local.contiguous().cpu();
+    ckpt::TensorEntry e;
+    e.name = item.name;
+    e.dtype = dtype_name(t.scalar_type());
+    e.shape = item.global_shape;
+    e.layout = item.layout;
+    e.buffer = item.buffer;
+    ckpt::Piece p;
+    p.rank = rank;
+    p.file = file;
+    p.offset = blob.size();
+    p.nbytes = t.numel() * t.element_size();
+    p.shape = t.sizes().vec();
+    for (const auto& s : item.splits) p.split.push_back(ckpt::DimSplit{s.dim, s.axis, s.parts, s.index, s.blocks, s.shared});
+    p.crc32c = ckpt::crc32c(t.data_ptr(), p.nbytes);
+    blob.append(static_cast<const char*>(t.data_ptr()), p.nbytes);
+    e.pieces.push_back(p);
+    mine.tensors.push_back(e);
+  }
+  if (!blob.empty() || rank == 0) ckpt::write_file_atomic((staging / file).string(), blob.data(), blob.size());
+  return mine;
+}
+
+// Rank 0: the whole metadata from its own items and every rank's partial
+// one (`texts`). Without a pipeline every rank has rank 0's tensors; with
+// one, a later stage's are described by the ranks that wrote them.
+ckpt::Meta merged_meta(const std::vector<Item>& items, const ModelTensors& model, const ParallelReport& report,
+                       const std::map<std::string, std::string>& attributes, const std::vector<std::string>& texts) {
+  ckpt::Meta meta;
+  meta.world_size = static_cast<int>(texts.size());
+  meta.mesh = report.mesh.axes();
+  meta.attributes = attributes;
+  meta.plan = report.plan_yaml;
+  meta.modules = model.modules;
+  std::map<std::string, size_t> index;
+  for (const auto& item : items) {
+    index[item.name] = meta.tensors.size();
+    ckpt::TensorEntry e;
+    e.name = item.name;
+    e.shape = item.global_shape;
+    e.layout = item.layout;
+    e.buffer = item.buffer;
+    e.dtype = dtype_name(item.local.scalar_type());
+    meta.tensors.push_back(e);
+  }
+  for (const auto& text : texts) {
+    const ckpt::Meta part = ckpt::parse_meta(text, "<rank metadata>", /*complete=*/false);
+    for (const auto& e : part.tensors) {
+      auto at = index.find(e.name);
+      if (at == index.end() && model.apart_axis.empty())
+        throw Error("a rank wrote tensor '" + e.name + "', which rank 0 does not have");
+      if (at == index.end()) {
+        at = index.emplace(e.name, meta.tensors.size()).first;
+        meta.tensors.push_back(e);
+        meta.tensors.back().pieces.clear();
+      }
+      for (const auto& p : e.pieces) meta.tensors[at->second].pieces.push_back(p);
+    }
+    meta.attributes.insert(part.attributes.begin(), part.attributes.end());  // rank 0's kept
+  }
+  return meta;
+}
+
 }  // namespace
 
 namespace ckpt_detail {
@@ -261,31 +334,8 @@ void ckpt_detail::save_model_checkpoint(const std::string& dir, const ModelTenso
 
   // Each rank: its pieces into one file, described in a partial metadata.
   ckpt::Meta mine;
-  std::string blob;
   try {
-    const std::string file = rank_file(world.rank());
-    for (const auto& item : items) {
-      if (!item.written || !writes_piece(report.mesh, world.rank(), item.splits, model.apart_axis)) continue;
-      at::Tensor t = item.local.contiguous().cpu();
-      ckpt::TensorEntry e;
-      e.name = item.name;
-      e.dtype = dtype_name(t.scalar_type());
-      e.shape = item.global_shape;
-      e.layout = item.layout;
-      e.buffer = item.buffer;
-      ckpt::Piece p;
-      p.rank = world.rank();
-      p.file = file;
-      p.offset = blob.size();
-      p.nbytes = t.numel() * t.element_size();
-      p.shape = t.sizes().vec();
-      for (const auto& s : item.splits) p.split.push_back(ckpt::DimSplit{s.dim, s.axis, s.parts, s.index, s.blocks, s.shared});
-      p.crc32c = ckpt::crc32c(t.data_ptr(), p.nbytes);
-      blob.append(static_cast<const char*>(t.data_ptr()), p.nbytes);
-      e.pieces.push_back(p);
-      mine.tensors.push_back(e);
-    }
-    if (!blob.empty() || world.rank() == 0) ckpt::write_file_atomic((staging / file).string(), blob.data(), blob.size());
+    mine = write_pieces(items, model, report, world.rank(), staging);
   } catch (const std::exception& e) {
     err = e.what();
   }
@@ -300,40 +350,7 @@ void ckpt_detail::save_model_checkpoint(const std::string& dir, const ModelTenso
   auto texts = all_gather_text(comm, err.empty() ? ckpt::to_yaml(mine) : "");
   if (world.rank() == 0) {
     try {
-      ckpt::Meta meta;
-      meta.world_size = world.size();
-      meta.mesh = report.mesh.axes();
-      meta.attributes = attributes;
-      meta.plan = report.plan_yaml;
-      meta.modules = model.modules;
-      std::map<std::string, size_t> index;
-      for (const auto& item : items) {
-        index[item.name] = meta.tensors.size();
-        ckpt::TensorEntry e;
-        e.name = item.name;
-        e.shape = item.global_shape;
-        e.layout = item.layout;
-        e.buffer = item.buffer;
-        e.dtype = dtype_name(item.local.scalar_type());
-        meta.tensors.push_back(e);
-      }
-      // Without a pipeline every rank has rank 0's tensors; with one, a later
-      // stage's are described by the ranks that wrote them.
-      for (const auto& text : texts) {
-        const ckpt::Meta part = ckpt::parse_meta(text, "<rank metadata>", /*complete=*/false);
-        for (const auto& e : part.tensors) {
-          auto at = index.find(e.name);
-          if (at == index.end() && model.apart_axis.empty())
-            throw Error("a rank wrote tensor '" + e.name + "', which rank 0 does not have");
-          if (at == index.end()) {
-            at = index.emplace(e.name, meta.tensors.size()).first;
-            meta.tensors.push_back(e);
-            meta.tensors.back().pieces.clear();
-          }
-          for (const auto& p : e.pieces) meta.tensors[at->second].pieces.push_back(p);
-        }
-        meta.attributes.insert(part.attributes.begin(), part.attributes.end());  // rank 0's kept
-      }
+      ckpt::Meta meta = merged_meta(items, model, report, attributes, texts);
       const std::string yaml = ckpt::to_yaml(meta);
       ckpt::parse_meta(yaml, "<new metadata>");  // what we write must read back
       ckpt::write_file_atomic((staging / ckpt::kMetaFile).string(), yaml.data(), yaml.size());
