@@ -23,6 +23,11 @@ if(TARGET train_gpt AND TARGET shardplan_cli)
     -- ${_gpt} -- ${_gloo} 2 -- ${_gpt} --plan ${_p}/gpt_pipe.yaml)
   add_test(NAME e2e_pipeline_gpt_3d_threads8_f64 COMMAND ${_e2e} 1e-10
     -- ${_gpt} -- ${_gpt} --ranks 8 --plan ${_p}/gpt_pipe_3d.yaml)
+  # The 3-D mesh as 8 gloo processes: data, pipe and model groups over the
+  # real transport.
+  add_test(NAME e2e_pipeline_gpt_3d_gloo8_f64 COMMAND ${_e2e} 1e-10
+    -- ${_gpt} -- ${_gloo} 8 -- ${_gpt} --plan ${_p}/gpt_pipe_3d.yaml)
+  set_tests_properties(e2e_pipeline_gpt_3d_gloo8_f64 PROPERTIES TIMEOUT 300 LABELS pipeline)
   # ZeRO-1 over the data axis: shardplan::Optimizer over the stage's DataParallel.
   file(READ ${_p}/gpt_pipe_3d.yaml _plan)
   string(REPLACE "mesh: {data: 2, pipe: 2, model: 2}" "mesh: {data: 2, pipe: 2}\ndata_parallel: {zero: 1}" _zero
