@@ -158,6 +158,11 @@ endif()
 # --micro-batches with the tie. Each prints one process's losses (float64,
 # 1e-10).
 if(TARGET train_model AND TARGET shardplan_cli)
+  # Fine-tuning from weights on disk (--load-weights), pipelined.
+  add_test(NAME e2e_pipeline_llama_load_weights COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/pipeline_load_weights.sh
+    $<TARGET_FILE:train_model> ${PROJECT_SOURCE_DIR}/plans ${CMAKE_CURRENT_BINARY_DIR}/pipeline_load_weights
+    ${CMAKE_CURRENT_SOURCE_DIR}/e2e/losses_match.sh)
+  set_tests_properties(e2e_pipeline_llama_load_weights PROPERTIES TIMEOUT 300 LABELS pipeline)
   set(_e2e ${CMAKE_CURRENT_SOURCE_DIR}/e2e/losses_match.sh)
   set(_gloo $<TARGET_FILE:shardplan_cli> launch --backend gloo -n)
   set(_p ${PROJECT_SOURCE_DIR}/plans)
