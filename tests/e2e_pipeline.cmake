@@ -139,6 +139,13 @@ if(TARGET train_gpt AND TARGET shardplan_cli)
       -- ${_gpt} -- $<TARGET_FILE:shardplan_cli> launch --backend mpi -n 2 -- ${_gpt} --plan ${_p}/gpt_pipe.yaml)
     set_tests_properties(e2e_pipeline_gpt_mpi2_f64 PROPERTIES TIMEOUT 300 LABELS "pipeline;mpi")
   endif()
+  # A batch the micro-batches do not divide: one line at the plan's
+  # micro_batches (plans/gpt_pipe.yaml: 4 of them; --batch 6).
+  add_test(NAME e2e_pipeline_refuses_batch_micro_batches_do_not_divide COMMAND $<TARGET_FILE:train_gpt> --ranks 2
+    --steps 1 --batch 6 --config context=16,embed=32,mlp=64,heads=4 --plan ${_p}/gpt_pipe.yaml)
+  set_tests_properties(e2e_pipeline_refuses_batch_micro_batches_do_not_divide PROPERTIES LABELS pipeline
+    PASS_REGULAR_EXPRESSION "gpt_pipe.yaml:[0-9]+:[0-9]+: --batch 6 does not divide into 1 --micro-batches x 1 data rank\\(s\\) x these 4 micro_batches"
+    FAIL_REGULAR_EXPRESSION "step +1 ")
   add_test(NAME e2e_pipeline_refuses_clip_with_torch COMMAND $<TARGET_FILE:train_gpt> --ranks 2 --steps 1 --clip 1
     --clip-with torch --config context=16,embed=32,mlp=64,heads=4 --plan ${_p}/gpt_pipe.yaml)
   set_tests_properties(e2e_pipeline_refuses_clip_with_torch PROPERTIES

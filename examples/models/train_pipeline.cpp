@@ -37,9 +37,10 @@ void refuse_what_is_not_there_yet(const TrainRank& r) {
   const std::string batch_axis = r.plan.batch_axis();
   const int data = batch_axis.empty() ? 1 : r.report.mesh.axis_size(batch_axis);
   if (a.batch % (a.micro_batches * data * micro) != 0)
-    throw Error("--batch " + std::to_string(a.batch) + " does not divide into " + std::to_string(a.micro_batches) +
-                " --micro-batches x " + std::to_string(data) + " data rank(s) x the " + std::to_string(micro) +
-                " micro-batches of " + a.plan + "'s pipeline: key");
+    throw PlanError(r.plan.pipeline.micro_batches_loc,
+                    "--batch " + std::to_string(a.batch) + " does not divide into " + std::to_string(a.micro_batches) +
+                        " --micro-batches x " + std::to_string(data) + " data rank(s) x these " +
+                        std::to_string(micro) + " micro_batches");
 }
 
 void print_stages(const TrainRank& r, const Pipeline& pipe) {
