@@ -165,6 +165,11 @@ endif()
 # --micro-batches with the tie. Each prints one process's losses (float64,
 # 1e-10).
 if(TARGET train_model AND TARGET shardplan_cli)
+  # A model that cannot be cut: one line at the plan's pipeline: key.
+  add_test(NAME e2e_pipeline_refuses_uncut_model COMMAND $<TARGET_FILE:train_model> --model lstm_lm --ranks 2
+    --steps 1 --plan ${PROJECT_SOURCE_DIR}/plans/gpt_pipe.yaml)
+  set_tests_properties(e2e_pipeline_refuses_uncut_model PROPERTIES LABELS pipeline PASS_REGULAR_EXPRESSION
+    "gpt_pipe.yaml:13:3: pipeline: model lstm_lm does not declare its pieces" FAIL_REGULAR_EXPRESSION "step +1 ")
   # Fine-tuning from weights on disk (--load-weights), pipelined.
   add_test(NAME e2e_pipeline_llama_load_weights COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/pipeline_load_weights.sh
     $<TARGET_FILE:train_model> ${PROJECT_SOURCE_DIR}/plans ${CMAKE_CURRENT_BINARY_DIR}/pipeline_load_weights

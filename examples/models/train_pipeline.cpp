@@ -105,8 +105,9 @@ void train_pipelined(TrainRank& r) {
   refuse_what_is_not_there_yet(r);
   auto* pieces = dynamic_cast<PipelineModel*>(r.m.module.get());
   if (!pieces)
-    throw Error("model " + a.model + " does not declare its pieces (shardplan::PipelineModel), which a plan's " +
-                "pipeline: key needs; gpt and llama do");
+    throw PlanError(r.plan.pipeline.loc, "pipeline: model " + a.model +
+                                             " does not declare its pieces (shardplan::PipelineModel), which a "
+                                             "pipeline needs; gpt and llama do");
   // stages: {auto: time} times the pieces on a batch drawn from a
   // generator of its own, so the run's batches stay the same.
   at::Tensor sample;
