@@ -12,6 +12,7 @@ PACKAGES=(
   nlohmann-json3-dev      # safetensors headers and indexes (weights)
   libre2-dev              # plan patterns and weight renames: linear-time regexes (base/ecma_regex.h)
   libsentencepiece-dev    # SentencePiece tokenizer.model (examples/models/tokenizer/)
+  libicu-dev              # Unicode NFC, tokenizer.json normalizer (Qwen2; examples/models/tokenizer/)
   python3-sentencepiece   # its reference in tests/sentencepiece_reference.py
   python3-regex           # tests/tokenizer_reference.py checks its pattern scanner against it
   libboost-dev            # Boost.DLL plugin loading (header-only with std::filesystem)

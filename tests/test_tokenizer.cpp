@@ -1,6 +1,7 @@
-// tokenizer.json byte-level BPE (examples/models/tokenizer/) against the
-// independent reference in tests/tokenizer_reference.py, which trains small
-// GPT-2-, Llama-3- and Qwen2-style tokenizers, writes them as tokenizer.json
+// tokenizer.json BPE (examples/models/tokenizer/) against the independent
+// reference in tests/tokenizer_reference.py, which trains small GPT-2-,
+// Llama-3-, Qwen2- (with and without NFC), Llama-2- and Mistral-style
+// tokenizers, writes them as tokenizer.json
 // and encodes a varied corpus (Unicode, whitespace runs, digits, emoji,
 // CJK, special tokens, the empty string) with them.
 #include <gtest/gtest.h>
@@ -75,7 +76,8 @@ class HfTokenizer : public ::testing::Test {
       const auto plain = tok->encode(text, false);
       EXPECT_EQ(plain, expected["plain"][i].get<std::vector<int64_t>>()) << style << " encodes '" << text << "'";
       EXPECT_EQ(tok->encode(text, true), expected["special"][i].get<std::vector<int64_t>>()) << style << " '" << text << "'";
-      EXPECT_EQ(tok->decode(plain), text) << style;
+      // Byte-level text comes back as it was; NFC and Llama 2's spaces change it.
+      EXPECT_EQ(tok->decode(plain), expected["decoded"][i].get<std::string>()) << style << " decodes '" << text << "'";
     }
   }
 
@@ -86,6 +88,28 @@ class HfTokenizer : public ::testing::Test {
 TEST_F(HfTokenizer, Gpt2StyleMatchesReference) { expect_reference("gpt2"); }
 TEST_F(HfTokenizer, Llama3StyleMatchesReference) { expect_reference("llama3"); }
 TEST_F(HfTokenizer, Qwen2StyleMatchesReference) { expect_reference("qwen2"); }
+// Qwen2's real tokenizer.json has an NFC normalizer: decomposed accents and
+// jamo compose before the split (unicodedata.normalize in the reference).
+TEST_F(HfTokenizer, Qwen2WithNfcMatchesReference) { expect_reference("qwen2_nfc"); }
+// SentencePiece-style BPE over characters with byte fallback: Llama 2's
+// Prepend/Replace normalizers, Mistral's Metaspace pre-tokenizer
+// (prepend_scheme first), and a Metaspace that splits, after NFC; decoded by
+// Replace/ByteFallback/Fuse/Strip or Metaspace.
+TEST_F(HfTokenizer, Llama2MetaspaceStyleMatchesReference) { expect_reference("llama2"); }
+TEST_F(HfTokenizer, MistralMetaspaceStyleMatchesReference) { expect_reference("mistral"); }
+TEST_F(HfTokenizer, MetaspaceSplitStyleMatchesReference) { expect_reference("metaspace"); }
+
+// Byte fallback decodes bytes that are not UTF-8 as Hugging Face does: one
+// U+FFFD per byte; a run that is UTF-8 is its character.
+TEST_F(HfTokenizer, ByteFallbackDecodes) {
+  const auto tok = load_hf_tokenizer((dir_ / "llama2" / "tokenizer.json").string());
+  const int64_t e6 = tok->token_to_id("<0xE6>"), x97 = tok->token_to_id("<0x97>"), xa5 = tok->token_to_id("<0xA5>");
+  ASSERT_GE(e6, 0);
+  EXPECT_EQ(tok->decode({e6, x97, xa5}), "\xE6\x97\xA5");  // 日
+  EXPECT_EQ(tok->decode({e6, x97}), "\xEF\xBF\xBD\xEF\xBF\xBD");
+  const auto ids = tok->encode("\xF0\x9F\xA6\x9C", false);  // a parrot no vocab has: four byte tokens after "▁"
+  EXPECT_EQ(tok->decode(ids), "\xF0\x9F\xA6\x9C");
+}
 
 TEST_F(HfTokenizer, SpecialTokensAndLookups) {
   const auto tok = load_hf_tokenizer((dir_ / "llama3" / "tokenizer.json").string());
@@ -134,7 +158,11 @@ TEST_F(HfTokenizer, BadFilesAreOneLine) {
       {"shared_id", changed([](json& c) { c["model"]["vocab"]["not_x"] = c["model"]["vocab"]["x"]; })},
       {"no_byte", changed([](json& c) { c["model"]["vocab"].erase("Ġ"); c["model"]["merges"] = json::array(); })},
       {"wordpiece", changed([](json& c) { c["model"]["type"] = "WordPiece"; })},
-      {"normalizer", changed([](json& c) { c["normalizer"] = {{"type", "NFC"}}; })},
+      {"normalizer", changed([](json& c) { c["normalizer"] = {{"type", "NFKC"}}; })},
+      {"decoder", changed([](json& c) { c["decoder"] = {{"type", "WordPiece"}}; })},
+      {"nfc_second", changed([](json& c) {
+         c["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "Lowercase"}}, {{"type", "NFC"}}}}};
+       })},
       {"lookbehind", changed([](json& c) { c["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(?<=a)b"; })},
       {"lstrip", changed([](json& c) { c["added_tokens"][0]["lstrip"] = true; })},
       {"truncation", changed([](json& c) { c["truncation"] = {{"max_length", 8}}; })},
@@ -144,7 +172,9 @@ TEST_F(HfTokenizer, BadFilesAreOneLine) {
   const std::vector<std::string> says = {"not valid JSON", "not valid JSON", "nests deeper",
                                          "not in model.vocab", "not two tokens", "not an id",
                                          "is given to both", "no token for byte", "model.type is not BPE",
-                                         "normalizer", "lookaround", "lstrip is true", "truncation is set",
+                                         "normalizer is 'NFKC', which is not supported", "decoder is 'WordPiece'",
+                                         "normalizer.normalizers[0] is 'Lowercase'", "lookaround", "lstrip is true",
+                                         "truncation is set",
                                          "a\\x0a[]+: RE2 cannot run it"};
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string path = write(cases[i].first + ".json", cases[i].second);

@@ -1,16 +1,20 @@
 #!/usr/bin/env python3
-"""An independent byte-level BPE for tests/test_tokenizer.cpp: trains small
-tokenizers, writes them as Hugging Face tokenizer.json files, and encodes a
-varied corpus with them.
+"""An independent BPE for tests/test_tokenizer.cpp: trains small tokenizers,
+writes them as Hugging Face tokenizer.json files, and encodes a varied
+corpus with them: byte-level (GPT-2, Llama 3, Qwen2, and Qwen2 with its NFC
+normalizer: unicodedata's NFC) and SentencePiece-style over characters with
+byte fallback (Llama 2's normalizers, Mistral's Metaspace pre-tokenizer, a
+Metaspace that splits, with its decoders).
 
 It shares nothing with the C++ (examples/models/tokenizer/): the
 pre-tokenizer patterns are scanned by hand here with unicodedata's character
 classes (the C++ runs them with RE2), and BPE merges the lowest-ranked pair
 one at a time, leftmost first, as Hugging Face's tokenizers does.
 
-  tokenizer_reference.py DIR   writes DIR/corpus.json and, for each style
-                               (gpt2, llama3, qwen2), DIR/STYLE/tokenizer.json
-                               and DIR/STYLE/expected.json
+  tokenizer_reference.py DIR [STYLE...]   writes DIR/corpus.json and, for each style
+                               (gpt2, llama3, qwen2, qwen2_nfc, llama2, mistral,
+                               metaspace), DIR/STYLE/tokenizer.json and
+                               DIR/STYLE/expected.json (ids, and decoded text)
 """
 import json
 import os
@@ -143,13 +147,20 @@ def train(corpus, style, n_merges):
     chars = [BYTE_CHAR[b] for b in range(256)]
     random.Random(7).shuffle(chars)
     vocab = {c: i for i, c in enumerate(chars)}
+    return vocab, learn_merges(counts, vocab, n_merges)
+
+
+def learn_merges(counts, vocab, n_merges):
+    """Merges by pair frequency over words (tuples of symbols) and their
+    counts, each merged symbol added to vocab; byte fallback tokens never merge."""
     merges = []
     words = dict(counts)
     for _ in range(n_merges):
         pairs = {}
         for w, n in words.items():
             for a, b in zip(w, w[1:]):
-                pairs[(a, b)] = pairs.get((a, b), 0) + n
+                if not a.startswith("<0x") and not b.startswith("<0x"):
+                    pairs[(a, b)] = pairs.get((a, b), 0) + n
         if not pairs:
             break
         best = min(pairs, key=lambda p: (-pairs[p], p))
@@ -167,7 +178,7 @@ def train(corpus, style, n_merges):
                     k += 1
             merged[tuple(out)] = merged.get(tuple(out), 0) + n
         words = merged
-    return vocab, merges
+    return merges
 
 
 def bpe(chars, ranks):
@@ -185,10 +196,10 @@ def bpe(chars, ranks):
 
 
 class Reference:
-    def __init__(self, style, vocab, merges, added, ignore_merges, bos):
+    def __init__(self, style, vocab, merges, added, ignore_merges, bos, nfc=False):
         self.style, self.vocab, self.added, self.ignore_merges = style, vocab, added, ignore_merges
         self.ranks = {m: r for r, m in enumerate(merges)}
-        self.bos = bos
+        self.bos, self.nfc = bos, nfc
 
     def encode(self, text, add_special):
         ids = [self.added[self.bos]] if add_special and self.bos else []
@@ -199,13 +210,15 @@ class Reference:
             if token is None:
                 i += 1
                 continue
-            ids += self.encode_segment(text[segment:i])
+            ids += self.encode_segment(text[segment:i], segment == 0)
             ids.append(self.added[token])
             i += len(token)
             segment = i
-        return ids + self.encode_segment(text[segment:])
+        return ids + self.encode_segment(text[segment:], segment == 0)
 
-    def encode_segment(self, text):
+    def encode_segment(self, text, at_start):
+        if self.nfc:
+            text = unicodedata.normalize("NFC", text)
         ids = []
         for w in pre_tokenize(text, self.style):
             chars = to_chars(w)
@@ -214,6 +227,152 @@ class Reference:
                 continue
             ids += [self.vocab[s] for s in bpe(chars, self.ranks)]
         return ids
+
+
+    def decode(self, ids):
+        byte_of = {c: b for b, c in BYTE_CHAR.items()}
+        by_id = {i: t for t, i in self.vocab.items()}
+        by_id.update({i: t for t, i in self.added.items()})
+        return b"".join(by_id[i].encode() if by_id[i] in self.added else bytes(byte_of[c] for c in by_id[i])
+                        for i in ids).decode("utf-8")
+
+
+SPACE = "\u2581"  # SentencePiece's "▁"
+DECODE_LLAMA2 = [{"type": "Replace", "pattern": {"String": SPACE}, "content": " "}, {"type": "ByteFallback"},
+                 {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]
+DECODE_METASPACE = [{"type": "Metaspace", "replacement": SPACE, "prepend_scheme": "always", "split": True},
+                    {"type": "ByteFallback"}, {"type": "Fuse"}]
+
+
+def split_before(s, mark):
+    """s split before each mark (Hugging Face's MergedWithNext), no empty words."""
+    words, begin = [], 0
+    for k in range(1, len(s)):
+        if s[k] == mark:
+            words.append(s[begin:k])
+            begin = k
+    return [w for w in words + [s[begin:]] if w]
+
+
+def metaspace_symbols(word, vocab):
+    out = []
+    for ch in word:
+        out += [ch] if ch in vocab else ["<0x%02X>" % b for b in ch.encode("utf-8")]
+    return out
+
+
+def train_metaspace(corpus, n_merges):
+    """A SentencePiece-like vocab: <unk>, <s>, </s>, the 256 byte tokens, the
+    characters seen at least 3 times, then merges within "▁"-led words."""
+    text = SPACE + corpus.replace(" ", SPACE)
+    seen = {}
+    for ch in text:
+        seen[ch] = seen.get(ch, 0) + 1
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        vocab["<0x%02X>" % b] = len(vocab)
+    for ch in sorted((c for c in seen if seen[c] >= 3), key=lambda c: (-seen[c], c)):
+        vocab[ch] = len(vocab)
+    counts = {}
+    for w in split_before(text, SPACE):
+        key = tuple(metaspace_symbols(w, vocab))
+        counts[key] = counts.get(key, 0) + 1
+    return vocab, learn_merges(counts, vocab, n_merges)
+
+
+def decode_steps(tokens, steps):
+    """Hugging Face's decoders, each over the token strings the one before left."""
+    for step in steps:
+        kind = step["type"]
+        if kind == "Replace":
+            tokens = [t.replace(step["pattern"]["String"], step["content"]) for t in tokens]
+        elif kind == "Metaspace":
+            tokens = [t.replace(SPACE, "" if i == 0 else " ") for i, t in enumerate(tokens)]
+        elif kind == "Fuse":
+            tokens = ["".join(tokens)]
+        elif kind == "Strip":
+            out = []
+            for t in tokens:
+                k = 0
+                while k < step["start"] and t.startswith(step["content"]):
+                    t, k = t[len(step["content"]):], k + 1
+                out.append(t)
+            tokens = out
+        elif kind == "ByteFallback":
+            out, pending = [], b""
+            for t in tokens + [None]:
+                is_byte = t is not None and len(t) == 6 and t.startswith("<0x") and t.endswith(">")
+                if is_byte:
+                    pending += bytes([int(t[3:5], 16)])
+                    continue
+                if pending:
+                    try:
+                        out.append(pending.decode("utf-8"))
+                    except UnicodeDecodeError:
+                        out += ["\ufffd"] * len(pending)
+                    pending = b""
+                if t is not None:
+                    out.append(t)
+            tokens = out
+    return "".join(tokens)
+
+
+class MetaspaceReference(Reference):
+    """Llama 2's tokenizer.json (normalizers Prepend "▁" and Replace " "), a
+    Mistral-style one (pre-tokenizer Metaspace, prepend_scheme first, no
+    split) and a Metaspace-always one that splits (with NFC): BPE over
+    characters, byte fallback for the rest."""
+
+    def __init__(self, style, vocab, merges):
+        added = {"<unk>": 0, "<s>": 1, "</s>": 2}
+        super().__init__(style, vocab, merges, added, False, None if style == "metaspace" else "<s>")
+        self.decoders = DECODE_METASPACE if style == "metaspace" else DECODE_LLAMA2
+
+    def encode_segment(self, text, at_start):
+        if not text:
+            return []
+        if self.style == "llama2":
+            words = [SPACE + text.replace(" ", SPACE)]
+        else:
+            if self.style == "metaspace":
+                text = unicodedata.normalize("NFC", text)
+            s = text.replace(" ", SPACE)
+            if (self.style == "metaspace" or at_start) and not s.startswith(SPACE):
+                s = SPACE + s
+            words = split_before(s, SPACE) if self.style == "metaspace" else [s]
+        ids = []
+        for w in words:
+            ids += [self.vocab[t] for t in bpe(metaspace_symbols(w, self.vocab), self.ranks)]
+        return ids
+
+    def decode(self, ids):
+        by_id = {i: t for t, i in self.vocab.items()}
+        return decode_steps([by_id[i] for i in ids], self.decoders)
+
+
+def metaspace_json(style, vocab, merges):
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+              "special": True} for t, i in (("<unk>", 0), ("<s>", 1), ("</s>", 2))]
+    model = {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+             "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+             "vocab": vocab, "merges": [a + " " + b for a, b in merges]}
+    template = {"type": "TemplateProcessing",
+                "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [], "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}}}
+    out = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "model": model,
+           "normalizer": None, "pre_tokenizer": None, "post_processor": template,
+           "decoder": {"type": "Sequence", "decoders": DECODE_LLAMA2}}
+    if style == "llama2":
+        out["normalizer"] = {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": SPACE}, {"type": "Replace", "pattern": {"String": " "}, "content": SPACE}]}
+    elif style == "mistral":
+        out["pre_tokenizer"] = {"type": "Metaspace", "replacement": SPACE, "prepend_scheme": "first", "split": False}
+    else:
+        out["normalizer"] = {"type": "NFC"}
+        out["pre_tokenizer"] = {"type": "Metaspace", "replacement": SPACE, "prepend_scheme": "always", "split": True}
+        out["decoder"] = {"type": "Sequence", "decoders": DECODE_METASPACE}
+        out["post_processor"] = None
+    return out
 
 
 def tokenizer_json(style, vocab, merges, added):
@@ -264,6 +423,10 @@ CORPUS = [
     "ends with newline\n", "print(x)\n    return {\"a\": 1}\n", "<|endoftext|>", "<|endoftext|><|endoftext|>",
     "a<|end", "<|im_start|>user\nhi<|im_end|>\n", "१२३ ٣٤٥ ⅫⅣ", "CamelCaseWord snake_case_word", "\t\t\n \n\t x",
     "tokenizer tokenizers tokenized",
+    # Decomposed accents (NFC composes them), Hangul jamo, a doubled mark,
+    # and SentencePiece's own marks and specials written in the text.
+    "cafe\u0301 nai\u0308ve A\u030angstro\u0308m \u00c5", "\u1100\u1161\u11a8 e\u0301\u0301 o\u0308\u0304",
+    "<s>hi</s> <unk> x", " \u2581already marked \u2581\u2581 a\u2581b", "<s> after bos", "x</s>y",
 ]
 
 
@@ -282,30 +445,47 @@ def check_scanner(text):
 
 
 def main():
-    out = sys.argv[1]
+    out, only = sys.argv[1], set(sys.argv[2:])
     text = training_text()
     check_scanner(text)
     with open(os.path.join(out, "corpus.json"), "w", encoding="utf-8") as f:
         json.dump(CORPUS, f, ensure_ascii=False)
-    for style in ("gpt2", "llama3", "qwen2"):
-        vocab, merges = train(text, style, 300)
+    for style in ("gpt2", "llama3", "qwen2", "qwen2_nfc"):
+        if only and style not in only:
+            continue
+        vocab, merges = train(text, style.replace("_nfc", ""), 300)
         names = {"gpt2": ["<|endoftext|>"], "llama3": ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"],
-                 "qwen2": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]}[style]
+                 "qwen2": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]}[style.replace("_nfc", "")]
         added = {}
         for k, name in enumerate(names):
             added[name] = len(vocab) + (0 if style == "gpt2" else 5 + k)  # llama3, qwen2: ids past a gap
             if style == "gpt2":
                 vocab[name] = added[name]  # GPT-2 lists its one special token in the vocab too
         bos = "<|begin_of_text|>" if style == "llama3" else None
-        ref = Reference(style, vocab, merges, added, style == "llama3", bos)
-        os.makedirs(os.path.join(out, style), exist_ok=True)
-        with open(os.path.join(out, style, "tokenizer.json"), "w", encoding="utf-8") as f:
-            json.dump(tokenizer_json(style, vocab, merges, added), f, ensure_ascii=False)
-        expected = {"plain": [ref.encode(t, False) for t in CORPUS], "special": [ref.encode(t, True) for t in CORPUS],
-                    "vocab_size": max(max(vocab.values()), max(added.values())) + 1,
-                    "bos": added["<|begin_of_text|>"] if style == "llama3" else -1}
-        with open(os.path.join(out, style, "expected.json"), "w", encoding="utf-8") as f:
-            json.dump(expected, f)
+        nfc = style == "qwen2_nfc"
+        ref = Reference(style.replace("_nfc", ""), vocab, merges, added, style == "llama3", bos, nfc)
+        config = tokenizer_json(style.replace("_nfc", ""), vocab, merges, added)
+        if nfc:
+            config["normalizer"] = {"type": "NFC"}
+        write_style(out, style, config, ref, max(max(vocab.values()), max(added.values())) + 1,
+                    added["<|begin_of_text|>"] if style == "llama3" else -1)
+    for style in ("llama2", "mistral", "metaspace"):
+        if only and style not in only:
+            continue
+        vocab, merges = train_metaspace(text, 300)
+        write_style(out, style, metaspace_json(style, vocab, merges), MetaspaceReference(style, vocab, merges),
+                    len(vocab), -1 if style == "metaspace" else 1)
+
+
+def write_style(out, style, config, ref, vocab_size, bos):
+    os.makedirs(os.path.join(out, style), exist_ok=True)
+    with open(os.path.join(out, style, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f, ensure_ascii=False)
+    plain = [ref.encode(t, False) for t in CORPUS]
+    expected = {"plain": plain, "special": [ref.encode(t, True) for t in CORPUS], "vocab_size": vocab_size,
+                "bos": bos, "decoded": [ref.decode(ids) for ids in plain]}
+    with open(os.path.join(out, style, "expected.json"), "w", encoding="utf-8") as f:
+        json.dump(expected, f, ensure_ascii=False)
 
 
 if __name__ == "__main__":

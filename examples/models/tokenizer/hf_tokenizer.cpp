@@ -1,4 +1,4 @@
-// Hugging Face tokenizer.json, byte-level BPE (tokenizer.h). The file is
+// Hugging Face tokenizer.json BPE, byte-level or with byte fallback (tokenizer.h). The file is
 // read whole (bounded), parsed by nlohmann's iterative parser with a depth
 // bound, and every count, id and token length is checked before use.
 #include <nlohmann/json.hpp>
@@ -42,22 +42,27 @@ class HfTokenizer : public Tokenizer {
         ++pos;
         continue;
       }
-      encode_segment(text.substr(segment, pos - segment), &ids);
+      encode_segment(text.substr(segment, pos - segment), segment == 0, &ids);
       ids.push_back(token->id);
       pos += token->content.size();
       segment = pos;
     }
-    encode_segment(text.substr(segment), &ids);
+    encode_segment(text.substr(segment), segment == 0, &ids);
     if (add_special) ids.insert(ids.end(), p_.suffix.begin(), p_.suffix.end());
     return ids;
   }
 
   std::string decode(const std::vector<int64_t>& ids) const override {
     std::string out;
+    std::vector<std::string> tokens;
     for (int64_t id : ids) {
       if (id < 0 || id >= vocab_size() || p_.id_to_token[id].empty())
         throw Error("tokenizer '" + p_.file + "': id " + std::to_string(id) + " is no token's");
       const std::string& token = p_.id_to_token[id];
+      if (!p_.byte_level) {
+        tokens.push_back(token);
+        continue;
+      }
       if (p_.is_added[id]) {
         out += token;
         continue;
@@ -69,7 +74,7 @@ class HfTokenizer : public Tokenizer {
         else out += token.substr(start, pos - start);  // not a byte's character: as written
       }
     }
-    return out;
+    return p_.byte_level ? out : run_decoders(p_, std::move(tokens));
   }
 
   int64_t vocab_size() const override { return static_cast<int64_t>(p_.id_to_token.size()); }
@@ -89,8 +94,14 @@ class HfTokenizer : public Tokenizer {
     return nullptr;
   }
 
-  void encode_segment(std::string segment, std::vector<int64_t>* ids) const {
+  // `at_start`: the segment begins the text (no added token before it).
+  void encode_segment(std::string segment, bool at_start, std::vector<int64_t>* ids) const {
     if (segment.empty()) return;
+    if (p_.nfc) segment = nfc(segment, p_.file);
+    if (!p_.byte_level) {
+      for (const std::string& w : metaspace_words(p_, std::move(segment), at_start)) encode_chars(w, ids);
+      return;
+    }
     if (p_.add_prefix_space && segment[0] != ' ') segment.insert(0, " ");
     std::vector<std::string> words{std::move(segment)};
     for (const auto& splitter : p_.splitters) {
@@ -116,6 +127,39 @@ class HfTokenizer : public Tokenizer {
       if (it != p_.vocab.end()) {
         ids->push_back(it->second);
         return;
+      }
+    }
+    merge_all(symbols, ids);
+  }
+
+  // Not byte-level: a symbol per character, the vocab's, else its bytes'
+  // "<0xNN>" tokens, else unk (as Hugging Face's BPE::merge_word).
+  void encode_chars(const std::string& word, std::vector<int64_t>* ids) const {
+    if (p_.ignore_merges) {
+      const auto it = p_.vocab.find(word);
+      if (it != p_.vocab.end()) return ids->push_back(it->second);
+    }
+    std::vector<int64_t> symbols;
+    bool last_unk = false;
+    for (size_t pos = 0; pos < word.size();) {
+      const size_t start = pos;
+      next_code_point(word, &pos);
+      const std::string ch = word.substr(start, pos - start);
+      const auto it = p_.vocab.find(ch);
+      if (it != p_.vocab.end()) {
+        symbols.push_back(it->second);
+        last_unk = false;
+        continue;
+      }
+      const bool bytes = p_.byte_fallback && std::all_of(ch.begin(), ch.end(), [&](char c) {
+                           return p_.fallback_ids[static_cast<unsigned char>(c)] >= 0;
+                         });
+      if (bytes) {
+        for (unsigned char c : ch) symbols.push_back(p_.fallback_ids[c]);
+        last_unk = false;
+      } else if (p_.unk >= 0) {
+        if (!(p_.fuse_unk && last_unk)) symbols.push_back(p_.unk);
+        last_unk = true;
       }
     }
     merge_all(symbols, ids);

@@ -1,5 +1,5 @@
 // Reading tokenizer.json (hf_tokenizer_parts.h). What the encoder does not
-// do is refused by name rather than skipped: a normalizer, a WordPiece
+// do is refused by name rather than skipped: an NFKC normalizer, a WordPiece
 // model or an lstrip added token would change the ids silently.
 #include "models/tokenizer/hf_tokenizer_parts.h"
 
@@ -101,6 +101,15 @@ void set_token(HfParts* p, int64_t id, const std::string& token, bool added) {
   p->vocab[token] = id;
 }
 
+// The "<0xNN>" tokens byte fallback spells a character's bytes with.
+void read_fallback_ids(HfParts* p) {
+  static const char* hex = "0123456789ABCDEF";
+  for (int b = 0; b < 256; ++b) {
+    const auto it = p->vocab.find(std::string("<0x") + hex[b >> 4] + hex[b & 15] + ">");
+    p->fallback_ids[b] = it == p->vocab.end() ? -1 : it->second;
+  }
+}
+
 void read_vocab(const json& model, HfParts* p) {
   const json* vocab = member(model, "vocab");
   if (vocab == nullptr || !vocab->is_object()) fail(p->file, "model.vocab is not an object");
@@ -111,6 +120,7 @@ void read_vocab(const json& model, HfParts* p) {
     check_token(it.key(), p->file, what);
     set_token(p, as_id(it.value(), p->file, what), it.key(), false);
   }
+  if (!p->byte_level) return read_fallback_ids(p);
   const std::vector<std::string>& chars = byte_to_char();
   for (int b = 0; b < 256; ++b) {
     const auto it = p->vocab.find(chars[b]);
@@ -166,10 +176,17 @@ void read_model(const json& root, HfParts* p) {
     if (v != nullptr && !(v->is_string() && v->get<std::string>().empty()))
       fail(p->file, std::string("model.") + key + " is set, which is not supported");
   }
-  as_bool(*model, "byte_fallback", p->file, "model");  // checked; every byte has its token anyway
+  // Byte-level: checked, every byte has its token anyway.
+  p->byte_fallback = as_bool(*model, "byte_fallback", p->file, "model");
+  p->fuse_unk = as_bool(*model, "fuse_unk", p->file, "model");
   p->ignore_merges = as_bool(*model, "ignore_merges", p->file, "model");
   read_vocab(*model, p);
   read_merges(*model, p);
+  if (const json* unk = member(*model, "unk_token")) {
+    const auto it = p->vocab.find(as_string(*unk, p->file, "model.unk_token"));
+    if (it == p->vocab.end()) fail(p->file, "model.unk_token " + shown(unk->get<std::string>()) + " is not in model.vocab");
+    p->unk = it->second;
+  }
 }
 
 void read_added_tokens(const json& root, HfParts* p) {
@@ -241,8 +258,45 @@ std::vector<Step> steps_of(const json& c, const std::string& key, const char* li
   return steps;
 }
 
+Metaspace::Prepend read_prepend_scheme(const json& m, HfParts* p, const std::string& where) {
+  if (const json* scheme = member(m, "prepend_scheme")) {
+    const std::string v = as_string(*scheme, p->file, where + ".prepend_scheme");
+    if (v == "always") return Metaspace::kAlways;
+    if (v == "first") return Metaspace::kFirst;
+    if (v == "never") return Metaspace::kNever;
+    fail(p->file, where + ".prepend_scheme " + shown(v) + " is not always, first or never");
+  }
+  const json* add = member(m, "add_prefix_space");  // before tokenizers 0.14
+  return add == nullptr || as_bool(m, "add_prefix_space", p->file, where) ? Metaspace::kAlways : Metaspace::kNever;
+}
+
+std::string read_replacement(const json& m, HfParts* p, const std::string& where) {
+  const json* r = member(m, "replacement");
+  const std::string v = r == nullptr ? "" : as_string(*r, p->file, where + ".replacement");
+  size_t pos = 0;
+  if (v.empty() || next_code_point(v, &pos) < 0 || pos != v.size() || v == " ")
+    fail(p->file, where + ".replacement is not one character other than a space");
+  return v;
+}
+
+// Not byte-level: no pre-tokenizer (Llama 2's normalizers do it), or Metaspace.
+void read_metaspace(const json* pre, HfParts* p) {
+  if (pre == nullptr) return;
+  const std::vector<Step> steps = steps_of(*pre, "pre_tokenizer", "pretokenizers", p->file);
+  if (steps.empty()) return;
+  if (steps.size() != 1 || steps[0].type != "Metaspace")
+    fail(p->file, steps[0].where + " is '" + steps[0].type + "' (supported with this decoder: Metaspace or none)");
+  const json& m = *steps[0].value;
+  p->has_metaspace = true;
+  p->metaspace.replacement = read_replacement(m, p, steps[0].where);
+  p->metaspace.prepend = read_prepend_scheme(m, p, steps[0].where);
+  const json* split = member(m, "split");
+  p->metaspace.split = split == nullptr || as_bool(m, "split", p->file, steps[0].where);
+}
+
 void read_pre_tokenizer(const json& root, HfParts* p) {
   const json* pre = member(root, "pre_tokenizer");
+  if (!p->byte_level) return read_metaspace(pre, p);
   if (pre == nullptr) fail(p->file, "has no pre_tokenizer (byte-level BPE needs ByteLevel)");
   const std::vector<Step> steps = steps_of(*pre, "pre_tokenizer", "pretokenizers", p->file);
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -302,6 +356,76 @@ void read_post_processor(const json& root, HfParts* p) {
   if (p->suffix.size() == 1) p->eos = p->suffix[0];
 }
 
+// A Replace's {"pattern": {"String": ...}, "content": ...}.
+std::pair<std::string, std::string> read_replace(const json& r, HfParts* p, const std::string& where) {
+  const json* pattern = member(r, "pattern");
+  const json* literal = pattern == nullptr ? nullptr : member(*pattern, "String");
+  const json* content = member(r, "content");
+  if (literal == nullptr || content == nullptr) fail(p->file, where + " is not a Replace of a String pattern");
+  const std::string from = as_string(*literal, p->file, where + ".pattern.String");
+  if (from.empty()) fail(p->file, where + ".pattern.String is empty");
+  return {from, as_string(*content, p->file, where + ".content")};
+}
+
+void read_normalizer(const json& root, HfParts* p) {
+  const json* n = member(root, "normalizer");
+  if (n == nullptr) return;
+  const std::vector<Step> steps = steps_of(*n, "normalizer", "normalizers", p->file);
+  const std::string supported = p->byte_level ? "NFC" : "NFC first, then Prepend and Replace of a String";
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Step& s = steps[i];
+    if (s.type == "NFC" && i == 0) {
+      p->nfc = true;
+      nfc("", p->file);  // a build without ICU refuses the file now, not at the first encode
+    } else if (s.type == "Prepend" && !p->byte_level) {
+      const json* text = member(*s.value, "prepend");
+      if (text == nullptr) fail(p->file, s.where + " has no prepend");
+      p->normalizers.push_back({Normalizer::kPrepend, as_string(*text, p->file, s.where + ".prepend"), ""});
+    } else if (s.type == "Replace" && !p->byte_level) {
+      const auto r = read_replace(*s.value, p, s.where);
+      p->normalizers.push_back({Normalizer::kReplace, r.first, r.second});
+    } else {
+      fail(p->file, s.where + " is '" + s.type + "', which is not supported (supported: " + supported + ")");
+    }
+  }
+}
+
+// ByteLevel alone (byte-level BPE), or Llama 2's and Mistral's
+// Replace/ByteFallback/Fuse/Strip and Metaspace.
+void read_decoder(const json& root, HfParts* p) {
+  const json* decoder = member(root, "decoder");
+  if (decoder == nullptr) fail(p->file, "has no decoder");
+  const std::vector<Step> steps = steps_of(*decoder, "decoder", "decoders", p->file);
+  if (steps.empty()) fail(p->file, "decoder is an empty Sequence");
+  p->byte_level = steps.size() == 1 && steps[0].type == "ByteLevel";
+  if (p->byte_level) return;
+  for (const Step& s : steps) {
+    Decoder d{Decoder::kFuse, "", ""};
+    if (s.type == "Replace") {
+      const auto r = read_replace(*s.value, p, s.where);
+      d = {Decoder::kReplace, r.first, r.second};
+    } else if (s.type == "ByteFallback") {
+      d.kind = Decoder::kByteFallback;
+    } else if (s.type == "Strip") {
+      const json* content = member(*s.value, "content");
+      const json* start = member(*s.value, "start");
+      const json* stop = member(*s.value, "stop");
+      if (content == nullptr || start == nullptr || stop == nullptr || !start->is_number_unsigned() ||
+          !stop->is_number_unsigned() || start->get<int64_t>() > 64 || stop->get<int64_t>() > 64)
+        fail(p->file, s.where + " is not a Strip of content, start and stop (0 to 64)");
+      d = {Decoder::kStrip, "", as_string(*content, p->file, s.where + ".content"), start->get<int64_t>(),
+           stop->get<int64_t>()};
+    } else if (s.type == "Metaspace") {
+      d = {Decoder::kMetaspace, read_replacement(*s.value, p, s.where), ""};
+      d.prepend = read_prepend_scheme(*s.value, p, s.where);
+    } else if (s.type != "Fuse") {
+      fail(p->file, s.where + " is '" + s.type +
+                        "' (supported: ByteLevel alone, or Replace, ByteFallback, Fuse, Strip, Metaspace)");
+    }
+    p->decoders.push_back(std::move(d));
+  }
+}
+
 }  // namespace
 
 HfParts read_hf_parts(const std::string& path) { return read_hf_parts_text(read_bounded(path, kMaxFileBytes), path); }
@@ -312,18 +436,14 @@ HfParts read_hf_parts_text(const std::string& text, const std::string& path) {
   if (static_cast<int64_t>(text.size()) > kMaxFileBytes)
     fail(path, "is over the " + std::to_string(kMaxFileBytes) + " bytes it may have");
   const json root = parse(text, path);
+  read_decoder(root, &p);  // first: whether the BPE is byte-level
+  read_normalizer(root, &p);
   read_model(root, &p);
   read_added_tokens(root, &p);
   for (const char* key : {"truncation", "padding"})  // each would cut or pad what encode returns
     if (member(root, key) != nullptr) fail(path, std::string(key) + " is set, which is not supported");
-  if (const json* n = member(root, "normalizer"))
-    fail(path, "normalizer " + n->dump().substr(0, 80) + " is not supported (only none)");
   read_pre_tokenizer(root, &p);
   read_post_processor(root, &p);
-  const json* decoder = member(root, "decoder");
-  const json* type = decoder == nullptr ? nullptr : member(*decoder, "type");
-  if (type == nullptr || !type->is_string() || type->get<std::string>() != "ByteLevel")
-    fail(path, "decoder is not ByteLevel (only byte-level BPE is supported)");
   return p;
 }
 

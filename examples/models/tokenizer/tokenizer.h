@@ -1,6 +1,7 @@
 #pragma once
 // Text to token ids and back for checkpoints people download: Hugging Face's
-// tokenizer.json (byte-level BPE: GPT-2, Llama 3, Qwen2) and SentencePiece's
+// tokenizer.json (byte-level BPE: GPT-2, Llama 3, Qwen2 with its NFC; BPE
+// with byte fallback and Metaspace: Llama 2, Mistral) and SentencePiece's
 // tokenizer.model. Torch-free, so it compiles in seconds and the tools can
 // use it without libtorch. Tokenizer files are untrusted: sizes and counts
 // are bounded before use, and a file that cannot be used is one
@@ -23,8 +24,10 @@ class Tokenizer {
   // (Llama 3's <|begin_of_text|>; GPT-2 and Qwen2 add nothing). Text that is
   // not UTF-8 is refused.
   virtual std::vector<int64_t> encode(const std::string& text, bool add_special) const = 0;
-  // Ids back to bytes: the concatenation of the tokens' bytes, which is UTF-8
-  // whenever the ids came from encode; special tokens appear as their text.
+  // Ids back to text: byte-level, the concatenation of the tokens' bytes,
+  // which is UTF-8 whenever the ids came from encode; otherwise as the
+  // file's decoders say (Llama 2's: "▁" to spaces, <0xNN> bytes, the first
+  // space stripped). Special tokens appear as their text.
   // An id outside the vocabulary is an error naming it.
   virtual std::string decode(const std::vector<int64_t>& ids) const = 0;
   // One past the largest id, added tokens included.
@@ -41,7 +44,8 @@ class Tokenizer {
   }
 };
 
-// Hugging Face tokenizer.json, byte-level BPE.
+// Hugging Face tokenizer.json, BPE (docs/WEIGHTS.md "Tokenizers" lists
+// what is read and what is refused by name).
 std::unique_ptr<Tokenizer> load_hf_tokenizer(const std::string& path);
 // The same from the file's text; `name` is what errors call the file.
 std::unique_ptr<Tokenizer> load_hf_tokenizer_text(const std::string& text, const std::string& name);
