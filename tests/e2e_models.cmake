@@ -238,3 +238,25 @@ set_tests_properties(e2e_llama_gloo_launcher e2e_llama_threads4_f64 e2e_llama_mq
 add_test(NAME e2e_llama_hostile_config COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/weights_hostile_config.sh
   $<TARGET_FILE:train_model> ${CMAKE_CURRENT_BINARY_DIR}/llama_hostile_config)
 set_tests_properties(e2e_llama_hostile_config PROPERTIES TIMEOUT 300)
+# Generating from a checkpoint directory with its tokenizer
+# (tests/e2e/llama_tokenizer.sh): Python writes a random Llama with a
+# byte-level BPE tokenizer.json, tokenizer_config.json and
+# generation_config.json; train_model's decoded greedy text and its stop at
+# EOS equal Python's (tests/e2e/llama_tokenizer.py), unsharded, at 2 thread
+# ranks and 2 gloo processes, greedy and sampled.
+add_test(NAME e2e_llama_tokenizer_generate COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/llama_tokenizer.sh
+  $<TARGET_FILE:train_model> $<TARGET_FILE:shardplan_cli> ${_plans} ${CMAKE_CURRENT_BINARY_DIR}/llama_tokenizer)
+set_tests_properties(e2e_llama_tokenizer_generate PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+# Tokenizer, config.json and weights that disagree (tests/e2e/tokenizer_vocab.sh):
+# one line naming the files, before any weight is read; and the control.
+foreach(_case tokenizer_larger weights_rows unparsable tokenizer_fits)
+  add_test(NAME e2e_tokenizer_vocab_${_case} COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/tokenizer_vocab.sh ${_case}
+    $<TARGET_FILE:train_model> ${CMAKE_CURRENT_BINARY_DIR}/tokenizer_vocab_${_case})
+  set_tests_properties(e2e_tokenizer_vocab_${_case} PROPERTIES TIMEOUT 120 FAIL_REGULAR_EXPRESSION "FAIL")
+endforeach()
+set_tests_properties(e2e_tokenizer_vocab_tokenizer_larger PROPERTIES PASS_REGULAR_EXPRESSION
+  "refused: [^\n]*tokenizer '[^'\n]*/tokenizer.json' has ids up to 556 \\(557 tokens\\), more than config.json '[^'\n]*/config.json' vocab_size 256")
+set_tests_properties(e2e_tokenizer_vocab_weights_rows PROPERTIES PASS_REGULAR_EXPRESSION
+  "refused: [^\n]*config.json '[^'\n]*/config.json': vocab_size 320 does not match the weights '[^'\n]*', whose model.embed_tokens.weight has 256 rows")
+set_tests_properties(e2e_tokenizer_vocab_unparsable PROPERTIES PASS_REGULAR_EXPRESSION
+  "refused: [^\n]*tokenizer file '[^'\n]*/tokenizer.json': is not valid JSON")

@@ -197,6 +197,43 @@ TEST(GptGenerate, CacheBytesPerRankAreTheUnshardedOverN) {
   }
 }
 
+// Stop ids (a tokenizer's EOS): each row ends at its first one and keeps it
+// for the steps after, and generation ends once every row has one: greedy
+// and sampled, unsharded and at 2 and 4 ranks alike. The rows' stops are
+// read off a run without them (the draws before a stop are the same).
+void expect_stops(double temperature, int64_t top_k, uint64_t seed) {
+  const ex::Generation free = unsharded(options(temperature, top_k), torch::kDouble, seed);
+  const auto t = free.tokens.accessor<int64_t, 2>();
+  // Row 0's 3rd token and row 1's 4th: each row stops there or earlier.
+  ex::GenerateOptions o = options(temperature, top_k);
+  o.stop_ids = {t[0][2], t[1][3]};
+  std::vector<int64_t> stops(kBatch);  // each row's first stop id
+  torch::Tensor want = free.tokens.clone();
+  int64_t length = 0;
+  for (int64_t r = 0; r < kBatch; ++r) {
+    int64_t& k = stops[r];
+    while (t[r][k] != o.stop_ids[0] && t[r][k] != o.stop_ids[1]) ++k;
+    want[r].narrow(0, k, kNew - k).fill_(t[r][k]);
+    length = std::max(length, k + 1);
+  }
+  want = want.narrow(1, 0, length);  // at most 4 of the 12
+  const ex::Generation got = unsharded(o, torch::kDouble, seed);
+  EXPECT_TRUE(got.tokens.equal(want)) << got.tokens << " vs " << want;
+  for (int world : {2, 4})
+    for (const auto& g : sharded(world, o, torch::kDouble, seed))
+      EXPECT_TRUE(g.tokens.equal(want)) << "world " << world << ": " << g.tokens << " vs " << want;
+  for (int64_t r = 0; r < kBatch; ++r) {
+    bool stopped = false;
+    EXPECT_EQ(ex::sample_length(got.tokens[r], o.stop_ids, &stopped), stops[r]);
+    EXPECT_TRUE(stopped);
+  }
+}
+
+TEST(GptGenerate, StopIdsEndEachRowAndTheGenerationOnEveryRank) {
+  expect_stops(0, 0, 1);
+  expect_stops(0.9, 8, 21);
+}
+
 template <class F>
 std::string error_of(F f) {
   try {

@@ -89,11 +89,18 @@ Generation generate(CausalLM& model, const at::Tensor& prompt, const GenerateOpt
   if (o.sequence_parts > 1 && prompt.size(1) % o.sequence_parts != 0) whole.emplace();
   at::Tensor logits = model.forward_cached(prompt, caches);  // [T, B, V]
   if (o.sequence_parts > 1 && !whole) whole.emplace();
+  at::Tensor stop_ids = at::tensor(o.stop_ids, at::kLong);
+  at::Tensor stopped = at::zeros({prompt.size(0)}, at::kBool);  // rows that picked a stop id
   for (int64_t i = 0; i < o.new_tokens; ++i) {
     at::Tensor next = next_token(logits.select(0, logits.size(0) - 1), o, gen);  // [B]
+    if (!o.stop_ids.empty()) {
+      next = at::where(stopped, out.empty() ? next : out.back(), next);
+      stopped = stopped.logical_or(at::isin(next, stop_ids));
+    }
     out.push_back(next);
     if (i == 0) g.prefill_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     // The last token needs no forward: nothing reads its logits.
+    if (!o.stop_ids.empty() && stopped.all().item<bool>()) break;
     if (i + 1 < o.new_tokens) logits = model.forward_cached(next.unsqueeze(1), caches);
   }
   g.tokens = at::stack(out, 1);
@@ -117,6 +124,18 @@ void check_same_tokens(const at::Tensor& tokens, Communicator& comm) {
                 "' generated different tokens (their logits or sampling streams differ)");
 }
 
+int64_t sample_length(const at::Tensor& row, const std::vector<int64_t>& stop_ids, bool* stopped) {
+  const at::Tensor t = row.reshape(-1).to(at::kLong).contiguous();
+  const int64_t* p = t.data_ptr<int64_t>();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    if (std::find(stop_ids.begin(), stop_ids.end(), p[i]) != stop_ids.end()) {
+      *stopped = true;
+      return i;
+    }
+  *stopped = false;
+  return t.numel();
+}
+
 at::Tensor encode(const std::string& text) {
   at::Tensor t = at::empty({1, static_cast<int64_t>(text.size())}, at::kLong);
   auto a = t.accessor<int64_t, 2>();
@@ -131,9 +150,34 @@ std::string decode(const at::Tensor& tokens) {
   return s;
 }
 
-std::string printable(const std::string& text) {
+namespace {
+
+// The length of the UTF-8 character at s[i] past ASCII, or 0 where none is:
+// as strict as Python's decoder (no overlong forms, no surrogates, nothing
+// past U+10FFFF), so the e2e tests' Python prints the same text.
+size_t utf8_length(const std::string& s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[i + k]); };
+  const unsigned char c = b(0);
+  const size_t n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k)
+    if ((b(k) & 0xc0) != 0x80) return 0;
+  if ((c == 0xe0 && b(1) < 0xa0) || (c == 0xed && b(1) > 0x9f) || (c == 0xf0 && b(1) < 0x90) ||
+      (c == 0xf4 && b(1) > 0x8f))
+    return 0;
+  return n;
+}
+
+std::string printable(const std::string& text, bool keep_utf8) {
   std::string s;
-  for (unsigned char c : text) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    const size_t n = keep_utf8 ? utf8_length(text, i) : 0;
+    if (n > 0) {
+      s += text.substr(i, n);
+      i += n - 1;
+      continue;
+    }
+    const unsigned char c = static_cast<unsigned char>(text[i]);
     if (c == '\n') {
       s += "\\n";
     } else if (c == '\\') {
@@ -148,6 +192,11 @@ std::string printable(const std::string& text) {
   }
   return s;
 }
+
+}  // namespace
+
+std::string printable(const std::string& text) { return printable(text, false); }
+std::string printable_utf8(const std::string& text) { return printable(text, true); }
 
 }  // namespace examples
 }  // namespace shardplan

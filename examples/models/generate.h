@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace at {
 class Generator;
@@ -46,10 +47,17 @@ struct GenerateOptions {
   // The ranks the model's sequence-parallel region splits the sequence over
   // (the plan's sequence axis); 1: no sequence parallelism.
   int64_t sequence_parts = 1;
+  // Token ids that end a sample (a tokenizer's EOS ids; empty: none). A row
+  // that picks one keeps it for the steps after (as HF pads with it), and
+  // generation ends when every row has picked one. Every rank picks the
+  // same tokens, so every rank stops at the same step without a message.
+  std::vector<int64_t> stop_ids;
 };
 
 struct Generation {
-  at::Tensor tokens;          // [B, new_tokens] long, the prompt not included
+  // [B, N] long, the prompt not included: N = new_tokens, or fewer where
+  // every row reached one of stop_ids (see sample_length).
+  at::Tensor tokens;
   double seconds = 0;         // prefill and decoding, wall clock
   // The two phases apart (they are bound differently: the prefill is B x T
   // positions at once, a decoding step B positions through the cache):
@@ -82,11 +90,18 @@ void check_same_tokens(const at::Tensor& tokens, Communicator& comm);
 // a draw from softmax(logits / temperature) over the top-k.
 at::Tensor next_token(const at::Tensor& logits, const GenerateOptions& options, at::Generator& gen);
 
+// The tokens of a row of Generation::tokens before its first stop id, and
+// whether it has one.
+int64_t sample_length(const at::Tensor& row, const std::vector<int64_t>& stop_ids, bool* stopped);
+
 // Bytes <-> text for the byte-level corpus; printable() escapes what a
 // terminal line would not show ("\n", "\x07").
 at::Tensor encode(const std::string& text);
 std::string decode(const at::Tensor& tokens);
 std::string printable(const std::string& text);
+// The same, except that UTF-8 characters past ASCII are kept as they are
+// (a tokenizer's text); bytes that are not UTF-8 are escaped.
+std::string printable_utf8(const std::string& text);
 
 }  // namespace examples
 }  // namespace shardplan

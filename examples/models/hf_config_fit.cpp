@@ -67,6 +67,18 @@ void check_layers(const Fit& fit, const LlamaConfig& c, const std::vector<std::p
              std::to_string(shapes.size()));
 }
 
+// vocab_size against the rows of the weights' embedding and head: a
+// config.json padded or cut apart from its weights (issue 37) is named
+// here, not as a shape mismatch deep in the load.
+void check_vocab_rows(const Fit& fit, const LlamaConfig& c,
+                      const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes) {
+  for (const auto& t : shapes)
+    if ((t.first == "model.embed_tokens.weight" || t.first == "lm_head.weight") && t.second.size() == 2 &&
+        t.second[0] != c.vocab)
+      fit.fail(fit.key("vocab_size", "vocab", c.vocab) + " does not match the weights '" + fit.weights + "', whose " +
+               t.first + " has " + std::to_string(t.second[0]) + " rows");
+}
+
 }  // namespace
 
 void check_hf_config_fits(const std::string& config_path, const Overrides& config, const Overrides& cli,
@@ -85,6 +97,7 @@ void check_hf_config_fits(const std::string& config_path, const Overrides& confi
     s.precision(0);
     s << std::fixed << "the largest tensor in the weights '" << weights << "' (" << fit.limit << ")";
     fit.limit_why = s.str();
+    check_vocab_rows(fit, c, shapes);
   } else {
     std::string source;
     const int64_t bytes = available_memory_bytes(&source);

@@ -13,6 +13,8 @@
 #include "models/generate.h"
 #include "models/hf_config.h"
 #include "models/train_checks.h"
+#include "models/train_text.h"
+#include "models/tokenizer/tokenizer.h"
 #include "shardplan/data_parallel.h"
 #include "shardplan/error.h"
 #include "shardplan/mappings.h"
@@ -29,9 +31,30 @@ GenerateOptions generate_options(const Args& a, const Plan& plan = {}, const Mes
   o.new_tokens = a.generate;
   o.temperature = a.temperature;
   o.top_k = a.top_k;
+  o.stop_ids = stop_ids(a);
   const std::string axis = plan.sequence_parallel.enabled ? plan.sequence_axis() : "";
   if (!axis.empty()) o.sequence_parts = mesh.axis_size(axis);
   return o;
+}
+
+// Rank 0's lines for the samples: each decoded, and where it stopped at EOS.
+void print_samples(const Args& a, const GenerateOptions& o, int64_t prompt_tokens, const at::Tensor& tokens) {
+  const std::string shown = a.tokenizer ? printable_utf8(a.prompt) : printable(a.prompt);
+  std::printf("generate: %d sample(s) of %d tokens after the prompt \"%s\" (%lld tokens), ", a.samples, a.generate,
+              shown.c_str(), static_cast<long long>(prompt_tokens));
+  if (o.temperature == 0 || o.top_k == 1)
+    std::printf("greedy\n");
+  else
+    std::printf("temperature %g, top-k %d\n", o.temperature, a.top_k);
+  for (int i = 0; i < a.samples; ++i) {
+    bool stopped = false;
+    int64_t length = 0;
+    const std::string text = sample_text(a, tokens[i], &stopped, &length);
+    std::printf("sample %d: \"%s|%s\"\n", i + 1, shown.c_str(), text.c_str());
+    if (stopped)
+      std::printf("sample %d stopped at EOS id %lld after %lld tokens\n", i + 1,
+                  static_cast<long long>(tokens[i][length].item<int64_t>()), static_cast<long long>(length));
+  }
 }
 
 // After training: samples from the prompt, every rank generating the same
@@ -46,20 +69,10 @@ void generate_text(const Args& a, World& world, torch::nn::Module& module, const
   // run: the same seed samples the same text at any number of ranks, however
   // many draws training made.
   auto tracker = manual_seed(world, a.seed + 2, a.plan.empty() ? Mesh() : report.mesh);
-  const at::Tensor prompt = encode(a.prompt).repeat({a.samples, 1});
+  const at::Tensor prompt = prompt_tokens(a).repeat({a.samples, 1});
   const Generation g = generate(*lm, prompt, o, tracker->replicated(), &world.comm());
   const bool lead = world.rank() == 0;
-  if (lead) {
-    std::printf("generate: %d sample(s) of %d tokens after the prompt \"%s\" (%lld tokens), ", a.samples, a.generate,
-                printable(a.prompt).c_str(), static_cast<long long>(prompt.size(1)));
-    if (o.temperature == 0 || o.top_k == 1)
-      std::printf("greedy\n");
-    else
-      std::printf("temperature %g, top-k %d\n", o.temperature, a.top_k);
-    for (int i = 0; i < a.samples; ++i)
-      std::printf("sample %d: \"%s|%s\"\n", i + 1, printable(a.prompt).c_str(),
-                  printable(decode(g.tokens[i])).c_str());
-  }
+  if (lead) print_samples(a, o, prompt.size(1), g.tokens);
   // Every kv head's keys and values for the whole context, in the model's
   // dtype; replicated kv heads (fewer than ranks) count once per rank.
   const int64_t unsharded = lm->cache_bytes(a.samples).unsharded;
@@ -88,7 +101,7 @@ void dump_prompt_logits(const Args& a, World& world, torch::nn::Module& module, 
                         const ParallelReport& report) {
   auto& lm = dynamic_cast<CausalLM&>(module);
   const int64_t parts = generate_options(a, plan, report.mesh).sequence_parts;
-  const at::Tensor prompt = encode(a.prompt);
+  const at::Tensor prompt = prompt_tokens(a);
   at::Tensor logits;
   {
     at::NoGradGuard no_grad;
@@ -175,7 +188,7 @@ void check_generation_fits(const Args& a, torch::nn::Module& module, int ranks_h
   if (a.generate == 0 || !lm) return;
   const double esize = module.parameters().empty() ? 4 : module.parameters()[0].element_size();
   const double cache = static_cast<double>(lm->cache_bytes(1).this_rank) * a.samples;
-  const double logits = static_cast<double>(a.prompt.size()) * a.samples * lm->vocab_size() * esize;
+  const double logits = static_cast<double>(prompt_length(a)) * a.samples * lm->vocab_size() * esize;
   check_memory("--samples " + std::to_string(a.samples), "generation (key/value caches and the prompt's logits)",
                cache + logits, ranks_here);
 }
@@ -188,12 +201,13 @@ void check_prompt_options(const Args& a, const ModelHandle& probe, const std::st
     usage(program, only,
           std::string(a.generate > 0 ? "--generate" : "--dump-logits") +
               " works with the language models (gpt, llama) only");
-  if (a.generate > 0) check_generation(*lm, static_cast<int64_t>(a.prompt.size()), generate_options(a));
+  const int64_t n = prompt_length(a);
+  if (a.generate > 0) check_generation(*lm, n, generate_options(a));
   if (a.dump_logits.empty()) return;
-  const int64_t n = static_cast<int64_t>(a.prompt.size());
   if (n < 1 || n > lm->context_size())
     usage(program, only,
-          "--dump-logits: the prompt has " + std::to_string(n) + " bytes; it needs 1 to the context's " +
+          "--dump-logits: the prompt has " + std::to_string(n) + (a.tokenizer ? " tokens" : " bytes") +
+              "; it needs 1 to the context's " +
               std::to_string(lm->context_size()));
 }
 

@@ -47,7 +47,7 @@ const Defaults kDefaults[] = {
                "       [--save DIR [--save-every N] [--keep K] [--resume auto]] [--load DIR] [--micro-batches N]\n"
                "       [--check-replicas N] [--clip X [--clip-with shardplan|torch]] [--load-weights PATH [--rename-weights REGEX=REPLACEMENT]...\n"
                "       [--lenient-weights]] [--save-weights PATH] [--dump-logits FILE.safetensors [--prompt TEXT]]\n"
-               "       [--generate N [--prompt TEXT] [--temperature X] [--top-k K] [--samples S]]\n"
+               "       [--generate N [--prompt TEXT] [--temperature X] [--top-k K] [--samples S]] [--tokenizer DIR]\n"
                "--save writes a sharded checkpoint (model, optimizer, step) to DIR after the last step, and\n"
                "every N steps with --save-every, keeping the newest K (--keep, default 2: DIR and DIR.step-N);\n"
                "--load resumes from one, saved at any number of ranks,\n"
@@ -76,6 +76,9 @@ const Defaults kDefaults[] = {
                "(default \"From fairest creatures\"), temperature X (default 0.8; 0: greedy) over the top K\n"
                "(default 20; 0: all), with a key/value cache split by heads; prompt + N must fit the context,\n"
                "and the S samples' caches this machine's memory (both checked before training)\n"
+               "--tokenizer DIR (default: the --load-weights directory when it holds one): its tokenizer.json or\n"
+               "tokenizer.model encodes --prompt (BOS as its tokenizer_config.json says), decodes the samples,\n"
+               "and generation stops at its EOS (generation_config.json's eos_token_id); without one a byte is a token\n"
                "--optimizer: adam (default), adamw, sgd (momentum 0.9), rmsprop, adagrad (torch's defaults)\n"
                "--dtype bfloat16 or float16: parameters and activations in it, the optimizer stepping float32\n"
                "master weights (--master float32, the default; --master bfloat16 with --dtype bfloat16: pure\n"
@@ -139,6 +142,8 @@ void check_args(Args& a, const std::string& program, const std::string& only) {
     usage(program, only, a.generation_option + " takes effect with --generate N only");
   if (a.generate == 0 && a.dump_logits.empty() && a.prompt_given)
     usage(program, only, "--prompt takes effect with --generate N or --dump-logits FILE only");
+  if (a.generate == 0 && a.dump_logits.empty() && !a.tokenizer_dir.empty())
+    usage(program, only, "--tokenizer takes effect with --generate N or --dump-logits FILE only");
   // One file, not a directory of shards: what Python reads back whole.
   const std::string ext = ".safetensors";
   if (!a.dump_logits.empty() &&
@@ -278,6 +283,8 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
         a.generate = count_option_int(k, value(), 0);
       else if (k == "--prompt")
         a.prompt = value();
+      else if (k == "--tokenizer")
+        a.tokenizer_dir = value();
       else if (k == "--temperature")
         a.temperature = option_double(value());
       else if (k == "--top-k")

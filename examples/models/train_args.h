@@ -4,12 +4,15 @@
 // Torch-free.
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace shardplan {
 namespace examples {
+
+class Tokenizer;
 
 struct Args {
   std::string model;
@@ -75,6 +78,13 @@ struct Args {
   int samples = 3;
   std::string generation_option;  // the last of --temperature, --top-k, --samples given (they need --generate)
   bool prompt_given = false;      // --prompt needs --generate or --dump-logits
+  // --tokenizer DIR: a checkpoint directory's tokenizer.json or
+  // tokenizer.model (models/tokenizer/tokenizer.h) for --prompt and the
+  // samples; without it the --load-weights directory's, when it holds one;
+  // else bytes are tokens. Loaded by train_main (models/train_text.h)
+  // before any rank starts, and shared by the thread ranks (it is read only).
+  std::string tokenizer_dir;
+  std::shared_ptr<const Tokenizer> tokenizer;
 };
 
 // Bytes per element of a --dtype name (float64 8, float32 4, the halves 2).

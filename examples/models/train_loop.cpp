@@ -19,6 +19,7 @@
 #include "models/train_pipeline.h"
 #include "models/train_rank.h"
 #include "models/train_step.h"
+#include "models/train_text.h"
 #include "shardplan/data_parallel.h"
 #include "shardplan/error.h"
 #include "shardplan/mixed_precision.h"
@@ -88,6 +89,7 @@ int train_main(int argc, char** argv, const std::string& program, const std::str
         probe = make_model(a.model, model_config(a));
       }
       // Before any training, so that a bad prompt fails in a second.
+      if (auto* lm = dynamic_cast<CausalLM*>(probe.module.get())) load_prompt_tokenizer(a, lm->vocab_size());
       check_prompt_options(a, probe, program, fixed_model ? default_model : "");
       if (probe.model->needs_corpus())
         corpus = std::make_unique<Corpus>(a.data.empty() ? default_corpus_path() : a.data);

@@ -364,7 +364,10 @@ std::pair<std::string, std::string> read_replace(const json& r, HfParts* p, cons
   if (literal == nullptr || content == nullptr) fail(p->file, where + " is not a Replace of a String pattern");
   const std::string from = as_string(*literal, p->file, where + ".pattern.String");
   if (from.empty()) fail(p->file, where + ".pattern.String is empty");
-  return {from, as_string(*content, p->file, where + ".content")};
+  const std::string to = as_string(*content, p->file, where + ".content");
+  // A long replacement of every space would multiply the text's size.
+  if (from.size() > kMaxTokenBytes || to.size() > kMaxTokenBytes) fail(p->file, where + " is over 4 KiB");
+  return {from, to};
 }
 
 void read_normalizer(const json& root, HfParts* p) {
@@ -381,6 +384,7 @@ void read_normalizer(const json& root, HfParts* p) {
       const json* text = member(*s.value, "prepend");
       if (text == nullptr) fail(p->file, s.where + " has no prepend");
       p->normalizers.push_back({Normalizer::kPrepend, as_string(*text, p->file, s.where + ".prepend"), ""});
+      if (p->normalizers.back().text.size() > kMaxTokenBytes) fail(p->file, s.where + ".prepend is over 4 KiB");
     } else if (s.type == "Replace" && !p->byte_level) {
       const auto r = read_replace(*s.value, p, s.where);
       p->normalizers.push_back({Normalizer::kReplace, r.first, r.second});
