@@ -244,9 +244,16 @@ set_tests_properties(e2e_llama_hostile_config PROPERTIES TIMEOUT 300)
 # generation_config.json; train_model's decoded greedy text and its stop at
 # EOS equal Python's (tests/e2e/llama_tokenizer.py), unsharded, at 2 thread
 # ranks and 2 gloo processes, greedy and sampled.
-add_test(NAME e2e_llama_tokenizer_generate COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/llama_tokenizer.sh
-  $<TARGET_FILE:train_model> $<TARGET_FILE:shardplan_cli> ${_plans} ${CMAKE_CURRENT_BINARY_DIR}/llama_tokenizer)
-set_tests_properties(e2e_llama_tokenizer_generate PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+# The same with a SentencePiece tokenizer.model (python3-sentencepiece).
+foreach(_kind bpe sentencepiece)
+  set(_name e2e_llama_tokenizer_generate)
+  if(_kind STREQUAL "sentencepiece")
+    set(_name e2e_llama_tokenizer_model_generate)
+  endif()
+  add_test(NAME ${_name} COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/llama_tokenizer.sh ${_kind}
+    $<TARGET_FILE:train_model> $<TARGET_FILE:shardplan_cli> ${_plans} ${CMAKE_CURRENT_BINARY_DIR}/llama_tokenizer_${_kind})
+  set_tests_properties(${_name} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+endforeach()
 # Tokenizer, config.json and weights that disagree (tests/e2e/tokenizer_vocab.sh):
 # one line naming the files, before any weight is read; and the control.
 foreach(_case tokenizer_larger weights_rows unparsable tokenizer_fits)
