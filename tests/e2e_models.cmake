@@ -267,3 +267,13 @@ set_tests_properties(e2e_tokenizer_vocab_weights_rows PROPERTIES PASS_REGULAR_EX
   "refused: [^\n]*config.json '[^'\n]*/config.json': vocab_size 320 does not match the weights '[^'\n]*', whose model.embed_tokens.weight has 256 rows")
 set_tests_properties(e2e_tokenizer_vocab_unparsable PROPERTIES PASS_REGULAR_EXPRESSION
   "refused: [^\n]*tokenizer file '[^'\n]*/tokenizer.json': is not valid JSON")
+# --tokenizer needs something to encode, and a directory that holds one;
+# both refused before step 1.
+add_test(NAME e2e_gpt_option_tokenizer_without_generate COMMAND train_gpt --steps 3 --tokenizer ${CMAKE_CURRENT_BINARY_DIR})
+set_tests_properties(e2e_gpt_option_tokenizer_without_generate PROPERTIES
+  PASS_REGULAR_EXPRESSION "^train_gpt: --tokenizer takes effect with --generate N or --dump-logits FILE only\n")
+add_test(NAME e2e_gpt_tokenizer_dir_without_one COMMAND train_gpt --steps 3 --generate 4 --tokenizer ${CMAKE_CURRENT_BINARY_DIR})
+set_tests_properties(e2e_gpt_tokenizer_dir_without_one PROPERTIES
+  PASS_REGULAR_EXPRESSION "train_gpt: error: checkpoint directory '[^'\n]*' has neither tokenizer.json nor tokenizer.model\n")
+set_tests_properties(e2e_gpt_option_tokenizer_without_generate e2e_gpt_tokenizer_dir_without_one PROPERTIES
+  FAIL_REGULAR_EXPRESSION "step +1 " TIMEOUT 60)
