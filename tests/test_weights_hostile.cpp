@@ -211,6 +211,16 @@ TEST_F(LlamaConfigFits, VocabNoTensorCanHold) {
                {"vocab_size is 18446744073709551615, not between 0 and"});
 }
 
+// A vocab_size the tensors could hold but is not their rows (a padded or
+// cut config.json): named here, not as a shape mismatch in the load.
+TEST_F(LlamaConfigFits, VocabOtherThanTheEmbeddingRows) {
+  const std::string config = weights_and_config("vocab_size", "12");
+  expect_error([&] { check(config, true); },
+               {"vocab_size 12 does not match the weights", config, "model.embed_tokens.weight has 16 rows"});
+  expect_error([&] { check(weights_and_config("vocab_size", "16"), true, {{"vocab", "12"}}); },
+               {"vocab=12 (--config) does not match"});
+}
+
 TEST(HfConfigText, HugeValuesAreRefusedNotOverflowed) {
   // head_dim x heads overflowed int64 (UBSan) before the check divided.
   expect_error([] {

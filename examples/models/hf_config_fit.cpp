@@ -97,7 +97,6 @@ void check_hf_config_fits(const std::string& config_path, const Overrides& confi
     s.precision(0);
     s << std::fixed << "the largest tensor in the weights '" << weights << "' (" << fit.limit << ")";
     fit.limit_why = s.str();
-    check_vocab_rows(fit, c, shapes);
   } else {
     std::string source;
     const int64_t bytes = available_memory_bytes(&source);
@@ -112,7 +111,10 @@ void check_hf_config_fits(const std::string& config_path, const Overrides& confi
   fit.parameter(hidden, "model.layers.0.self_attn.q_proj.weight", e, e);
   fit.parameter(fit.key("intermediate_size", "mlp", c.mlp) + " and " + hidden, "model.layers.0.mlp.gate_proj.weight",
                 static_cast<double>(c.mlp), e);
-  if (strict) return check_layers(fit, c, shapes);
+  if (strict) {
+    check_vocab_rows(fit, c, shapes);
+    return check_layers(fit, c, shapes);
+  }
   // Built in memory: one projection of every layer together ("*": all of them).
   fit.parameter(fit.key("num_hidden_layers", "layers", c.layers) + " and " + hidden,
                 "model.layers.*.self_attn.o_proj.weight", static_cast<double>(c.layers), e * e);

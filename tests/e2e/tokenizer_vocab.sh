@@ -3,7 +3,7 @@
 # through train_model --load-weights DIR --generate (issue 37): refused
 # before any weight is read, exit 1, one line on stderr naming the files.
 #   tokenizer_larger: tokenizer.json's 557 ids, config.json's vocab_size 256
-#   weights_rows: config.json's vocab_size 320, the weights' embedding 256 rows
+#   weights_rows: config.json's vocab_size 128, the weights' embedding 256 rows
 #   unparsable: a tokenizer.json that is not JSON
 # The weights are train_model's own (--save-weights), the tokenizer
 # tests/tokenizer_reference.py's GPT-2-style one; no torch needed.
@@ -24,7 +24,7 @@ case $case in
     python3 - "$d/config.json" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1]))
-c["vocab_size"] = 320
+c["vocab_size"] = 128
 json.dump(c, open(sys.argv[1], "w"))
 PY
     cp "$work/gpt2/tokenizer.json" "$d/" ;;
