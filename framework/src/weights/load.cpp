@@ -134,8 +134,11 @@ std::vector<std::string> check_shapes(const std::vector<Target>& targets, const 
     const auto& s = *t.source;
     const std::string where = "tensor '" + s.name + "' in '" + file_name(s) + "'";
     if (s.shape != t.item.global_shape) {
-      problems.push_back(where + " has shape " + shape_str(s.shape) + ", the model's '" + t.names.front() + "' is " +
-                         shape_str(t.item.global_shape));
+      problems.push_back(where + " has shape " +
+                         (s.transposed ? shape_str({s.shape[1], s.shape[0]}) + " (stored transposed: read as " +
+                                             shape_str(s.shape) + ")"
+                                       : shape_str(s.shape)) +
+                         ", the model's '" + t.names.front() + "' is " + shape_str(t.item.global_shape));
       continue;
     }
     std::vector<int64_t> local;
@@ -202,7 +205,8 @@ WeightsReport load_weights(torch::nn::Module& model, const ParallelReport& repor
 WeightsReport weights_detail::load_into(torch::nn::Module& model, const ParallelReport& report,
                                         const std::string& path, const WeightsOptions& options,
                                         const SliceTargets& slices) {
-  const std::vector<SourceTensor> sources = weights_detail::open_weights(path);
+  std::vector<SourceTensor> sources = weights_detail::open_weights(path);
+  weights_detail::transpose_sources(sources, options.transposed, path);
   std::vector<Target> targets = targets_of(model, report);
   check_slices_belong(targets, slices, path);
   WeightsReport rep;
