@@ -18,6 +18,9 @@ the test-only safetensors reader and writer of tests/weights/interop.py.
       [T, V], as train_model --dump-logits writes it): "MAX_ABS_DIFF FILE"
   reference.py same DIR1 DIR2          the largest difference between the two
       directories' weights (tensor by tensor; names and shapes must agree)
+  reference.py batch PROMPT N ITEM...  all of the above in one process (torch
+      takes seconds to import), one output line per ITEM: write:DIR[:KEY=VALUE
+      ...] (prints "wrote DIR"), greedy:DIR, logits:DIR:FILE, same:DIR1:DIR2
 """
 import json
 import math
@@ -177,9 +180,29 @@ def compare_logits(directory, prompt, files):
 
 
 def same(d1, d2):
-    (c1, w1), (c2, w2) = load(d1), load(d2)
-    assert c1 == c2, (c1, c2)
+    (_, w1), (_, w2) = load(d1), load(d2)
+    assert sorted(w1) == sorted(w2), (sorted(w1), sorted(w2))
     print("%.3e" % max(float((w1[n] - w2[n]).abs().max()) for n in w1))
+
+
+def batch(prompt, n, items):
+    for item in items:
+        what, _, rest = item.partition(":")
+        if what == "write":
+            parts = rest.split(":")
+            write(parts[0], parts[1:])
+            print("wrote " + parts[0])
+        elif what == "greedy":
+            greedy(rest, prompt, n)
+        elif what == "logits":
+            directory, _, path = rest.partition(":")
+            if not compare_logits(directory, prompt, [path]):
+                sys.exit(1)
+        elif what == "same":
+            same(*rest.split(":", 1))
+        else:
+            sys.exit(f"batch: unknown item {item!r}")
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":
@@ -190,6 +213,8 @@ if __name__ == "__main__":
         greedy(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif len(sys.argv) >= 5 and sys.argv[1] == "logits":
         sys.exit(0 if compare_logits(sys.argv[2], sys.argv[3], sys.argv[4:]) else 1)
+    elif len(sys.argv) >= 4 and sys.argv[1] == "batch":
+        batch(sys.argv[2], int(sys.argv[3]), sys.argv[4:])
     elif len(sys.argv) == 4 and sys.argv[1] == "same":
         same(sys.argv[2], sys.argv[3])
     else:

@@ -134,11 +134,14 @@ std::vector<std::string> check_shapes(const std::vector<Target>& targets, const 
     const auto& s = *t.source;
     const std::string where = "tensor '" + s.name + "' in '" + file_name(s) + "'";
     if (s.shape != t.item.global_shape) {
-      problems.push_back(where + " has shape " +
-                         (s.transposed ? shape_str({s.shape[1], s.shape[0]}) + " (stored transposed: read as " +
-                                             shape_str(s.shape) + ")"
-                                       : shape_str(s.shape)) +
-                         ", the model's '" + t.names.front() + "' is " + shape_str(t.item.global_shape));
+      const auto& g = t.item.global_shape;
+      if (!s.transposed || g.size() != 2)
+        problems.push_back(where + " has shape " + shape_str(s.shape) + ", the model's '" + t.names.front() + "' is " +
+                           shape_str(g));
+      else  // the file's own shape, and the one it should have
+        problems.push_back(where + " has shape " + shape_str({s.shape[1], s.shape[0]}) +
+                           ", not the transpose of the model's '" + t.names.front() + "' " + shape_str(g) + ", " +
+                           shape_str({g[1], g[0]}) + " (WeightsOptions::transposed: stored [in, out])");
       continue;
     }
     std::vector<int64_t> local;
