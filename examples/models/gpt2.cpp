@@ -108,9 +108,10 @@ at::Tensor GPT2AttentionImpl::forward(const at::Tensor& x, int64_t past, shardpl
                 " features on this rank, not q, k and v of whole heads of " + num(d) +
                 ": cut c_attn by heads in 3 blocks (the plan's blocks: 3, head_dim: auto)");
   const int64_t heads = width / d, b = x.size(0), t = x.size(1);
-  const auto parts = qkv.split(width, -1);
-  const at::Tensor q = split_heads(parts[0], heads, d);
-  at::Tensor k = split_heads(parts[1], heads, d), v = split_heads(parts[2], heads, d);
+  // narrow, not split: auto_plan's walk from c_proj back to c_attn reads slices.
+  const at::Tensor q = split_heads(qkv.narrow(-1, 0, width), heads, d);
+  at::Tensor k = split_heads(qkv.narrow(-1, width, width), heads, d);
+  at::Tensor v = split_heads(qkv.narrow(-1, 2 * width, width), heads, d);
   if (cache) {
     auto kv = cache->append(k.reshape({b * heads, t, d}), v.reshape({b * heads, t, d}));
     k = kv.first.view({b, heads, -1, d});

@@ -6,8 +6,8 @@
 #   - names as the original checkpoints ("h.0...", "wte.weight", with the
 #     old attn.bias / attn.masked_bias buffers): train_model --load-weights
 #     --steps 0, float64, unsharded, at 2 and 4 thread ranks and 2 gloo
-#     processes under plans/gpt2.yaml: logits within 1e-10 of Python's
-#     (measured: about 4e-15) and the greedy text Python's;
+#     processes under plans/gpt2.yaml (and at 4 under --plan auto): logits
+#     within 1e-10 of Python's (measured: about 4e-15), greedy text Python's;
 #   - names as GPT2LMHeadModel saves them ("transformer."), at 2 ranks;
 #   - 3 training steps under plans/gpt2.yaml at 2 ranks equal 3 unsharded
 #     (float64, every weight within 1e-10; measured 2e-12), saved back with
@@ -82,6 +82,7 @@ reference write:"$orig":buffers=1 write:"$prefixed":prefix=1:seed=8:n_inner=96 \
 dump "h.* names, unsharded" "$orig"
 dump "h.* names, 2 threads" "$orig" --ranks 2 --plan "$plans/gpt2.yaml"
 dump "h.* names, 4 threads" "$orig" --ranks 4 --plan "$plans/gpt2.yaml"
+dump "h.* names, 4 threads, --plan auto" "$orig" --ranks 4 --plan auto
 dump "h.* names, 2 gloo" "$orig" "$cli" launch -n 2 --backend gloo -- --plan "$plans/gpt2.yaml"
 dump "transformer.* names, 2 threads" "$prefixed" --ranks 2 --plan "$plans/gpt2.yaml"
 # Training under the plan equals training unsharded; saved back, Python reads it.
