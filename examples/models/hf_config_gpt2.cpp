@@ -93,7 +93,8 @@ Overrides read_gpt2_config_text(const std::string& text, const std::string& path
         continue;
       }
       const json& v = j[k.hf];
-      if (!v.is_number_integer() || (v.is_number_unsigned() ? v.get<unsigned long long>() > INT64_MAX
+      // nlohmann reads 0 and up as unsigned, which past INT64_MAX would read back negative.
+      if (!v.is_number_integer() || (v.is_number_unsigned() ? v.get<unsigned long long>() - 1 >= INT64_MAX
                                                             : v.get<long long>() < 1))
         bad_gpt2(path, std::string(k.hf) + " is " + v.dump() + ", not an integer between 1 and " + std::to_string(INT64_MAX));
       out[k.ours] = std::to_string(v.get<long long>());
