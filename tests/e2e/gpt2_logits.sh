@@ -10,7 +10,8 @@
 #     within 1e-10 of Python's (measured: about 4e-15), greedy text Python's;
 #   - names as GPT2LMHeadModel saves them ("transformer."), at 2 ranks;
 #   - 3 training steps under plans/gpt2.yaml at 2 ranks equal 3 unsharded
-#     (float64, every weight within 1e-10; measured 2e-12), saved back with
+#     (float64, every weight within 1e-10; measured 2e-12), and so do the
+#     losses of 3 steps pipelined over {pipe: 2} (1e-10); saved back with
 #     --save-weights: Python loads the directory (Conv1D shapes checked, its
 #     config.json) and its logits equal train_model's from it;
 #   - bad input, one line each: activation_function "gelu", and a c_attn
@@ -86,7 +87,22 @@ dump "h.* names, 4 threads, --plan auto" "$orig" --ranks 4 --plan auto
 dump "h.* names, 2 gloo" "$orig" "$cli" launch -n 2 --backend gloo -- --plan "$plans/gpt2.yaml"
 dump "transformer.* names, 2 threads" "$prefixed" --ranks 2 --plan "$plans/gpt2.yaml"
 # Training under the plan equals training unsharded; saved back, Python reads it.
-run --load-weights "$orig" --steps 3 --batch 4 --save-weights "$work/trained1" >/dev/null || fail "unsharded training"
+run --load-weights "$orig" --steps 3 --batch 4 --save-weights "$work/trained1" --log-every 1 >/dev/null ||
+  fail "unsharded training"
+losses() { sed -n 's/^\(\[rank 0\] \)\{0,1\}step *\([0-9]*\)  loss \([0-9.e+-]*\).*/\2 \3/p' "$work/out.txt"; }
+unsharded_losses=$(losses)
+# The pipeline pieces: {pipe: 2}, 1F1B over 2 micro-batches, the same losses.
+printf '%s\n' 'version: 1' 'mesh: {pipe: 2}' 'pipeline: {axis: pipe, schedule: 1f1b, micro_batches: 2, stages: auto}' \
+  'rules: []' >"$work/pipe.yaml"
+run --load-weights "$orig" --steps 3 --batch 4 --log-every 1 --ranks 2 --plan "$work/pipe.yaml" >/dev/null ||
+  fail "pipelined training"
+if [ "$(wc -l <<<"$unsharded_losses")" = 3 ] && awk 'NR == FNR { want[$1] = $2; next }
+    { d = $2 - want[$1]; if (d < 0) d = -d; if (!($1 in want) || d > 1e-10) bad = 1 } END { exit bad }' \
+    <(echo "$unsharded_losses") <(losses); then
+  echo "ok   {pipe: 2} losses = unsharded:" $unsharded_losses
+else
+  fail "{pipe: 2} losses $(losses | tr '\n' ' ') differ from unsharded $(echo $unsharded_losses)"
+fi
 run --load-weights "$orig" --steps 3 --batch 4 --save-weights "$trained" --ranks 2 --plan "$plans/gpt2.yaml" \
   >/dev/null || fail "training at 2 ranks"
 dump "saved back, 2 threads" "$trained" --ranks 2 --plan "$plans/gpt2.yaml"
