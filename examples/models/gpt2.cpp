@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <cctype>
 #include <limits>
 #include <sstream>
 
@@ -12,6 +13,7 @@
 #include "shardplan/mappings.h"
 #include "shardplan/nn/deferred_init.h"
 #include "shardplan/tied.h"
+#include "shardplan/weights.h"
 
 namespace shardplan {
 namespace examples {
@@ -66,19 +68,21 @@ GPT2Config GPT2Config::from(const Overrides& overrides) {
   r.get("layers", c.layers);
   r.get("mlp", c.mlp);
   r.get("ln_eps", c.ln_eps);
+  r.get("attn_buffers", c.attn_buffers);
   r.finish();
   for (auto kv : {std::make_pair("vocab", c.vocab), std::make_pair("context", c.context),
                   std::make_pair("embed", c.embed), std::make_pair("heads", c.heads), std::make_pair("mlp", c.mlp)})
     if (kv.second < 1) bad_config(std::string(kv.first) + " must be at least 1, got " + num(kv.second));
   if (c.embed % c.heads != 0) bad_config("embed " + num(c.embed) + " is not divisible by heads " + num(c.heads));
   if (!(c.ln_eps > 0)) bad_config("ln_eps must be positive");
+  if (c.attn_buffers > 1) bad_config("attn_buffers must be 0 or 1, got " + num(c.attn_buffers));
   return c;
 }
 
 std::string GPT2Config::str() const {
   std::ostringstream s;
   s << "vocab=" << vocab << " context=" << context << " embed=" << embed << " heads=" << heads << " layers=" << layers
-    << " mlp=" << mlp << " ln_eps=" << ln_eps;
+    << " mlp=" << mlp << " ln_eps=" << ln_eps << " attn_buffers=" << attn_buffers;
   return s.str();
 }
 
@@ -93,6 +97,7 @@ void GPT2AttentionImpl::reset() {
   // Whole heads of q, k and v per rank (the plan's head_dim: auto).
   c_attn->out_head_dim = config.head_dim();
   c_proj->in_head_dim = config.head_dim();
+  if (!config.attn_buffers) return;
   bias = register_buffer("bias", at::ones({n, n}).tril().view({1, 1, n, n}));
   masked_bias = register_buffer("masked_bias", at::scalar_tensor(-1e4));
 }
@@ -275,6 +280,27 @@ Batch GPT2Impl::sample(at::Generator& gen, int64_t batch_size, const Corpus* cor
   if (config.vocab < Corpus::kVocab) throw Error("gpt2: a byte-level corpus needs vocab >= " + num(Corpus::kVocab));
   at::Tensor w = corpus->windows(gen, batch_size, config.context + 1);
   return {w.narrow(1, 0, config.context), w.narrow(1, 1, config.context)};
+}
+
+namespace {
+
+// (transformer.)h.N.attn.bias or .attn.masked_bias, matched by hand: the
+// names come from a file (std::regex recurses per character).
+bool is_attn_buffer(std::string name) {
+  if (name.rfind("transformer.", 0) == 0) name = name.substr(12);
+  if (name.rfind("h.", 0) != 0) return false;
+  size_t i = 2;
+  while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
+  const std::string rest = name.substr(i);
+  return i > 2 && (rest == ".attn.bias" || rest == ".attn.masked_bias");
+}
+
+}  // namespace
+
+bool gpt2_weights_have_attn_buffers(const std::string& path) {
+  for (const auto& named : weights_shapes(path))
+    if (is_attn_buffer(named.first)) return true;
+  return false;
 }
 
 }  // namespace examples

@@ -48,6 +48,10 @@ struct GPT2Config {
   int64_t layers = 2;     // n_layer
   int64_t mlp = 512;      // n_inner (Hugging Face's default: 4 * n_embd)
   double ln_eps = 1e-5;   // layer_norm_epsilon
+  // 1: each attention keeps the attn.bias / attn.masked_bias buffers older
+  // GPT-2 files carry, so they load strictly (the trainers set it when the
+  // file has them); 0: none, and no [context, context] mask per layer.
+  int64_t attn_buffers = 0;
 
   int64_t head_dim() const { return embed / heads; }
   static GPT2Config from(const Overrides& overrides);
@@ -65,8 +69,8 @@ class GPT2AttentionImpl : public torch::nn::Cloneable<GPT2AttentionImpl> {
   GPT2Config config;
   shardplan::nn::Linear c_attn{nullptr}, c_proj{nullptr};
   // Older GPT-2 files carry the causal mask and its fill value as buffers
-  // (attn.bias, attn.masked_bias): kept so such files load as they are. The
-  // forward computes its own mask and reads neither.
+  // (attn.bias, attn.masked_bias): kept with config.attn_buffers, so such
+  // files load as they are. The forward computes its own mask and reads neither.
   at::Tensor bias, masked_bias;
 };
 TORCH_MODULE(GPT2Attention);
@@ -160,6 +164,11 @@ TORCH_MODULE(GPT2);
 
 // Hugging Face's gelu_new: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 at::Tensor gelu_new(const at::Tensor& x);
+
+// Whether the weights at `path` hold the attention buffers older GPT-2
+// files carry (h.N.attn.bias / attn.masked_bias, with or without
+// "transformer."): from the headers only.
+bool gpt2_weights_have_attn_buffers(const std::string& path);
 
 }  // namespace examples
 }  // namespace shardplan

@@ -9,6 +9,7 @@
 
 #include "models/hf_config.h"
 #include "models/hf_config_fit.h"
+#include "models/gpt2.h"
 #include "models/hf_config_gpt2.h"
 #include "models/train_rank.h"
 #include "shardplan/auto_plan.h"
@@ -90,6 +91,8 @@ Overrides model_config(const Args& a) {
   const std::string json = a.load_weights.empty() ? "" : find_hf_config(a.load_weights);
   if (!json.empty() && a.model == "llama") config = read_hf_config(json, a.model);
   if (!json.empty() && a.model == "gpt2") config = read_gpt2_config(json);
+  if (a.model == "gpt2" && !a.load_weights.empty() && gpt2_weights_have_attn_buffers(a.load_weights))
+    config["attn_buffers"] = "1";  // older files' attention buffers: loaded, not refused as unknown
   const Overrides cli = parse_overrides(a.config);
   for (const auto& [key, value] : cli) config[key] = value;
   if (!json.empty() && a.model == "llama")
