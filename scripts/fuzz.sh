@@ -11,7 +11,7 @@ shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(plan_fuzzer checkpoint_meta_fuzzer safetensors_header_fuzzer
                                      zip_reader_fuzzer pickle_reader_fuzzer hf_config_fuzzer
-                                     tokenizer_json_fuzzer)
+                                     hf_config_gpt2_fuzzer tokenizer_json_fuzzer)
 out=${SHARDPLAN_FUZZ_BUILD:-build-fuzz}
 
 if ! command -v clang++ >/dev/null; then

@@ -209,6 +209,15 @@ add_test(NAME e2e_llama_weights_from_pytorch COMMAND ${CMAKE_CURRENT_SOURCE_DIR}
   $<TARGET_FILE:train_model> ${_plans} ${CMAKE_CURRENT_SOURCE_DIR}/e2e/llama_sp_2d.yaml
   ${CMAKE_CURRENT_BINARY_DIR}/llama_weights)
 set_tests_properties(e2e_llama_weights_from_pytorch PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 600)
+# GPT-2 from PyTorch (tests/e2e/gpt2_logits.sh): an independent PyTorch
+# GPT-2 (tests/gpt2/reference.py) writes Conv1D-layout safetensors +
+# config.json; float64 logits within 1e-10 and greedy text equal unsharded,
+# at 2 and 4 thread ranks and 2 gloo processes (both name forms, old
+# buffers); training at 2 ranks equals unsharded and saves back to a
+# directory Python loads; bad activation / c_attn shape refused in one line.
+add_test(NAME e2e_gpt2_logits_from_pytorch COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/gpt2_logits.sh
+  $<TARGET_FILE:train_model> $<TARGET_FILE:shardplan_cli> ${_plans} ${CMAKE_CURRENT_BINARY_DIR}/gpt2_logits)
+set_tests_properties(e2e_gpt2_logits_from_pytorch PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
 # A Llama whose heads are of 16, not the default 32 (tests/e2e/llama_head_size.sh):
 # saved and loaded back as safetensors + config.json, plans/llama.yaml's
 # head_dim: auto generates one process's text at 2 and 4 thread ranks, and a

@@ -48,7 +48,7 @@ ex::ModelHandle build(const std::string& name, const ex::Overrides& config, uint
 // ------------------------------------------------------------ registry
 
 TEST(Models, RegistryBuildsEveryModelWithItsLossModule) {
-  EXPECT_EQ(ex::model_names(), (std::vector<std::string>{"gpt", "convnet", "lstm_lm", "llama"}));
+  EXPECT_EQ(ex::model_names(), (std::vector<std::string>{"gpt", "convnet", "lstm_lm", "llama", "gpt2"}));
   for (const auto& name : ex::model_names()) {
     auto h = ex::make_model(name);
     ASSERT_NE(h.model, nullptr) << name;
@@ -65,7 +65,7 @@ TEST(Models, RegistryRejectsUnknownNamesAndKeys) {
     ex::make_model("gtp");
     FAIL() << "no error";
   } catch (const shardplan::Error& e) {
-    EXPECT_STREQ(e.what(), "unknown model 'gtp' (known: gpt, convnet, lstm_lm, llama)");
+    EXPECT_STREQ(e.what(), "unknown model 'gtp' (known: gpt, convnet, lstm_lm, llama, gpt2)");
   }
   try {
     ex::make_model("gpt", {{"layer", "3"}});

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -176,6 +177,32 @@ TEST(Zero3Weights, SlicesEqualLoadingWholeThenDataParallel) {
   fs::remove_all(dir);
 }
 
+// GPT-2's Conv1D layout (WeightsOptions::transposed): the 2-D projections
+// stored [in, out] load into the slices as the model-layout file does.
+TEST(Zero3Weights, TransposedTensorsLoadIntoTheSlicesAsThePlainFile) {
+  const Task task = gpt_task(1, 8);
+  const fs::path dir = temp("transposed");
+  const fs::path file = write_weights(task, dir, at::kDouble);
+  const std::string pattern = R"(blocks\.\d+\.(attn\.in_proj_weight|attn\.out_proj\.weight|fc[12]\.weight))";
+  shardplan::StateDict conv1d;
+  for (auto& [name, t] : shardplan::read_weights(file.string()))
+    conv1d.emplace_back(name, std::regex_match(name, std::regex(pattern)) ? t.t().contiguous() : t);
+  const fs::path transposed_file = dir / "conv1d.safetensors";
+  shardplan::write_safetensors(transposed_file.string(), conv1d);
+  shardplan::WeightsOptions o;
+  o.transposed = {pattern};
+  for (const Mesh& m : meshes(false)) {
+    SCOPED_TRACE(m.name);
+    const auto want = load_on_ranks(task, m, file, true);
+    const auto got = load_on_ranks(task, m, transposed_file, true, o);
+    for (int r = 0; r < m.world; ++r) {
+      expect_bitwise(got[r].slices, want[r].slices, "rank " + std::to_string(r) + " slices");
+      expect_bitwise(got[r].whole, want[r].whole, "rank " + std::to_string(r) + " whole parameters");
+      EXPECT_EQ(got[r].bytes, got[r].expected_bytes) << "rank " << r;
+    }
+  }
+  fs::remove_all(dir);
+}
 
 // Names renamed and a tensor missing (strict = false): the slices keep the
 // missing parameter's values and take the others', as loading whole does.

@@ -3,6 +3,7 @@
 
 #include "models/convnet.h"
 #include "models/gpt.h"
+#include "models/gpt2.h"
 #include "models/llama.h"
 #include "models/lstm_lm.h"
 #include "models/model.h"
@@ -31,6 +32,10 @@ const std::vector<Entry>& entries() {
        "Llama-family decoder LM, Hugging Face names (config: vocab context embed heads kv_heads layers mlp rope_theta "
        "rms_eps tie)",
        [](const Overrides& o) { return Llama(LlamaConfig::from(o)).ptr(); }},
+      {"gpt2",
+       "GPT-2, Hugging Face names, lm_head tied to transformer.wte (config: vocab context embed heads layers mlp "
+       "ln_eps)",
+       [](const Overrides& o) { return GPT2(GPT2Config::from(o)).ptr(); }},
   };
   return all;
 }

@@ -12,6 +12,7 @@
 
 #include "models/generate.h"
 #include "models/hf_config.h"
+#include "models/hf_config_gpt2.h"
 #include "models/train_checks.h"
 #include "models/train_text.h"
 #include "models/tokenizer/tokenizer.h"
@@ -141,13 +142,16 @@ void test_fail_after_training() {
   throw Error("SHARDPLAN_TEST_FAIL_AFTER_TRAINING=1 (a test hook)");
 }
 
-// --save-weights: whole tensors as safetensors, and for llama the
+// --save-weights: whole tensors as safetensors, and for llama and gpt2 the
 // config.json transformers needs beside them (written by rank 0 after the
 // tensors, replaced in one rename).
 void save_pretrained(const Args& a, World& world, torch::nn::Module& model, const ParallelReport& report,
                      const ExampleModel& example) {
-  save_weights_safetensors(model, report, world, a.save_weights);
-  const std::string json = hf_config_json(a.model, example.config_str(), a.dtype);
+  SaveWeightsOptions options;
+  if (a.model == "gpt2") options.transposed = gpt2_file_layout().save_transposed;  // Conv1D's [in, out]
+  save_weights_safetensors(model, report, world, a.save_weights, options);
+  const std::string json = a.model == "gpt2" ? gpt2_config_json(example.config_str(), a.dtype)
+                                             : hf_config_json(a.model, example.config_str(), a.dtype);
   if (world.rank() == 0 && !json.empty()) {
     namespace fs = std::filesystem;
     const fs::path target(a.save_weights);

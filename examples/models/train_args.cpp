@@ -29,6 +29,7 @@ const Defaults kDefaults[] = {
     {"convnet", 100, 32, 10, 1e-3},
     {"lstm_lm", 200, 16, 20, 3e-3},
     {"llama", 300, 16, 20, 2e-3},
+    {"gpt2", 300, 16, 20, 2e-3},
 };
 
 }  // namespace
@@ -56,7 +57,7 @@ const Defaults kDefaults[] = {
                "this machine; docs/THREADS.md); --resume auto loads the newest checkpoint of --save that loads\n"
                "(a run restarted by shardplan launch --max-restarts goes on from its last save)\n"
                "--load-weights reads weights trained elsewhere, each rank only its shard (a safetensors file or\n"
-               "directory, or a torch.save state dict; llama: the shape from config.json beside them, which\n"
+               "directory, or a torch.save state dict; llama, gpt2: the shape from config.json beside them, which\n"
                "--config overrides; names in the file renamed to the model's by each --rename-weights in\n"
                "order; every missing or unexpected name is an error, a warning with --lenient-weights);\n"
                "--save-weights writes the whole tensors as safetensors (+ config.json)\n"

@@ -9,6 +9,8 @@
 
 #include "models/hf_config.h"
 #include "models/hf_config_fit.h"
+#include "models/gpt2.h"
+#include "models/hf_config_gpt2.h"
 #include "models/train_rank.h"
 #include "shardplan/auto_plan.h"
 #include "shardplan/data_parallel.h"
@@ -61,7 +63,12 @@ Plan plan_automatically(const TrainRank& r) {
 void load_pretrained(const TrainRank& r, DataParallel* dp) {
   const Args& a = r.a;
   WeightsOptions options;
-  options.rename = a.rename_weights;
+  if (a.model == "gpt2") {  // GPT-2's own names and Conv1D layout, then the user's renames
+    const GPT2FileLayout layout = gpt2_file_layout();
+    options.rename = layout.rename;
+    options.transposed = layout.load_transposed;
+  }
+  options.rename.insert(options.rename.end(), a.rename_weights.begin(), a.rename_weights.end());
   options.strict = !a.lenient_weights;
   const WeightsReport w = dp ? load_weights(*dp, *r.m.module, r.report, a.load_weights, options)
                              : load_weights(*r.m.module, r.report, a.load_weights, options);
@@ -83,6 +90,9 @@ Overrides model_config(const Args& a) {
   Overrides config;
   const std::string json = a.load_weights.empty() ? "" : find_hf_config(a.load_weights);
   if (!json.empty() && a.model == "llama") config = read_hf_config(json, a.model);
+  if (!json.empty() && a.model == "gpt2") config = read_gpt2_config(json);
+  if (a.model == "gpt2" && !a.load_weights.empty() && gpt2_weights_have_attn_buffers(a.load_weights))
+    config["attn_buffers"] = "1";  // older files' attention buffers: loaded, not refused as unknown
   const Overrides cli = parse_overrides(a.config);
   for (const auto& [key, value] : cli) config[key] = value;
   if (!json.empty() && a.model == "llama")

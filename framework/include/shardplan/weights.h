@@ -43,6 +43,13 @@ struct WeightsOptions {
   // the file lacks are never an error (Hugging Face files leave out
   // non-persistent buffers); they keep their values.
   bool strict = true;
+  // File tensors stored transposed: a tensor whose name in the file (before
+  // rename) fully matches one of these patterns (RE2, as rename) is 2-D and
+  // stored [in, out], as GPT-2's Conv1D keeps its weight, and loads into its
+  // parameter's transpose. Still shard-on-load: a rank reads, as a strided
+  // view, only the file's columns that are its rows of the parameter. A
+  // matched tensor that is not 2-D is an error.
+  std::vector<std::string> transposed;
   // Benchmarks and tests only: read each tensor whole, then cut this rank's
   // shard from it (what a loader without shard-on-load does).
   bool whole_then_slice = false;
@@ -96,6 +103,10 @@ struct SaveWeightsOptions {
   // (Hugging Face's layout and default shard size).
   int64_t max_file_bytes = 5'000'000'000;
   int root = 0;  // the rank that writes
+  // Tensors written transposed: a 2-D tensor whose model name fully matches
+  // one of these patterns (as WeightsOptions::transposed) is written [in, out]
+  // (GPT-2's Conv1D layout). A matched tensor that is not 2-D is an error.
+  std::vector<std::string> transposed;
 };
 
 // Collective over `world`. Writes the whole tensors (parameters, then

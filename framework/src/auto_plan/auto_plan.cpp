@@ -194,11 +194,13 @@ class Planner {
   }
 
   void head_projection(Unit& u, Layer& p, bool replicate, const auto_detail::HeadSplit& s, const Layer& o) {
-    const std::string heads = heads_of(p.width / s.head_dim, s.head_dim);
+    const std::string heads = heads_of(p.width / s.blocks / s.head_dim, s.head_dim);
     std::vector<std::pair<std::string, std::string>> options = {{"output", "sharded"},
                                                                 {"head_dim", std::to_string(s.head_dim)}};
     std::string why = "column-parallel " + p.name() + " by whole heads (" + heads +
+                      (s.blocks > 1 ? " in each of q, k and v, stacked" : "") +
                       "), output left split: only the attention into " + o.name() + " reads it, head by head";
+    if (s.blocks > 1) options.emplace_back("blocks", std::to_string(s.blocks));
     if (replicate) {
       options.emplace_back("replicate_heads", "true");
       why = "column-parallel " + p.name() + " with its " + heads + " replicated over " +

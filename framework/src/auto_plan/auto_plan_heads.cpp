@@ -1,5 +1,6 @@
 // Attention from separate Linears (Llama's q_proj, k_proj, v_proj into
-// o_proj): found in the probe's graph and split by heads.
+// o_proj), or from one Linear stacking q, k and v (GPT-2's c_attn, cut in 3
+// blocks): found in the probe's graph and split by heads.
 //
 // Unlike shardplan::nn::MultiheadAttention, such attention is the model's
 // own code, so nothing says where its heads are. Three things from the
@@ -70,10 +71,10 @@ int64_t merged_head_dim(const Layer& o) {
   return 0;
 }
 
-// The features of projection i that rank r computes with: its heads' share,
-// or the one head it replicates.
+// The features of projection i (of each of its blocks) that rank r computes
+// with: its heads' share, or the one head it replicates.
 std::pair<int64_t, int64_t> share(const HeadSplit& s, size_t i, int r, int ranks) {
-  const int64_t heads = s.projections[i]->width / s.head_dim;
+  const int64_t heads = s.projections[i]->width / s.blocks / s.head_dim;
   if (s.replicate[i]) return {r * heads / ranks * s.head_dim, s.head_dim};
   const int64_t per = heads / ranks * s.head_dim;
   return {r * per, per};
@@ -105,7 +106,8 @@ std::string heads_stay_apart(const Layer& o, const HeadSplit& s, int ranks) {
       if (!grads[i].defined()) continue;
       const auto [lo, len] = share(s, i, r, ranks);
       at::Tensor outside = grads[i].clone();
-      outside.narrow(-1, lo, len).zero_();
+      const int64_t block = s.projections[i]->width / s.blocks;
+      for (int64_t b = 0; b < s.blocks; ++b) outside.narrow(-1, b * block + lo, len).zero_();
       if (outside.count_nonzero().item<int64_t>() > 0)
         return "the heads do not stay apart at " + num(ranks) + " ranks: the context of rank " + num(r) +
                "'s query heads reads " + s.projections[i]->name() + "'s outputs outside features " + num(lo) + ".." +
@@ -119,14 +121,18 @@ std::string heads_stay_apart(const Layer& o, const HeadSplit& s, int ranks) {
 std::string divide_heads(HeadSplit& s, int ranks) {
   const int64_t d = s.head_dim;
   for (Layer* p : s.projections) {
-    if (p->width % d != 0) return p->name() + "'s " + num(p->width) + " outputs are not whole heads of " + num(d);
-    if (s.heads % (p->width / d) != 0)
-      return p->name() + "'s " + num(p->width / d) + " heads do not divide the " + num(s.heads) + " query heads";
+    const int64_t width = p->width / s.blocks;
+    if (width % d != 0) return p->name() + "'s " + num(width) + " outputs are not whole heads of " + num(d);
+    if (s.heads % (width / d) != 0)
+      return p->name() + "'s " + num(width / d) + " heads do not divide the " + num(s.heads) + " query heads";
   }
   if (s.heads % ranks != 0)
     return num(s.heads) + " query heads of " + num(d) + " do not divide among " + num(ranks) + " ranks";
   for (Layer* p : s.projections) {
-    const int64_t h = p->width / d;
+    const int64_t h = p->width / s.blocks / d;
+    if (s.blocks > 1 && h % ranks != 0)
+      return p->name() + "'s " + num(h) + " heads of " + num(d) + " per block do not divide among " + num(ranks) +
+             " ranks";
     if (h % ranks != 0 && ranks % h != 0)
       return p->name() + "'s " + num(h) + " heads of " + num(d) + " neither divide among " + num(ranks) +
              " ranks nor the ranks among them";
@@ -174,11 +180,16 @@ HeadSplit split_heads(ProbeGraph& graph, const Layer& o, int ranks) {
     s.attention = false;
     return s;
   }
-  if (s.projections.size() < 2) {
-    s.why_not = "q, k and v come from one Linear (" + s.projections[0]->name() +
-                "), which is not split automatically (a written plan's blocks: 3 does)";
+  // One Linear giving q, k and v stacked, each as wide as o's input (GPT-2's
+  // c_attn): three blocks, each split by heads. Whether the stacking is
+  // q, k, v in thirds is what heads_stay_apart measures.
+  if (s.projections.size() < 2 && s.projections[0]->width != 3 * o.input.size(-1)) {
+    s.why_not = "q, k and v come from one Linear (" + s.projections[0]->name() + ") whose " +
+                num(s.projections[0]->width) + " outputs are not 3 blocks of o's " + num(o.input.size(-1)) +
+                " inputs (a written plan's blocks: says how it stacks them)";
     return s;
   }
+  if (s.projections.size() < 2) s.blocks = 3;
   s.head_dim = merged_head_dim(o);
   if (s.head_dim < 1) {
     s.why_not = "the head size is unknown: its input is not reshaped from [.., heads, head_dim]";

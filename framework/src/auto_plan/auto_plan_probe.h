@@ -122,6 +122,9 @@ struct HeadSplit {
   bool attention = false;
   std::vector<Layer*> projections;  // q, k, v, in probe order
   std::vector<bool> replicate;      // per projection: fewer heads than ranks (replicate_heads)
+  // One projection computing q, k and v stacked (GPT-2's c_attn): 3, each
+  // block split by heads (a rule's blocks: 3); else 1.
+  int64_t blocks = 1;
   int64_t head_dim = 0;             // from the reshape of the heads' context into o's input
   int64_t heads = 0;                // o's input heads: the query heads
   std::string why_not;              // attention, but not split at `ranks` (the layers' reason)

@@ -134,8 +134,14 @@ std::vector<std::string> check_shapes(const std::vector<Target>& targets, const 
     const auto& s = *t.source;
     const std::string where = "tensor '" + s.name + "' in '" + file_name(s) + "'";
     if (s.shape != t.item.global_shape) {
-      problems.push_back(where + " has shape " + shape_str(s.shape) + ", the model's '" + t.names.front() + "' is " +
-                         shape_str(t.item.global_shape));
+      const auto& g = t.item.global_shape;
+      if (!s.transposed || g.size() != 2)
+        problems.push_back(where + " has shape " + shape_str(s.shape) + ", the model's '" + t.names.front() + "' is " +
+                           shape_str(g));
+      else  // the file's own shape, and the one it should have
+        problems.push_back(where + " has shape " + shape_str({s.shape[1], s.shape[0]}) +
+                           ", not the transpose of the model's '" + t.names.front() + "' " + shape_str(g) + ", " +
+                           shape_str({g[1], g[0]}) + " (WeightsOptions::transposed: stored [in, out])");
       continue;
     }
     std::vector<int64_t> local;
@@ -202,7 +208,8 @@ WeightsReport load_weights(torch::nn::Module& model, const ParallelReport& repor
 WeightsReport weights_detail::load_into(torch::nn::Module& model, const ParallelReport& report,
                                         const std::string& path, const WeightsOptions& options,
                                         const SliceTargets& slices) {
-  const std::vector<SourceTensor> sources = weights_detail::open_weights(path);
+  std::vector<SourceTensor> sources = weights_detail::open_weights(path);
+  weights_detail::transpose_sources(sources, options.transposed, path);
   std::vector<Target> targets = targets_of(model, report);
   check_slices_belong(targets, slices, path);
   WeightsReport rep;

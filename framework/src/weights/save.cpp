@@ -132,6 +132,26 @@ std::string write_all(const std::string& path, const std::vector<SafetensorsEntr
   return ec ? "cannot rename '" + tmp.string() + "': " + ec.message() : "";
 }
 
+// Swaps the entries SaveWeightsOptions::transposed names to [in, out];
+// returns which. Throws Error for a matched tensor that is not 2-D.
+std::vector<bool> transpose_entries(std::vector<SafetensorsEntry>& entries, const SaveWeightsOptions& options) {
+  std::vector<bool> out(entries.size(), false);
+  if (options.transposed.empty()) return out;
+  const weights_detail::TransposedNames names(options.transposed);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const std::string* pattern = names.match(entries[i].name);
+    if (!pattern) continue;
+    auto& shape = entries[i].shape;
+    if (shape.size() != 2)
+      throw Error("save weights: tensor '" + entries[i].name + "' has " + std::to_string(shape.size()) +
+                  " dims, but SaveWeightsOptions::transposed '" + *pattern +
+                  "' names it: only a 2-D tensor is written transposed");
+    std::swap(shape[0], shape[1]);
+    out[i] = true;
+  }
+  return out;
+}
+
 }  // namespace
 
 void save_weights_safetensors(torch::nn::Module& model, const ParallelReport& report, World& world,
@@ -147,8 +167,10 @@ void save_weights_safetensors(torch::nn::Module& model, const ParallelReport& re
   }
   std::vector<SafetensorsEntry> entries;
   for (const auto& item : items) entries.push_back(entry_of(item.name, item.local.scalar_type(), item.global_shape));
+  const std::vector<bool> transposed = transpose_entries(entries, options);  // the same on every rank
   const Produce produce = [&](size_t i) {
-    return ckpt_detail::gather_whole(items[i], items[i].local, report, world);
+    const at::Tensor whole = ckpt_detail::gather_whole(items[i], items[i].local, report, world);
+    return transposed[i] && whole.defined() ? whole.t() : whole;
   };
   const std::string error = write_all(path, entries, produce, world.rank() == options.root, options);
   // Every rank learns whether the writer failed, so none returns as if saved.
@@ -162,7 +184,9 @@ void save_weights_safetensors(torch::nn::Module& model, const ParallelReport& re
 void write_safetensors(const std::string& path, const StateDict& tensors, const SaveWeightsOptions& options) {
   std::vector<SafetensorsEntry> entries;
   for (const auto& kv : tensors) entries.push_back(entry_of(kv.first, kv.second.scalar_type(), kv.second.sizes().vec()));
-  const std::string error = write_all(path, entries, [&](size_t i) { return tensors[i].second; }, true, options);
+  const std::vector<bool> transposed = transpose_entries(entries, options);
+  const std::string error = write_all(
+      path, entries, [&](size_t i) { return transposed[i] ? tensors[i].second.t() : tensors[i].second; }, true, options);
   if (!error.empty()) throw Error("write_safetensors: " + error);
 }
 

@@ -42,6 +42,7 @@ struct SourceTensor {
   uint64_t begin = 0, end = 0;           // the bytes it spans in the file
   std::shared_ptr<MappedFile> file;
   bool is_bool = false;                  // stored as BOOL: nonzero bytes are true
+  bool transposed = false;               // shape/strides swapped (WeightsOptions::transposed)
 
   at::Tensor view() const;
 };
@@ -57,6 +58,26 @@ std::vector<SourceTensor> open_weights(const std::string& path);
 std::vector<SourceTensor> open_safetensors(const std::string& path);
 // One torch.save zip file's tensors (torch_zip_source.cpp).
 std::vector<SourceTensor> open_torch_zip(const std::string& path);
+
+// Names that fully match one of WeightsOptions/SaveWeightsOptions::transposed's
+// patterns (transposed.cpp). Throws Error naming the first pattern refused.
+class TransposedNames {
+ public:
+  explicit TransposedNames(const std::vector<std::string>& patterns);
+  ~TransposedNames();
+  // The pattern `name` fully matches, or nullptr.
+  const std::string* match(const std::string& name) const;
+
+ private:
+  struct Pattern;
+  std::vector<std::unique_ptr<Pattern>> patterns_;
+};
+
+// Swaps the shape and strides of every source `patterns` name, so that
+// view() is the file tensor's transpose. Throws Error naming `path` and the
+// tensor when a matched one is not 2-D.
+void transpose_sources(std::vector<SourceTensor>& sources, const std::vector<std::string>& patterns,
+                       const std::string& path);
 
 // safetensors dtype names <-> torch's.
 at::ScalarType scalar_type_of(const std::string& safetensors_dtype);
