@@ -75,6 +75,18 @@ at::Tensor attention_core(at::Tensor q, at::Tensor k, at::Tensor v, int64_t grou
       .view({probs.size(0), probs.size(1), t, d});
 }
 
+// The options a family's config.json can say; one it cannot would be saved
+// back without them, into a file Python computes differently.
+void check_family(const LlamaConfig& c) {
+  const std::string& f = c.family;
+  if (f != "llama" && f != "qwen2" && f != "mistral" && f != "gemma" && f != "phi3")
+    bad_config("family '" + f + "' is not one of: llama, qwen2, mistral, gemma, phi3");
+  if (c.window && f != "mistral") bad_config("window (sliding_window) is mistral's, not family " + f + "'s");
+  const bool own_head_dim = f == "mistral" || f == "gemma";
+  if (c.head_size && !own_head_dim && (c.embed % c.heads != 0 || c.head_size != c.embed / c.heads))
+    bad_config("head_dim " + num(c.head_size) + " is not embed / heads; only mistral and gemma say their own");
+}
+
 }  // namespace
 
 LlamaConfig LlamaConfig::from(const Overrides& overrides) {
@@ -90,17 +102,21 @@ LlamaConfig LlamaConfig::from(const Overrides& overrides) {
   r.get("rope_theta", c.rope_theta);
   r.get("rms_eps", c.rms_eps);
   r.get("tie", c.tie);
+  r.get("family", c.family);
+  r.get("head_dim", c.head_size);
+  r.get("window", c.window);
   r.finish();
+  check_family(c);
   for (auto kv : {std::make_pair("vocab", c.vocab), std::make_pair("context", c.context),
                   std::make_pair("embed", c.embed), std::make_pair("heads", c.heads),
                   std::make_pair("kv_heads", c.kv_heads), std::make_pair("mlp", c.mlp)})
     if (kv.second < 1) bad_config(std::string(kv.first) + " must be at least 1, got " + num(kv.second));
-  if (c.embed % c.heads != 0) bad_config("embed " + num(c.embed) + " is not divisible by heads " + num(c.heads));
+  if (!c.head_size && c.embed % c.heads != 0) bad_config("embed " + num(c.embed) + " is not divisible by heads " + num(c.heads));
   if (c.heads % c.kv_heads != 0)
     bad_config("heads " + num(c.heads) + " is not divisible by kv_heads " + num(c.kv_heads) +
                " (each kv head serves heads/kv_heads query heads)");
   if (c.head_dim() % 2 != 0)
-    bad_config("the head size embed/heads = " + num(c.head_dim()) + " must be even (rotary embeddings rotate pairs)");
+    bad_config("the head size (head_dim, or embed/heads) = " + num(c.head_dim()) + " must be even (rotary embeddings rotate pairs)");
   if (!(c.rope_theta > 0)) bad_config("rope_theta must be positive");
   if (!(c.rms_eps > 0)) bad_config("rms_eps must be positive");
   if (c.tie > 1) bad_config("tie must be 0 or 1, got " + num(c.tie));
@@ -112,6 +128,10 @@ std::string LlamaConfig::str() const {
   s << "vocab=" << vocab << " context=" << context << " embed=" << embed << " heads=" << heads
     << " kv_heads=" << kv_heads << " layers=" << layers << " mlp=" << mlp << " rope_theta=" << rope_theta
     << " rms_eps=" << rms_eps << " tie=" << tie;
+  // Only what differs from llama, so that its line stays what it was.
+  if (family != "llama") s << " family=" << family;
+  if (head_size) s << " head_dim=" << head_size;
+  if (window) s << " window=" << window;
   return s.str();
 }
 
