@@ -102,9 +102,9 @@ void refuse_other_head_dim(const std::string& path, const json& j) {
 
 // The keys every Llama-like family shares, after its own refusals.
 Overrides read_common(const json& j, const std::string& path, const std::string& family, bool tie_default) {
-  for (const char* key : kNeeded) need(j, path, key, family);
   Overrides out;
   for (const Key& k : kLlamaKeys) read_key(j, path, k, out);
+  for (const char* key : kNeeded) need(j, path, key, family);
   bool tie = tie_default;
   if (j.contains("tie_word_embeddings")) {
     if (!j["tie_word_embeddings"].is_boolean()) bad(path, "tie_word_embeddings is not true or false");

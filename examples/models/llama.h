@@ -128,6 +128,8 @@ class LlamaModelImpl : public torch::nn::Cloneable<LlamaModelImpl> {
   void reset() override;
   // tokens [B, T] -> final hidden states [B, T, E]; `caches` empty or one per layer.
   at::Tensor forward(const at::Tensor& tokens, int64_t past, std::vector<shardplan::nn::KVCache>* caches);
+  // tokens [B, T] -> the first layer's input (gemma scales the embedding).
+  at::Tensor embed(const at::Tensor& tokens);
 
   LlamaConfig config;
   shardplan::nn::Embedding embed_tokens{nullptr};

@@ -82,10 +82,12 @@ std::mutex& model_init_mutex() {
 Overrides model_config(const Args& a) {
   Overrides config;
   const std::string json = a.load_weights.empty() ? "" : find_hf_config(a.load_weights);
-  if (!json.empty() && a.model == "llama") config = read_hf_config(json, a.model);
+  // A model without a Hugging Face twin (convnet) ignores one.
+  const bool twin = !json.empty() && !hf_config_json(a.model, "", a.dtype).empty();
+  if (twin) config = read_hf_config(json, a.model);
   const Overrides cli = parse_overrides(a.config);
   for (const auto& [key, value] : cli) config[key] = value;
-  if (!json.empty() && a.model == "llama")
+  if (twin && a.model == "llama")
     check_hf_config_fits(json, config, cli, a.load_weights, !a.lenient_weights, dtype_bytes(a.dtype));
   return config;
 }

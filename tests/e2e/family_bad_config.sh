@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# A family's config.json that the example cannot compute, through
+# train_model --load-weights DIR: each is refused before any layer is built,
+# exit 1, one line on stderr naming the file and the key, and the file is
+# left as it was: an unknown model_type (listing the known ones), a key the
+# family needs that is missing (gemma's head_dim, mistral's sliding_window),
+# a key the example does not honour (qwen2's use_sliding_window, rope_scaling),
+# and --model naming another model than the file's model_type.
+# usage: family_bad_config.sh TRAIN_MODEL WORK_DIR
+set -uo pipefail
+train=$1 work=$2
+py=/usr/bin/python3
+rm -rf "$work" && mkdir -p "$work"
+failures=0
+"$train" --model llama --config vocab=256,context=16,embed=16,heads=2,kv_heads=1,layers=1,mlp=24,family=gemma,head_dim=12,tie=1 \
+  --steps 1 --batch 2 --save-weights "$work/good" >"$work/save.txt" 2>&1 || { cat "$work/save.txt"; exit 1; }
+
+# refused NAME 'PYTHON EDIT OF c' [train_model options] -- WANT...
+refused() {
+  local name=$1 edit=$2; shift 2
+  local opts=()
+  while [ "$1" != "--" ]; do opts+=("$1"); shift; done
+  shift
+  local d=$work/$name
+  cp -r "$work/good" "$d"
+  $py -c "import json,sys; c=json.load(open(sys.argv[1])); $edit; json.dump(c, open(sys.argv[1],'w'))" "$d/config.json"
+  cp "$d/config.json" "$d.before"
+  timeout 60 "$train" --load-weights "$d" --steps 0 --generate 4 "${opts[@]}" >"$d.out" 2>"$d.err"
+  local rc=$? lines
+  lines=$(grep -c . "$d.err")
+  if [ $rc -ne 1 ] || [ "$lines" -ne 1 ]; then
+    echo "FAIL $name: exit $rc (want 1), $lines lines on stderr (want 1):"; cat "$d.err"
+    failures=$((failures + 1)); return
+  fi
+  for w in "$@" "$d/config.json"; do
+    grep -qF -- "$w" "$d.err" || { echo "FAIL $name: no '$w' in: $(cat "$d.err")"; failures=$((failures + 1)); }
+  done
+  cmp -s "$d/config.json" "$d.before" || { echo "FAIL $name: config.json changed"; failures=$((failures + 1)); }
+  echo "ok   $name: $(cat "$d.err")"
+}
+
+# The saved directory itself loads (no --model: config.json's model_type picks llama's example).
+"$train" --load-weights "$work/good" --steps 0 --generate 4 >"$work/good.out" 2>&1 ||
+  { echo "FAIL the saved gemma directory does not load:"; cat "$work/good.out"; failures=$((failures + 1)); }
+grep -q '"model_type": "gemma"' "$work/good/config.json" || { echo "FAIL no model_type gemma"; failures=$((failures + 1)); }
+
+refused unknown_type "c['model_type']='bert'" -- "model_type \"bert\"" "llama, qwen2, mistral, gemma, phi3, gpt2"
+refused gemma_no_head_dim "del c['head_dim']" -- "head_dim is missing"
+refused mistral_no_window "c['model_type']='mistral'; c.pop('sliding_window', None); c.pop('head_dim')" -- \
+  "sliding_window is missing"
+refused qwen2_window "c['model_type']='qwen2'; c['use_sliding_window']=True; c.pop('head_dim')" -- "use_sliding_window"
+refused rope_scaling "c['rope_scaling']={'type': 'linear', 'factor': 2.0}" -- "rope_scaling is set"
+refused gemma_activation "c['hidden_activation']='gelu'" -- "hidden_activation"
+refused other_model "pass" --model gpt -- "model_type 'gemma'" "--model gpt"
+exit $((failures > 0))
