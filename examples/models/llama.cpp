@@ -138,7 +138,8 @@ LlamaConfig LlamaConfig::from(const Overrides& overrides) {
     bad_config("heads " + num(c.heads) + " is not divisible by kv_heads " + num(c.kv_heads) +
                " (each kv head serves heads/kv_heads query heads)");
   if (c.head_dim() % 2 != 0)
-    bad_config("the head size (head_dim, or embed/heads) = " + num(c.head_dim()) + " must be even (rotary embeddings rotate pairs)");
+    bad_config(std::string(c.head_size ? "head_dim" : "the head size embed/heads") + " = " + num(c.head_dim()) +
+               " must be even (rotary embeddings rotate pairs)");
   if (!(c.rope_theta > 0)) bad_config("rope_theta must be positive");
   if (!(c.rms_eps > 0)) bad_config("rms_eps must be positive");
   if (c.tie > 1) bad_config("tie must be 0 or 1, got " + num(c.tie));

@@ -25,7 +25,7 @@ refused() {
   cp -r "$work/good" "$d"
   $py -c "import json,sys; c=json.load(open(sys.argv[1])); $edit; json.dump(c, open(sys.argv[1],'w'))" "$d/config.json"
   cp "$d/config.json" "$d.before"
-  timeout 60 "$train" --load-weights "$d" --steps 0 --generate 4 "${opts[@]}" >"$d.out" 2>"$d.err"
+  timeout 60 "$train" --load-weights "$d" --steps 0 --generate 4 --prompt ab "${opts[@]}" >"$d.out" 2>"$d.err"
   local rc=$? lines
   lines=$(grep -c . "$d.err")
   if [ $rc -ne 1 ] || [ "$lines" -ne 1 ]; then
@@ -40,15 +40,15 @@ refused() {
 }
 
 # The saved directory itself loads (no --model: config.json's model_type picks llama's example).
-"$train" --load-weights "$work/good" --steps 0 --generate 4 >"$work/good.out" 2>&1 ||
+"$train" --load-weights "$work/good" --steps 0 --generate 4 --prompt ab >"$work/good.out" 2>&1 ||
   { echo "FAIL the saved gemma directory does not load:"; cat "$work/good.out"; failures=$((failures + 1)); }
 grep -q '"model_type": "gemma"' "$work/good/config.json" || { echo "FAIL no model_type gemma"; failures=$((failures + 1)); }
 
 refused unknown_type "c['model_type']='bert'" -- "model_type \"bert\"" "llama, qwen2, mistral, gemma, phi3, gpt2"
 refused gemma_no_head_dim "del c['head_dim']" -- "head_dim is missing"
-refused mistral_no_window "c['model_type']='mistral'; c.pop('sliding_window', None); c.pop('head_dim')" -- \
-  "sliding_window is missing"
-refused qwen2_window "c['model_type']='qwen2'; c['use_sliding_window']=True; c.pop('head_dim')" -- "use_sliding_window"
+silu="c['hidden_act']='silu'; c.pop('hidden_activation'); c.pop('head_dim')"
+refused mistral_no_window "$silu; c['model_type']='mistral'" -- "sliding_window is missing"
+refused qwen2_window "$silu; c['model_type']='qwen2'; c['use_sliding_window']=True" -- "use_sliding_window"
 refused rope_scaling "c['rope_scaling']={'type': 'linear', 'factor': 2.0}" -- "rope_scaling is set"
 refused gemma_activation "c['hidden_activation']='gelu'" -- "hidden_activation"
 refused other_model "pass" --model gpt -- "model_type 'gemma'" "--model gpt"

@@ -27,8 +27,8 @@ for spec in "qwen2 Qwen2ForCausalLM num_key_value_heads=1" "gemma GemmaForCausal
   $py - "$d/config.json" "$d.tuned/config.json" "$arch" <<'PY' || failures=$((failures + 1))
 import json, sys
 a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
-bad = [k for k in ("model_type", "hidden_size", "num_key_value_heads", "head_dim", "tie_word_embeddings", "sliding_window",
-                   "use_sliding_window", "hidden_activation") if k in a and a[k] != b.get(k)]
+bad = [k for k in ("model_type", "hidden_size", "num_key_value_heads", "head_dim", "tie_word_embeddings", "use_sliding_window",
+                   "hidden_activation") if k in a and a[k] != b.get(k)]
 if b.get("architectures") != [sys.argv[3]]:
     bad.append("architectures")
 print(("FAIL saved config.json differs in " + ", ".join(bad)) if bad else "ok   saved config.json: " + b["model_type"])
@@ -36,8 +36,8 @@ sys.exit(1 if bad else 0)
 PY
   want=$($py "$ref" greedy "$d.tuned" "$prompt" $n)
   check "$family fine-tuned, read back by Python" "$want" \
-    "$(gen --load-weights "$d.tuned" --ranks 2 --plan "$plans/llama.yaml" --dump-logits "$d.tuned.logits")"
-  diff=$($py "$ref" logits "$d.tuned" "$prompt" "$d.tuned.logits") || diff="1 (not compared)"
+    "$(gen --load-weights "$d.tuned" --ranks 2 --plan "$plans/llama.yaml" --dump-logits "$d.tuned.safetensors")"
+  diff=$($py "$ref" logits "$d.tuned" "$prompt" "$d.tuned.safetensors") || diff="1 (not compared)"
   within "$family fine-tuned, read back by Python" 1e-10 "$diff"
 done
 exit $((failures > 0))
