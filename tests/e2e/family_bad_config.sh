@@ -12,6 +12,7 @@ train=$1 work=$2
 py=/usr/bin/python3
 rm -rf "$work" && mkdir -p "$work"
 failures=0
+. "$(dirname "$0")/one_line_error.sh"
 "$train" --model llama --config vocab=256,context=16,embed=16,heads=2,kv_heads=1,layers=1,mlp=24,family=gemma,head_dim=12,tie=1 \
   --steps 1 --batch 2 --save-weights "$work/good" >"$work/save.txt" 2>&1 || { cat "$work/save.txt"; exit 1; }
 
@@ -26,15 +27,7 @@ refused() {
   $py -c "import json,sys; c=json.load(open(sys.argv[1])); $edit; json.dump(c, open(sys.argv[1],'w'))" "$d/config.json"
   cp "$d/config.json" "$d.before"
   timeout 60 "$train" --load-weights "$d" --steps 0 --generate 4 --prompt ab "${opts[@]}" >"$d.out" 2>"$d.err"
-  local rc=$? lines
-  lines=$(grep -c . "$d.err")
-  if [ $rc -ne 1 ] || [ "$lines" -ne 1 ]; then
-    echo "FAIL $name: exit $rc (want 1), $lines lines on stderr (want 1):"; cat "$d.err"
-    failures=$((failures + 1)); return
-  fi
-  for w in "$@" "$d/config.json"; do
-    grep -qF -- "$w" "$d.err" || { echo "FAIL $name: no '$w' in: $(cat "$d.err")"; failures=$((failures + 1)); }
-  done
+  one_line_error "$name" $? "$d.err" "$@" "$d/config.json" || return
   cmp -s "$d/config.json" "$d.before" || { echo "FAIL $name: config.json changed"; failures=$((failures + 1)); }
   echo "ok   $name: $(cat "$d.err")"
 }

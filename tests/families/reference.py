@@ -27,7 +27,11 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "weights"))
+# The rotary embedding, the byte escaping and the greedy and logits commands
+# are the Llama reference's (tests/llama/reference.py); what differs by
+# family is here.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "llama"))
+import reference as llama  # noqa: E402
 from interop import read_safetensors, write_safetensors  # noqa: E402
 
 BASE = {"vocab_size": 256, "max_position_embeddings": 64, "hidden_size": 64, "num_attention_heads": 4,
@@ -82,15 +86,6 @@ def rms_norm(x, w, eps, gemma):
     return n * (1 + w) if gemma else n * w  # GemmaRMSNorm stores w for (1 + w)
 
 
-def rotary(x, theta):  # x [H, T, D]: pairs (i, i + D/2) rotated by position * theta^(-2i/D)
-    d = x.shape[-1]
-    inv = theta ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
-    angle = torch.arange(x.shape[1], dtype=torch.float64)[:, None] * inv[None, :]
-    cos, sin = angle.cos().repeat(1, 2), angle.sin().repeat(1, 2)
-    rotated = torch.cat([-x[..., d // 2:], x[..., :d // 2]], -1)
-    return x * cos + rotated * sin
-
-
 def mask(c, t):
     i = torch.arange(t)[:, None]
     j = torch.arange(t)[None, :]
@@ -118,7 +113,7 @@ def logits(W, c, tokens):
         q = proj(W, a, p + "self_attn.q_proj").view(t, h, d).transpose(0, 1)
         k = proj(W, a, p + "self_attn.k_proj").view(t, kv, d).transpose(0, 1)
         v = proj(W, a, p + "self_attn.v_proj").view(t, kv, d).transpose(0, 1)
-        q, k = rotary(q, c["rope_theta"]), rotary(k, c["rope_theta"])
+        q, k = llama.rotary(q, c["rope_theta"]), llama.rotary(k, c["rope_theta"])
         k, v = k.repeat_interleave(h // kv, 0), v.repeat_interleave(h // kv, 0)  # HF's repeat_kv
         att = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(d) + m, -1) @ v
         x = x + att.transpose(0, 1).reshape(t, h * d) @ W[p + "self_attn.o_proj.weight"].T
@@ -129,20 +124,6 @@ def logits(W, c, tokens):
     x = rms_norm(x, W["model.norm.weight"], eps, gemma)
     head = W["model.embed_tokens.weight"] if c["tie_word_embeddings"] else W["lm_head.weight"]
     return x @ head.T
-
-
-def printable(data):
-    out = ""
-    for b in data:
-        if b == 10:
-            out += "\\n"
-        elif b == 92:
-            out += "\\\\"
-        elif b < 0x20 or b >= 0x7F:
-            out += "\\x%02x" % b
-        else:
-            out += chr(b)
-    return out
 
 
 def write(directory, family, items):
@@ -170,35 +151,13 @@ def load(directory):
     return c, {n: t.double() for n, t in read_safetensors(os.path.join(directory, "model.safetensors")).items()}
 
 
-def greedy(directory, prompt, n):
-    c, W = load(directory)
-    tokens = list(prompt.encode())
-    for _ in range(n):
-        tokens.append(int(logits(W, c, tokens)[-1].argmax()))
-    print(printable(prompt.encode()) + "|" + printable(tokens[len(prompt.encode()):]))
-
-
-def compare_logits(directory, prompt, files):
-    c, W = load(directory)
-    want = logits(W, c, list(prompt.encode()))
-    ok = True
-    for path in files:
-        got = read_safetensors(path)["logits"]
-        if list(got.shape) != list(want.shape):
-            print(f"{path}: logits of shape {list(got.shape)}, expected {list(want.shape)}")
-            ok = False
-            continue
-        print("%.3e %s" % (float((got.double() - want).abs().max()), path))
-    return ok
-
-
 if __name__ == "__main__":
     torch.set_grad_enabled(False)
     if len(sys.argv) >= 4 and sys.argv[1] == "write":
         write(sys.argv[2], sys.argv[3], sys.argv[4:])
     elif len(sys.argv) == 5 and sys.argv[1] == "greedy":
-        greedy(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        llama.greedy(sys.argv[2], sys.argv[3], int(sys.argv[4]), model=(load, logits))
     elif len(sys.argv) >= 5 and sys.argv[1] == "logits":
-        sys.exit(0 if compare_logits(sys.argv[2], sys.argv[3], sys.argv[4:]) else 1)
+        sys.exit(0 if llama.compare_logits(sys.argv[2], sys.argv[3], sys.argv[4:], model=(load, logits)) else 1)
     else:
         sys.exit(__doc__)

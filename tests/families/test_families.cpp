@@ -150,15 +150,7 @@ TEST(FamilyTraining, ShardedEqualsUnshardedFloat64) {
       }
 }
 
-// Probed as train_model --plan auto probes: one training loss.
-shardplan::Plan auto_plan_of(ex::LlamaImpl& m, int world) {
-  torch::manual_seed(4);
-  const auto t = torch::randint(32, {2, 9}, torch::kLong);
-  const ex::Batch batch{t.narrow(1, 0, 8), t.narrow(1, 1, 8)};
-  shardplan::AutoPlanOptions o;
-  o.probe = [batch](torch::nn::Module& mod) { return dynamic_cast<ex::LlamaImpl&>(mod).loss(batch); };
-  return shardplan::auto_plan(m, world, o);
-}
+using llama_fixture::auto_plan_of;
 
 TEST(FamilyAutoPlan, CutsAsTheWrittenPlan) {
   for (const std::string family : {"qwen2", "mistral", "gemma"})
@@ -187,6 +179,21 @@ TEST(FamilyModel, GemmaHeadDimShapesTheProjections) {
   EXPECT_EQ(attn->k_proj->weight.sizes(), torch::IntArrayRef({12, 32}));
   EXPECT_EQ(attn->o_proj->weight.sizes(), torch::IntArrayRef({32, 48}));
   EXPECT_TRUE(m->lm_head->weight.is_same(m->model->embed_tokens->weight));
+}
+
+// Gemma's head_dim 12 is not embed / heads = 8: the plan's head_dim: auto
+// takes 12, and a plan that says 8 is refused at its rule naming both.
+TEST(FamilyModel, GemmaPlanHeadDimIsTheModels) {
+  auto m = llama_fixture::build(family_config("gemma", 2));
+  for (const auto& row : shardplan::check_plan(*m, llama_fixture::plan("llama"), 2).rows)
+    if (row.path == "model.layers.0.self_attn.q_proj.weight")
+      EXPECT_EQ(row.local_shape, (std::vector<int64_t>{24, 32}));
+  try {
+    shardplan::check_plan(*m, llama_fixture::plan("llama", 8), 2);
+    ADD_FAILURE() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("head_dim: 8 is not the model's head size 12"), std::string::npos) << e.what();
+  }
 }
 
 TEST(FamilyModel, WindowedCacheHoldsTheWindowAndDecodesAsTheFullSequence) {
