@@ -150,6 +150,18 @@ TEST(FamilyTraining, ShardedEqualsUnshardedFloat64) {
       }
 }
 
+// Sequence parallelism (plans/llama_sp.yaml): the norms run on this rank's
+// positions (gemma's 1 + w through the layer_norm plugin's strategy), the
+// biases after the sequence gather.
+TEST(FamilyTraining, SequenceParallelEqualsUnshardedFloat64) {
+  for (const std::string family : {"qwen2", "mistral", "gemma"})
+    for (int world : {2, 4}) {
+      auto m = llama_fixture::build(family_config(family, 2));
+      const auto failures = parity::compare(m, llama_fixture::plan("llama_sp"), family_setup(world, 2));
+      EXPECT_TRUE(failures.empty()) << family << " world " << world << ":\n" << ::testing::PrintToString(failures);
+    }
+}
+
 using llama_fixture::auto_plan_of;
 
 TEST(FamilyAutoPlan, CutsAsTheWrittenPlan) {
