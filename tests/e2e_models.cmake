@@ -242,7 +242,7 @@ set_tests_properties(e2e_llama_hostile_config PROPERTIES TIMEOUT 300)
 # tests/families/reference.py: an independent PyTorch forward of each from
 # Hugging Face's modeling code): Python writes random weights and the family's
 # config.json; loaded by train_model --load-weights, unsharded, at 2 and 4
-# thread ranks and 2 gloo processes under plans/llama.yaml, the float64 logits
+# thread ranks and 2 gloo processes under plans/llama.yaml (and 4 under --plan auto), the float64 logits
 # are Python's to 1e-10 and the greedy text is Python's, with kv heads fewer
 # than the 4 ranks; a control that undoes the family's difference is not.
 #   qwen2: q/k/v biases, 2 kv heads (each replicated on 2 of 4 ranks); control: biases dropped.

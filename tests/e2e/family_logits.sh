@@ -4,7 +4,8 @@
 # family (tests/families/reference.py): train_model --load-weights DIR
 # (--model llama, the family from config.json) generates greedily in float64
 # and dumps the prompt's logits (through the key/value caches), unsharded, at
-# 2 and 4 thread ranks and at 2 gloo processes under plans/llama.yaml. The
+# 2 and 4 thread ranks and at 2 gloo processes under plans/llama.yaml, and at
+# 4 thread ranks under --plan auto (shardplan's auto_plan). The
 # text must be Python's and the logits within 1e-10 of Python's float64 ones.
 # CONTROL, train_model options that undo what makes the family (mistral:
 # window=0; qwen2: the biases dropped; gemma: computed as mistral), must
@@ -34,6 +35,7 @@ dump unsharded
 dump "2 thread ranks" --ranks 2 --plan "$plans/llama.yaml"
 dump "4 thread ranks" --ranks 4 --plan "$plans/llama.yaml"
 dump "2 gloo processes" "$cli" launch -n 2 --backend gloo -- --plan "$plans/llama.yaml"
+dump "--plan auto, 4 thread ranks" --ranks 4 --plan auto
 # shellcheck disable=SC2086
 gen --load-weights "$d" --dump-logits "$work/control.safetensors" $control >/dev/null
 out=$($py "$ref" logits "$d" "$prompt" "${files[@]}" "$work/control.safetensors") && mapfile -t diffs <<<"$out" || diffs=()
