@@ -82,8 +82,9 @@ std::mutex& model_init_mutex() {
 Overrides model_config(const Args& a) {
   Overrides config;
   const std::string json = a.load_weights.empty() ? "" : find_hf_config(a.load_weights);
-  // A model without a Hugging Face twin (convnet) ignores one.
-  const bool twin = !json.empty() && !hf_config_json(a.model, "", a.dtype).empty();
+  // A model without a Hugging Face twin (convnet) ignores one; the examples
+  // with one are named as the model_type they compute (llama, gpt2).
+  const bool twin = !json.empty() && hf_example_for(a.model) == a.model;
   if (twin) config = read_hf_config(json, a.model);
   const Overrides cli = parse_overrides(a.config);
   for (const auto& [key, value] : cli) config[key] = value;
