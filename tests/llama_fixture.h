@@ -1,8 +1,9 @@
 #pragma once
 // The small Llama the tests train (examples/models/llama.h): its config, the
-// shipped plans at its head size, and the parity setup that holds a plan to
-// one process (tests/parity.h). Shared by tests/test_llama.cpp (the written
-// plans) and tests/test_auto_plan_llama.cpp (auto_plan's).
+// shipped plans at its head size, the parity setup that holds a plan to one
+// process (tests/parity.h), and auto_plan probed as the trainers probe it.
+// Shared by tests/test_llama.cpp (the written plans),
+// tests/test_auto_plan_llama.cpp (auto_plan's) and tests/families/.
 #include <torch/torch.h>
 
 #include <fstream>
@@ -15,6 +16,7 @@
 #include "models/llama.h"
 #include "models/model.h"
 #include "parity.h"
+#include "shardplan/auto_plan.h"
 #include "shardplan/plan.h"
 
 namespace llama_fixture {
@@ -79,6 +81,16 @@ inline parity::Setup setup(int world, torch::Dtype dtype, int kv_heads) {
     return shardplan::shard_of(full, 0, kv_heads, rank * kv_heads / world);
   };
   return s;
+}
+
+// auto_plan probed as train_model --plan auto probes: one training loss.
+inline shardplan::Plan auto_plan_of(ex::LlamaImpl& m, int world) {
+  torch::manual_seed(4);
+  const auto t = torch::randint(32, {2, 9}, torch::kLong);
+  const ex::Batch batch{t.narrow(1, 0, 8), t.narrow(1, 1, 8)};
+  shardplan::AutoPlanOptions o;
+  o.probe = [batch](torch::nn::Module& mod) { return dynamic_cast<ex::LlamaImpl&>(mod).loss(batch); };
+  return shardplan::auto_plan(m, world, o);
 }
 
 }  // namespace llama_fixture

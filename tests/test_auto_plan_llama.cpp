@@ -30,15 +30,7 @@ using llama_fixture::build;
 using llama_fixture::config;
 using shardplan::Plan;
 
-// Probed as train_model --plan auto probes: one training loss.
-Plan auto_plan_of(ex::LlamaImpl& m, int world) {
-  torch::manual_seed(4);
-  const auto t = torch::randint(32, {2, 9}, torch::kLong);
-  const ex::Batch batch{t.narrow(1, 0, 8), t.narrow(1, 1, 8)};
-  shardplan::AutoPlanOptions o;
-  o.probe = [batch](torch::nn::Module& mod) { return dynamic_cast<ex::LlamaImpl&>(mod).loss(batch); };
-  return shardplan::auto_plan(m, world, o);
-}
+using llama_fixture::auto_plan_of;
 
 // The first rule matching `path` (the one that applies), or null.
 const shardplan::Rule* rule_for(const Plan& p, const std::string& path) {

@@ -39,6 +39,9 @@ class ConfigReader {
     }
     if (used == 0 || used != v->size()) bad(key, *v, "a number");
   }
+  void get(const std::string& key, std::string& field) {
+    if (const std::string* v = take(key)) field = *v;
+  }
   // Throws naming the first key no get() took.
   void finish() const {
     for (const auto& kv : overrides_) {

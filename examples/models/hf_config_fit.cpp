@@ -108,7 +108,7 @@ void check_hf_config_fits(const std::string& config_path, const Overrides& confi
   const std::string hidden = fit.key("hidden_size", "embed", c.embed);
   fit.parameter(fit.key("vocab_size", "vocab", c.vocab) + " and " + hidden, "model.embed_tokens.weight",
                 static_cast<double>(c.vocab), e);
-  fit.parameter(hidden, "model.layers.0.self_attn.q_proj.weight", e, e);
+  fit.parameter(hidden, "model.layers.0.self_attn.q_proj.weight", static_cast<double>(c.heads * c.head_dim()), e);
   fit.parameter(fit.key("intermediate_size", "mlp", c.mlp) + " and " + hidden, "model.layers.0.mlp.gate_proj.weight",
                 static_cast<double>(c.mlp), e);
   if (strict) {

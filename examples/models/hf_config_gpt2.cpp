@@ -1,5 +1,7 @@
 #include "models/hf_config_gpt2.h"
 
+#include "models/hf_config_family.h"
+
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -83,7 +85,11 @@ Overrides read_gpt2_config(const std::string& path) {
 }
 
 Overrides read_gpt2_config_text(const std::string& text, const std::string& path) {
-  const json j = parse_gpt2(text, path);
+  return read_gpt2_config(parse_gpt2(text, path), path);
+}
+
+// models/hf_config.cpp's table row for model_type gpt2.
+Overrides read_gpt2_config(const json& j, const std::string& path) {
   Overrides out;
   try {
     refuse_gpt2_unsupported(path, j);
@@ -127,17 +133,23 @@ std::string gpt2_config_json(const std::string& config_str, const std::string& d
     const auto eq = item.find('=');
     if (eq != std::string::npos) ours[item.substr(0, eq)] = item.substr(eq + 1);
   }
-  json j = {{"architectures", {"GPT2LMHeadModel"}},
-            {"model_type", "gpt2"},
-            {"activation_function", "gelu_new"},
-            {"scale_attn_weights", true},
-            {"tie_word_embeddings", true},
-            {"torch_dtype", dtype}};
+  json j = gpt2_config_json(ours);
+  j["architectures"] = {"GPT2LMHeadModel"};
+  j["model_type"] = "gpt2";
+  j["torch_dtype"] = dtype;
+  return j.dump(2) + "\n";
+}
+
+// models/hf_config.cpp's table row for model_type gpt2 (the caller adds
+// architectures, model_type and torch_dtype).
+json gpt2_config_json(const Overrides& given) {
+  Overrides ours = given;
+  json j = {{"activation_function", "gelu_new"}, {"scale_attn_weights", true}, {"tie_word_embeddings", true}};
   for (const GPT2Key& k : kSizes)
     if (ours.count(k.ours)) j[k.hf] = std::stoll(ours[k.ours]);
   if (ours.count("context")) j["n_ctx"] = std::stoll(ours["context"]);
   if (ours.count("ln_eps")) j["layer_norm_epsilon"] = std::stod(ours["ln_eps"]);
-  return j.dump(2) + "\n";
+  return j;
 }
 
 GPT2FileLayout gpt2_file_layout() {

@@ -33,9 +33,14 @@ void init_normal(const at::Tensor& w) {
   w.normal_(0, 0.02);
 }
 
-shardplan::nn::Linear linear(int64_t in, int64_t out) {
-  shardplan::nn::Linear l(torch::nn::LinearOptions(in, out).bias(false));
+// Biases start at zero, as _init_weights sets them.
+shardplan::nn::Linear linear(int64_t in, int64_t out, bool bias = false) {
+  shardplan::nn::Linear l(torch::nn::LinearOptions(in, out).bias(bias));
   init_normal(l->weight);
+  if (bias && !shardplan::nn::deferring()) {
+    at::NoGradGuard no_grad;
+    l->bias.zero_();
+  }
   return l;
 }
 
@@ -56,8 +61,18 @@ at::Tensor softmax_last(const at::Tensor& s) {
   return low ? at::softmax(s, -1, at::kFloat).to(s.scalar_type()) : at::softmax(s, -1);
 }
 
+// The s keys end at the t queries' last position. A key is masked after
+// its query, and with a window also `window` or more positions before it
+// (the query at i sees i - window < j <= i, Mistral's sliding window).
+at::Tensor windowed_scores(const at::Tensor& scores, int64_t t, int64_t s, int64_t window) {
+  const auto opts = scores.options().dtype(at::kLong);
+  const at::Tensor behind = at::arange(t, opts).unsqueeze(1) - at::arange(s, opts).unsqueeze(0) + (s - t);
+  return scores.masked_fill(behind.lt(0).logical_or(behind.ge(window)), -std::numeric_limits<double>::infinity());
+}
+
 // Scores, causal mask, softmax, weights times values: [B, H, T, D].
-at::Tensor attention_core(at::Tensor q, at::Tensor k, at::Tensor v, int64_t groups, int64_t t, int64_t d) {
+at::Tensor attention_core(at::Tensor q, at::Tensor k, at::Tensor v, int64_t groups, int64_t t, int64_t d,
+                          int64_t window) {
   // Grouped queries: query head j reads kv head j / groups (HF's repeat_kv).
   if (groups != 1) {
     k = k.repeat_interleave(groups, 1);
@@ -65,7 +80,9 @@ at::Tensor attention_core(at::Tensor q, at::Tensor k, at::Tensor v, int64_t grou
   }
   const int64_t s = k.size(2);
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(d));  // [B, H, T, S]
-  if (t > 1)
+  if (window && s > window)
+    scores = windowed_scores(scores, t, s, window);
+  else if (t > 1)
     scores = scores + at::full({t, s}, -std::numeric_limits<double>::infinity(), scores.options()).triu(s - t + 1);
   // at::matmul's bmm, through recompute_final_bmm: a selective rerun skips
   // the product, whose result backward does not need.
@@ -73,6 +90,23 @@ at::Tensor attention_core(at::Tensor q, at::Tensor k, at::Tensor v, int64_t grou
   const int64_t bh = probs.size(0) * probs.size(1);
   return shardplan::recompute_final_bmm(probs.reshape({bh, t, s}), v.reshape({bh, s, d}))
       .view({probs.size(0), probs.size(1), t, d});
+}
+
+// The options a family's config.json can say; one it cannot would be saved
+// back without them, into a file Python computes differently.
+void check_family(const LlamaConfig& c) {
+  const std::string& f = c.family;
+  if (f != "llama" && f != "qwen2" && f != "mistral" && f != "gemma" && f != "phi3")
+    bad_config("family '" + f + "' is not one of: llama, qwen2, mistral, gemma, phi3");
+  if (c.window && f != "mistral") bad_config("window (sliding_window) is mistral's, not family " + f + "'s");
+  const bool own_head_dim = f == "mistral" || f == "gemma";
+  if (c.head_size && !own_head_dim && (c.embed % c.heads != 0 || c.head_size != c.embed / c.heads))
+    bad_config("head_dim " + num(c.head_size) + " is not embed / heads; only mistral and gemma say their own");
+}
+
+// Gemma's RMSNorm scales by 1 + w (and its weights start at zero).
+shardplan::nn::RMSNormOptions norm_options(const LlamaConfig& c) {
+  return shardplan::nn::RMSNormOptions(c.embed).eps(c.rms_eps).unit_offset(c.gemma());
 }
 
 }  // namespace
@@ -90,17 +124,22 @@ LlamaConfig LlamaConfig::from(const Overrides& overrides) {
   r.get("rope_theta", c.rope_theta);
   r.get("rms_eps", c.rms_eps);
   r.get("tie", c.tie);
+  r.get("family", c.family);
+  r.get("head_dim", c.head_size);
+  r.get("window", c.window);
   r.finish();
+  check_family(c);
   for (auto kv : {std::make_pair("vocab", c.vocab), std::make_pair("context", c.context),
                   std::make_pair("embed", c.embed), std::make_pair("heads", c.heads),
                   std::make_pair("kv_heads", c.kv_heads), std::make_pair("mlp", c.mlp)})
     if (kv.second < 1) bad_config(std::string(kv.first) + " must be at least 1, got " + num(kv.second));
-  if (c.embed % c.heads != 0) bad_config("embed " + num(c.embed) + " is not divisible by heads " + num(c.heads));
+  if (!c.head_size && c.embed % c.heads != 0) bad_config("embed " + num(c.embed) + " is not divisible by heads " + num(c.heads));
   if (c.heads % c.kv_heads != 0)
     bad_config("heads " + num(c.heads) + " is not divisible by kv_heads " + num(c.kv_heads) +
                " (each kv head serves heads/kv_heads query heads)");
   if (c.head_dim() % 2 != 0)
-    bad_config("the head size embed/heads = " + num(c.head_dim()) + " must be even (rotary embeddings rotate pairs)");
+    bad_config(std::string(c.head_size ? "head_dim" : "the head size embed/heads") + " = " + num(c.head_dim()) +
+               " must be even (rotary embeddings rotate pairs)");
   if (!(c.rope_theta > 0)) bad_config("rope_theta must be positive");
   if (!(c.rms_eps > 0)) bad_config("rms_eps must be positive");
   if (c.tie > 1) bad_config("tie must be 0 or 1, got " + num(c.tie));
@@ -112,6 +151,10 @@ std::string LlamaConfig::str() const {
   s << "vocab=" << vocab << " context=" << context << " embed=" << embed << " heads=" << heads
     << " kv_heads=" << kv_heads << " layers=" << layers << " mlp=" << mlp << " rope_theta=" << rope_theta
     << " rms_eps=" << rms_eps << " tie=" << tie;
+  // Only what differs from llama, so that its line stays what it was.
+  if (family != "llama") s << " family=" << family;
+  if (head_size) s << " head_dim=" << head_size;
+  if (window) s << " window=" << window;
   return s.str();
 }
 
@@ -132,9 +175,10 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& config_) : config(conf
 
 void LlamaAttentionImpl::reset() {
   const int64_t e = config.embed, d = config.head_dim();
-  q_proj = register_module("q_proj", linear(e, config.heads * d));
-  k_proj = register_module("k_proj", linear(e, config.kv_heads * d));
-  v_proj = register_module("v_proj", linear(e, config.kv_heads * d));
+  const bool bias = config.qkv_bias();
+  q_proj = register_module("q_proj", linear(e, config.heads * d, bias));
+  k_proj = register_module("k_proj", linear(e, config.kv_heads * d, bias));
+  v_proj = register_module("v_proj", linear(e, config.kv_heads * d, bias));
   o_proj = register_module("o_proj", linear(config.heads * d, e));
   // Said here so a plan need not repeat it (head_dim: auto), and a plan that
   // says another size is refused rather than cutting through heads.
@@ -170,8 +214,8 @@ at::Tensor LlamaAttentionImpl::body(const at::Tensor& x, int64_t past, shardplan
   }
   // Selective recomputation keeps q, k and v (before the grouped queries' repeat).
   const at::Tensor ctx = recompute_selective(
-      [hq, hkv, t, d](const std::vector<at::Tensor>& in) {
-        return std::vector<at::Tensor>{attention_core(in[0], in[1], in[2], hq / hkv, t, d)};
+      [hq, hkv, t, d, window = config.window](const std::vector<at::Tensor>& in) {
+        return std::vector<at::Tensor>{attention_core(in[0], in[1], in[2], hq / hkv, t, d, window)};
       },
       {q, k, v})[0];  // [B, H, T, D]
   return o_proj->forward(ctx.transpose(1, 2).reshape({b, t, hq * d}));
@@ -188,13 +232,16 @@ void LlamaMLPImpl::reset() {
 }
 
 at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) {
-  return down_proj->forward(at::silu(gate_proj->forward(x)) * up_proj->forward(x));
+  const at::Tensor gate = gate_proj->forward(x);
+  // GemmaMLP's gelu_pytorch_tanh: GeGLU.
+  const at::Tensor act = config.gemma() ? at::gelu(gate, "tanh") : at::silu(gate);
+  return down_proj->forward(act * up_proj->forward(x));
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& config_) : config(config_) { reset(); }
 
 void LlamaDecoderLayerImpl::reset() {
-  const auto norm = shardplan::nn::RMSNormOptions(config.embed).eps(config.rms_eps);
+  const auto norm = norm_options(config);
   input_layernorm = register_module("input_layernorm", shardplan::nn::RMSNorm(norm));
   self_attn = register_module("self_attn", LlamaAttention(config));
   post_attention_layernorm = register_module("post_attention_layernorm", shardplan::nn::RMSNorm(norm));
@@ -218,11 +265,19 @@ void LlamaModelImpl::reset() {
   init_normal(embed_tokens->weight);
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < config.layers; ++i) layers->push_back(LlamaDecoderLayer(config));
-  norm = register_module("norm", shardplan::nn::RMSNorm(shardplan::nn::RMSNormOptions(config.embed).eps(config.rms_eps)));
+  norm = register_module("norm", shardplan::nn::RMSNorm(norm_options(config)));
+}
+
+at::Tensor LlamaModelImpl::embed(const at::Tensor& tokens) {
+  const at::Tensor x = embed_tokens->forward(tokens);
+  // GemmaModel: hidden_size**0.5 as a tensor of the activations' dtype
+  // (33.94 is 34.0 in bfloat16), then the product.
+  if (!config.gemma()) return x;
+  return x * at::scalar_tensor(std::sqrt(static_cast<double>(config.embed)), x.options());
 }
 
 at::Tensor LlamaModelImpl::forward(const at::Tensor& tokens, int64_t past, std::vector<shardplan::nn::KVCache>* caches) {
-  at::Tensor x = embed_tokens->forward(tokens);
+  at::Tensor x = embed(tokens);
   size_t i = 0;
   for (const auto& layer : *layers) {
     shardplan::nn::KVCache* cache = caches ? &(*caches)[i++] : nullptr;
@@ -264,7 +319,8 @@ at::Tensor LlamaImpl::full_logits(const at::Tensor& logits) const {
 }
 
 std::vector<shardplan::nn::KVCache> LlamaImpl::make_caches() const {
-  return std::vector<shardplan::nn::KVCache>(model->layers->size(), shardplan::nn::KVCache(config.context));
+  return std::vector<shardplan::nn::KVCache>(model->layers->size(),
+                                            shardplan::nn::KVCache(config.context, config.window));
 }
 
 at::Tensor LlamaImpl::forward_cached(const at::Tensor& tokens, std::vector<shardplan::nn::KVCache>& caches) {
@@ -287,7 +343,8 @@ CausalLM::CacheBytes LlamaImpl::cache_bytes(int64_t batch) const {
   if (!model->layers->is_empty())
     local_q = model->layers->ptr<LlamaDecoderLayerImpl>(0)->self_attn->q_proj->weight.size(0) / d;
   const int64_t local_kv = std::max<int64_t>(1, local_q * config.kv_heads / config.heads);
-  const int64_t per_head = 2 * config.layers * batch * config.context * d * esize;
+  const int64_t positions = config.window ? std::min(config.window, config.context) : config.context;
+  const int64_t per_head = 2 * config.layers * batch * positions * d * esize;
   return {local_kv * per_head, config.kv_heads * per_head};
 }
 
@@ -313,7 +370,7 @@ at::Tensor LlamaImpl::forward_piece(size_t index, const at::Tensor& input) {
     if (input.dim() != 2) throw Error("llama: tokens must be [batch, time], got " + num(input.dim()) + " dims");
     if (input.size(1) > config.context)
       throw Error("llama: " + num(input.size(1)) + " tokens exceed the context of " + num(config.context));
-    return model->embed_tokens->forward(input);
+    return model->embed(input);
   }
   if (index <= layers) return model->layers->ptr<LlamaDecoderLayerImpl>(index - 1)->forward(input, 0, nullptr);
   if (index == layers + 1) return lm_head->forward(model->norm->forward(input));

@@ -50,8 +50,23 @@ struct LlamaConfig {
   double rope_theta = 10000;
   double rms_eps = 1e-6;  // rms_norm_eps
   int64_t tie = 0;        // tie_word_embeddings: 1 shares lm_head.weight with the embedding
+  // config.json's model_type, the family whose modeling code this computes:
+  //   llama   as above;
+  //   qwen2   q_proj, k_proj and v_proj with biases (o_proj without);
+  //   mistral `window` (sliding_window): a query at position i attends to
+  //           keys j with i - window < j <= i, and each cache keeps the last
+  //           `window` positions only;
+  //   gemma   the embedding's output times sqrt(embed) (rounded to the
+  //           activations' dtype), RMSNorm x * (1 + w) (the file holds w),
+  //           GeGLU with tanh GELU, `head_dim` from the config;
+  //   phi3    as llama (its fused tensors are the weights loader's).
+  std::string family = "llama";
+  int64_t head_size = 0;  // head_dim (mistral, gemma): 0 is embed / heads
+  int64_t window = 0;     // sliding_window (mistral): 0 attends to every earlier position
 
-  int64_t head_dim() const { return embed / heads; }
+  int64_t head_dim() const { return head_size ? head_size : embed / heads; }
+  bool qkv_bias() const { return family == "qwen2"; }
+  bool gemma() const { return family == "gemma"; }
   static LlamaConfig from(const Overrides& overrides);
   std::string str() const;
 };
@@ -113,6 +128,8 @@ class LlamaModelImpl : public torch::nn::Cloneable<LlamaModelImpl> {
   void reset() override;
   // tokens [B, T] -> final hidden states [B, T, E]; `caches` empty or one per layer.
   at::Tensor forward(const at::Tensor& tokens, int64_t past, std::vector<shardplan::nn::KVCache>* caches);
+  // tokens [B, T] -> the first layer's input (gemma scales the embedding).
+  at::Tensor embed(const at::Tensor& tokens);
 
   LlamaConfig config;
   shardplan::nn::Embedding embed_tokens{nullptr};

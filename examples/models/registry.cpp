@@ -30,7 +30,7 @@ const std::vector<Entry>& entries() {
        [](const Overrides& o) { return LSTMLM(LSTMLMConfig::from(o)).ptr(); }},
       {"llama",
        "Llama-family decoder LM, Hugging Face names (config: vocab context embed heads kv_heads layers mlp rope_theta "
-       "rms_eps tie)",
+       "rms_eps tie family head_dim window; family llama, qwen2, mistral, gemma or phi3, as config.json's model_type)",
        [](const Overrides& o) { return Llama(LlamaConfig::from(o)).ptr(); }},
       {"gpt2",
        "GPT-2, Hugging Face names, lm_head tied to transformer.wte (config: vocab context embed heads layers mlp "

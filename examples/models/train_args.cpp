@@ -8,10 +8,12 @@
 #include <string>
 
 #include "models/checkpoint_history.h"
+#include "models/hf_config.h"
 #include "models/model.h"
 #include "models/options.h"
 #include "models/schedule.h"
 #include "models/train_checks.h"
+#include "shardplan/error.h"
 #include "shardplan/weights.h"
 
 namespace shardplan {
@@ -222,6 +224,7 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
   const std::string only = fixed ? default_model : "";
   Args a;
   a.model = default_model;
+  bool model_given = false;
   for (int i = 1; i < argc; ++i) {
     std::string k = argv[i], v;
     auto value = [&]() -> std::string {
@@ -232,8 +235,10 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
     if (k == "--prompt") a.prompt_given = true;
     try {
       if (parse_step_option(a, k, value)) continue;
-      if (k == "--model" && !fixed)
+      if (k == "--model" && !fixed) {
         a.model = value();
+        model_given = true;
+      }
       else if (k == "--config")
         a.config += (a.config.empty() ? "" : ",") + value();
       else if (k == "--plan")
@@ -301,6 +306,13 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
     } catch (const std::logic_error&) {
       usage(program, only, "bad value for " + k + ": '" + v + "'");
     }
+  }
+  // config.json's model_type picks the model (a qwen2 directory trains the llama example).
+  try {
+    if (!fixed) a.model = hf_model_for_weights(a.load_weights, a.model, model_given);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s: error: %s\n", program.c_str(), e.what());
+    std::exit(1);
   }
   check_args(a, program, only);
   return a;

@@ -89,13 +89,15 @@ std::mutex& model_init_mutex() {
 Overrides model_config(const Args& a) {
   Overrides config;
   const std::string json = a.load_weights.empty() ? "" : find_hf_config(a.load_weights);
-  if (!json.empty() && a.model == "llama") config = read_hf_config(json, a.model);
-  if (!json.empty() && a.model == "gpt2") config = read_gpt2_config(json);
-  if (a.model == "gpt2" && !a.load_weights.empty() && gpt2_weights_have_attn_buffers(a.load_weights))
+  // A model without a Hugging Face twin (convnet) ignores one; the examples
+  // with one are named as the model_type they compute (llama, gpt2).
+  const bool twin = !json.empty() && hf_example_for(a.model) == a.model;
+  if (twin) config = read_hf_config(json, a.model);
+  if (twin && a.model == "gpt2" && gpt2_weights_have_attn_buffers(a.load_weights))
     config["attn_buffers"] = "1";  // older files' attention buffers: loaded, not refused as unknown
   const Overrides cli = parse_overrides(a.config);
   for (const auto& [key, value] : cli) config[key] = value;
-  if (!json.empty() && a.model == "llama")
+  if (twin && a.model == "llama")
     check_hf_config_fits(json, config, cli, a.load_weights, !a.lenient_weights, dtype_bytes(a.dtype));
   return config;
 }

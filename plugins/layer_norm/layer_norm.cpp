@@ -59,7 +59,7 @@ class SequenceParallelRMSNorm : public nn::RMSNormStrategy, SequenceParallel {
  public:
   using SequenceParallel::SequenceParallel;
   at::Tensor forward(const at::Tensor& x, const at::Tensor& w, const nn::RMSNormOptions& o) override {
-    return nn::rms_norm(x, sequence_parallel_param(w, *group_), o.eps());
+    return nn::rms_norm(x, sequence_parallel_param(w, *group_), o.eps(), o.unit_offset());
   }
   std::string describe() const override { return say(); }
 };

@@ -10,6 +10,7 @@ set -uo pipefail
 train=$1 work=$2
 rm -rf "$work" && mkdir -p "$work"
 failures=0
+. "$(dirname "$0")/one_line_error.sh"
 "$train" --model llama --config vocab=256,context=16,embed=8,heads=2,kv_heads=2,layers=2,mlp=12 --steps 1 \
   --batch 2 --save-weights "$work/good" >"$work/save.txt" 2>&1 || { cat "$work/save.txt"; exit 1; }
 
@@ -35,15 +36,7 @@ PY
   fi
   timeout 60 "$train" --model llama --load-weights "$d" --steps 0 --generate 4 "${opts[@]}" \
     >"$d.out" 2>"$d.err"
-  local rc=$? lines
-  lines=$(grep -c . "$d.err")
-  if [ $rc -ne 1 ] || [ "$lines" -ne 1 ]; then
-    echo "FAIL $name: exit $rc (want 1), $lines lines on stderr (want 1):"; cat "$d.err"
-    failures=$((failures + 1)); return
-  fi
-  for w in "$@" "$d/config.json"; do
-    grep -qF -- "$w" "$d.err" || { echo "FAIL $name: no '$w' in: $(cat "$d.err")"; failures=$((failures + 1)); }
-  done
+  one_line_error "$name" $? "$d.err" "$@" "$d/config.json" || return
   echo "ok $name: $(cat "$d.err")"
 }
 

@@ -29,6 +29,12 @@ config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_
           "intermediate_size": 176, "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
           "rope_scaling": None, "head_dim": 16}
 write("hf_config_fuzzer", "config.json", json.dumps(config, indent=2))
+# One per family the table reads (hf_config.cpp), with its own keys.
+for family, extra in (("qwen2", {"use_sliding_window": False, "sliding_window": 4096, "max_window_layers": 28}),
+                      ("mistral", {"sliding_window": 8}),
+                      ("gemma", {"hidden_activation": "gelu_pytorch_tanh", "head_dim": 24}),
+                      ("phi3", {"partial_rotary_factor": 1.0})):
+    write("hf_config_fuzzer", family + ".json", json.dumps(dict(config, model_type=family, **extra), indent=2))
 write("hf_config_fuzzer", "minimal.json", json.dumps({"hidden_size": 8, "num_attention_heads": 2}))
 # Found by hand: head_dim x heads overflowed int64 before the check divided.
 write("hf_config_fuzzer", "huge_head_dim.json",

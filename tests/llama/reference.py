@@ -131,17 +131,20 @@ def load(directory):
     return c, {n: t.double() for n, t in read_safetensors(os.path.join(directory, "model.safetensors")).items()}
 
 
-def greedy(directory, prompt, n):
-    c, W = load(directory)
+def greedy(directory, prompt, n, model=None):
+    """model: (load, logits) of another reference (tests/families/reference.py); default this one's."""
+    load_fn, logits_fn = model or (load, logits)
+    c, W = load_fn(directory)
     tokens = list(prompt.encode())
     for _ in range(n):
-        tokens.append(int(logits(W, c, tokens)[-1].argmax()))
+        tokens.append(int(logits_fn(W, c, tokens)[-1].argmax()))
     print(printable(prompt.encode()) + "|" + printable(tokens[len(prompt.encode()):]))
 
 
-def compare_logits(directory, prompt, files):
-    c, W = load(directory)
-    want = logits(W, c, list(prompt.encode()))
+def compare_logits(directory, prompt, files, model=None):
+    load_fn, logits_fn = model or (load, logits)
+    c, W = load_fn(directory)
+    want = logits_fn(W, c, list(prompt.encode()))
     ok = True
     for path in files:
         got = read_safetensors(path)["logits"]

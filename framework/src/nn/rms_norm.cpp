@@ -11,13 +11,15 @@
 namespace shardplan {
 namespace nn {
 
-at::Tensor rms_norm(const at::Tensor& input, const at::Tensor& weight, double eps) {
+at::Tensor rms_norm(const at::Tensor& input, const at::Tensor& weight, double eps, bool unit_offset) {
   if (input.dim() < 1 || (weight.defined() && input.size(-1) != weight.size(0)))
     throw Error("RMSNorm: input's last dim (" + std::to_string(input.dim() ? input.size(-1) : 0) +
                 ") must be the normalised dim (" + std::to_string(weight.defined() ? weight.size(0) : 0) + ")");
   const bool low = input.scalar_type() == at::kHalf || input.scalar_type() == at::kBFloat16;
   const at::Tensor x = low ? input.to(at::kFloat) : input;
-  const at::Tensor y = (x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(input.scalar_type());
+  const at::Tensor n = x * at::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  if (unit_offset && weight.defined()) return (n * (weight.to(n.scalar_type()) + 1)).to(input.scalar_type());
+  const at::Tensor y = n.to(input.scalar_type());
   return weight.defined() ? weight * y : y;
 }
 
@@ -29,10 +31,16 @@ void RMSNormImpl::reset() {
   if (!deferring()) reset_parameters();
 }
 
-void RMSNormImpl::reset_parameters() { torch::nn::init::ones_(weight); }
+void RMSNormImpl::reset_parameters() {
+  if (options.unit_offset())
+    torch::nn::init::zeros_(weight);
+  else
+    torch::nn::init::ones_(weight);
+}
 
 void RMSNormImpl::pretty_print(std::ostream& stream) const {
   stream << "shardplan::nn::RMSNorm(" << options.dim() << ", eps=" << options.eps();
+  if (options.unit_offset()) stream << ", 1 + weight";
   if (strategy_) stream << ", " << strategy_->describe();
   stream << ")";
 }
@@ -41,7 +49,7 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& input) {
   const ParamGateScope gate(*this);
   check_materialized(weight, "shardplan::nn::RMSNorm", "weight");
   if (strategy_) return gate.out(strategy_->forward(input, weight, options));
-  return gate.out(rms_norm(input, weight, options.eps()));
+  return gate.out(rms_norm(input, weight, options.eps(), options.unit_offset()));
 }
 
 }  // namespace nn

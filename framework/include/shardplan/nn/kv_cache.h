@@ -13,6 +13,11 @@
 // Storage is allocated once, for `capacity` positions (the model's context),
 // on the first append; appending past it throws shardplan::Error rather than
 // growing, since the positions past the context have no embedding.
+//
+// With a `window` (sliding-window attention, Mistral's sliding_window) it
+// holds only the last `window` positions: storage for `window` of them, and
+// positions still counted to `capacity`. Keys are cached after the rotary
+// embedding, so the positions they were rotated for stay right.
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -23,30 +28,38 @@ namespace nn {
 
 class KVCache {
  public:
-  explicit KVCache(int64_t capacity);
+  explicit KVCache(int64_t capacity, int64_t window = 0);
 
   int64_t capacity() const { return capacity_; }
-  int64_t length() const { return length_; }  // positions cached
+  int64_t window() const { return window_; }  // 0: none
+  int64_t length() const { return length_; }  // positions appended so far
+  int64_t held() const { return held_; }      // positions held: the last min(length, window)
   // Bytes of the key and value storage (0 before the first append).
   int64_t bytes() const;
   // Forgets the positions, keeps the storage (a new sequence of the same
   // batch and heads reuses it).
-  void clear() { length_ = 0; }
+  void clear() { length_ = held_ = 0; }
 
   // Appends the keys and values of new positions, each [batch * heads, L,
   // head_dim] (the batch, heads, head_dim, dtype and device of the first
   // append), and returns every cached position's keys and values so far,
-  // [batch * heads, length(), head_dim] (views of the storage).
+  // [batch * heads, length(), head_dim] (views of the storage). With a
+  // window: the positions held before this append and the new ones, the
+  // last held() of which it keeps.
   std::pair<at::Tensor, at::Tensor> append(const at::Tensor& key, const at::Tensor& value);
 
-  // Views of the cached positions (undefined before the first append).
+  // Views of the held positions (undefined before the first append).
   at::Tensor key() const;
   at::Tensor value() const;
 
  private:
   int64_t capacity_;
+  int64_t window_;
   int64_t length_ = 0;
-  at::Tensor key_, value_;  // [batch * heads, capacity, head_dim]
+  int64_t held_ = 0;
+  at::Tensor key_, value_;  // [batch * heads, capacity or window, head_dim]
+
+  std::pair<at::Tensor, at::Tensor> append_windowed(const at::Tensor& key, const at::Tensor& value);
 };
 
 }  // namespace nn

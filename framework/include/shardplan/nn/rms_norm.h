@@ -35,14 +35,20 @@ struct RMSNormOptions {
   // LlamaRMSNorm's default; Llama checkpoints' config.json gives rms_norm_eps.
   RMSNormOptions& eps(double v) { eps_ = v; return *this; }
   double eps() const { return eps_; }
+  // Gemma's RMSNorm: x * (1 + weight), in float32 for float16/bfloat16 and
+  // cast back after the product; the weight (what checkpoints store) starts
+  // at zero.
+  RMSNormOptions& unit_offset(bool v) { unit_offset_ = v; return *this; }
+  bool unit_offset() const { return unit_offset_; }
 
  private:
   int64_t dim_;
   double eps_ = 1e-6;
+  bool unit_offset_ = false;
 };
 
 // The function itself (no module): what the module and its strategies call.
-at::Tensor rms_norm(const at::Tensor& input, const at::Tensor& weight, double eps);
+at::Tensor rms_norm(const at::Tensor& input, const at::Tensor& weight, double eps, bool unit_offset = false);
 
 class RMSNormStrategy {
  public:
