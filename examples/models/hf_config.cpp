@@ -95,7 +95,9 @@ std::string find_hf_config(const std::string& weights_path) {
   return fs::exists(candidate, ec) ? candidate.string() : "";
 }
 
-Overrides read_hf_config(const std::string& path, const std::string& model) {
+namespace {
+
+std::string read_config_file(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   // Before opening: opening a named pipe would wait for a writer.
@@ -106,7 +108,20 @@ Overrides read_hf_config(const std::string& path, const std::string& model) {
   if (!in) bad(path, "cannot be read");
   std::ostringstream text;
   text << in.rdbuf();
-  return read_hf_config_text(text.str(), path, model);
+  return text.str();
+}
+
+}  // namespace
+
+Overrides read_hf_config(const std::string& path, const std::string& model) {
+  return read_hf_config_text(read_config_file(path), path, model);
+}
+
+std::string hf_model_type(const std::string& path) {
+  const json j = parse_config(read_config_file(path), path);
+  if (!j.contains("model_type") || j["model_type"].is_null()) return "";
+  if (!j["model_type"].is_string()) bad(path, "model_type is " + j["model_type"].dump() + ", not a string");
+  return j["model_type"].get<std::string>();
 }
 
 Overrides read_hf_config_text(const std::string& text, const std::string& path, const std::string& model) {

@@ -27,6 +27,10 @@ Overrides read_hf_config(const std::string& path, const std::string& model);
 // The same for the text of config.json `path` (the fuzz target's way in).
 Overrides read_hf_config_text(const std::string& text, const std::string& path, const std::string& model);
 
+// config.json file `path`'s model_type, "" when it has none (read and
+// refused as read_hf_config reads and refuses a file).
+std::string hf_model_type(const std::string& path);
+
 // config.json for `model` with `config_str` ("vocab=256 context=64 ...",
 // ExampleModel::config_str()), or "" for a model with no Hugging Face twin.
 std::string hf_config_json(const std::string& model, const std::string& config_str, const std::string& dtype);

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "models/families/phi3.h"
 #include "models/generate.h"
 #include "models/hf_config.h"
 #include "models/train_checks.h"
@@ -133,8 +134,13 @@ void test_fail_after_training() {
 // tensors, replaced in one rename).
 void save_pretrained(const Args& a, World& world, torch::nn::Module& model, const ParallelReport& report,
                      const ExampleModel& example) {
-  save_weights_safetensors(model, report, world, a.save_weights);
-  const std::string json = hf_config_json(a.model, example.config_str(), a.dtype);
+  // A Phi-3 checkpoint is saved back as one: its tensors re-fused, its config.
+  const bool phi3 = !a.load_weights.empty() && is_phi3_checkpoint(a.load_weights);
+  SaveWeightsOptions options;
+  if (phi3) options.fused = phi3_save_fused(phi3_model_config(model));
+  save_weights_safetensors(model, report, world, a.save_weights, options);
+  std::string json = hf_config_json(a.model, example.config_str(), a.dtype);
+  if (phi3 && !json.empty()) json = phi3_config_json(json);
   if (world.rank() == 0 && !json.empty()) {
     namespace fs = std::filesystem;
     const fs::path target(a.save_weights);

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "models/families/phi3.h"
 #include "models/hf_config.h"
 #include "models/hf_config_fit.h"
 #include "models/train_rank.h"
@@ -63,6 +64,7 @@ void load_pretrained(const TrainRank& r, DataParallel* dp) {
   WeightsOptions options;
   options.rename = a.rename_weights;
   options.strict = !a.lenient_weights;
+  if (is_phi3_checkpoint(a.load_weights)) options.fused = phi3_load_fused(phi3_model_config(*r.m.module));
   const WeightsReport w = dp ? load_weights(*dp, *r.m.module, r.report, a.load_weights, options)
                              : load_weights(*r.m.module, r.report, a.load_weights, options);
   if (!r.lead()) return;
