@@ -4,20 +4,24 @@
 # independent PyTorch Phi-3 (tests/phi3/reference.py, its own forward over
 # the fused tensors). Python writes random float32 weights; train_model
 # --model llama --load-weights DIR cuts the fused tensors on load
-# (WeightsOptions::fused) under plans/llama.yaml: unsharded, at 2 and 4
-# thread ranks, with 2 kv heads and 1 (4 ranks replicate it), and 2 gloo
-# processes (2 kv heads): float64 logits within 1e-10 of Python's, greedy
-# text Python's, and at 4 ranks rank 0 copies exactly the bytes it copies
-# from the same weights stored split (its shards' rows only). Then 3 fine-tune steps at
-# TP 2 save back (--save-weights): Phi-3's fused names and a config.json
-# with model_type phi3, which Python loads to C++'s logits (1e-10). A file
-# whose fused rows disagree with config.json is one line naming both.
+# (WeightsOptions::fused) under plans/llama.yaml: unsharded and at 2 and 4
+# thread ranks with 2 kv heads and 1 (4 ranks replicate it), at 2 gloo
+# processes (2 kv heads), and into ZeRO-3 slices at {data: 2, model: 2}
+# (1 kv head): float64 logits within 1e-10 of Python's, greedy text
+# Python's, and at 4 ranks rank 0 copies exactly the bytes it copies from
+# the same weights stored split (its shards' rows only). Then 3 fine-tune
+# steps at TP 2 save back (--save-weights): Phi-3's fused names and a
+# config.json with model_type phi3, which Python loads to C++'s logits
+# (1e-10). A file whose fused rows disagree with config.json is one line
+# naming the file and the tensor.
 # usage: phi3.sh TRAIN_MODEL SHARDPLAN_CLI PLANS_DIR WORK_DIR
 set -uo pipefail
 train=$1 cli=$2 plans=$3 work=$4
 . "$(dirname "$0")/llama_common.sh"
 ref=$(dirname "$0")/../phi3/reference.py
 rm -rf "$work" && mkdir -p "$work"
+sed 's/^mesh: {model: auto}$/mesh: {data: 2, model: 2}\ndata_parallel: {zero: 3}/' "$plans/llama.yaml" >"$work/zero3.yaml"
+grep -q "zero: 3" "$work/zero3.yaml" || { echo "FAIL plans/llama.yaml's mesh line moved: no ZeRO-3 plan"; exit 1; }
 copied() { sed -n 's/^\(\[rank 0\] \)\{0,1\}loaded .*(rank 0 copied \([0-9]*\) bytes.*/\2/p' "$work/out.txt"; }
 
 # The same weights with Llama's names (q/k/v and gate/up split), by Python.
@@ -52,13 +56,18 @@ for kv in 2 1; do
   want=$($py "$ref" greedy "$d" "$prompt" $n)
   files=() names=()
   runs=("1" "2" "4")
-  [ $kv = 1 ] || runs+=("2 gloo")  # one gloo run; kv_heads 1 at 4 threads replicates
+  # One gloo run; kv_heads 1 at 4 threads replicates it, and loads into
+  # ZeRO-3 slices under {data: 2, model: 2}.
+  if [ $kv = 1 ]; then runs+=("4 zero3"); else runs+=("2 gloo"); fi
   for run in "${runs[@]}"; do
     set -- $run
     file=$d/logits_$1_${2:-threads}.safetensors name="kv_heads $kv, ${2:-threads} $1"
     args=(--load-weights "$d" --dump-logits "$file")
     if [ "${2:-}" = gloo ]; then
       text=$(gen "$cli" launch -n "$1" --backend gloo -- "${args[@]}" --plan "$plans/llama.yaml")
+    elif [ "${2:-}" = zero3 ]; then
+      text=$(gen "${args[@]}" --ranks "$1" --plan "$work/zero3.yaml")
+      grep -q "into its ZeRO-3 slices" "$work/out.txt" || text="(not loaded into ZeRO-3 slices)"
     elif [ "$1" = 1 ]; then
       text=$(gen "${args[@]}")
     else
@@ -66,7 +75,7 @@ for kv in 2 1; do
     fi
     check "$name, greedy" "$want" "$text"
     files+=("$file") names+=("$name")
-    if [ "$1" = 4 ] && [ "${2:-}" != gloo ]; then  # rank 0 reads its rows of each part only
+    if [ "$1" = 4 ] && [ -z "${2:-}" ]; then  # rank 0 reads its rows of each part only
       fused_bytes=$(copied)
       gen --load-weights "$d/split" --ranks "$1" --plan "$plans/llama.yaml" >/dev/null
       [ -n "$fused_bytes" ] || fused_bytes="(no 'loaded ... copied N bytes' line)"
