@@ -6,13 +6,13 @@
 # --model llama --load-weights DIR cuts the fused tensors on load
 # (WeightsOptions::fused) under plans/llama.yaml: unsharded and at 2 and 4
 # thread ranks with 2 kv heads and 1 (4 ranks replicate it), at 2 gloo
-# processes (2 kv heads), and into ZeRO-3 slices at {data: 2, model: 2}
-# (1 kv head): float64 logits within 1e-10 of Python's, greedy text
-# Python's, and at 4 ranks rank 0 copies exactly the bytes it copies from
-# the same weights stored split (its shards' rows only). Then 3 fine-tune
-# steps at TP 2 save back (--save-weights): Phi-3's fused names and a
-# config.json with model_type phi3, which Python loads to C++'s logits
-# (1e-10). A file whose fused rows disagree with config.json is one line
+# processes and under --plan auto (2 kv heads), and into ZeRO-3 slices at
+# {data: 2, model: 2} (1 kv head): float64 logits within 1e-10 of Python's,
+# greedy text Python's, and at 4 ranks rank 0 copies exactly the bytes it
+# copies from the same weights stored split (its shards' rows only). Then 3
+# fine-tune steps at TP 2 save back (--save-weights): Phi-3's fused names
+# and a config.json with model_type phi3, which Python loads to C++'s
+# logits (1e-10). A file whose fused rows disagree with config.json is one line
 # naming the file and the tensor.
 # usage: phi3.sh TRAIN_MODEL SHARDPLAN_CLI PLANS_DIR WORK_DIR
 set -uo pipefail
@@ -57,8 +57,8 @@ for kv in 2 1; do
   files=() names=()
   runs=("1" "2" "4")
   # One gloo run; kv_heads 1 at 4 threads replicates it, and loads into
-  # ZeRO-3 slices under {data: 2, model: 2}.
-  if [ $kv = 1 ]; then runs+=("4 zero3"); else runs+=("2 gloo"); fi
+  # ZeRO-3 slices under {data: 2, model: 2}; --plan auto cuts it as a Llama.
+  if [ $kv = 1 ]; then runs+=("4 zero3"); else runs+=("2 gloo" "2 auto"); fi
   for run in "${runs[@]}"; do
     set -- $run
     file=$d/logits_$1_${2:-threads}.safetensors name="kv_heads $kv, ${2:-threads} $1"
@@ -68,6 +68,9 @@ for kv in 2 1; do
     elif [ "${2:-}" = zero3 ]; then
       text=$(gen "${args[@]}" --ranks "$1" --plan "$work/zero3.yaml")
       grep -q "into its ZeRO-3 slices" "$work/out.txt" || text="(not loaded into ZeRO-3 slices)"
+    elif [ "${2:-}" = auto ]; then
+      text=$(gen "${args[@]}" --ranks "$1" --plan auto)
+      ! grep -q "found nothing to shard" "$work/out.txt" || text="(--plan auto cut nothing)"
     elif [ "$1" = 1 ]; then
       text=$(gen "${args[@]}")
     else
