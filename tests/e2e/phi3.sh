@@ -12,8 +12,9 @@
 # copies from the same weights stored split (its shards' rows only). Then 3
 # fine-tune steps at TP 2 save back (--save-weights): Phi-3's fused names
 # and a config.json with model_type phi3, which Python loads to C++'s
-# logits (1e-10). A file whose fused rows disagree with config.json is one line
-# naming the file and the tensor.
+# logits (1e-10). Under {pipe: 2} each stage loads its layers' parts (the
+# losses of one process). A file whose fused rows disagree with config.json
+# is one line naming the file and the tensor.
 # usage: phi3.sh TRAIN_MODEL SHARDPLAN_CLI PLANS_DIR WORK_DIR
 set -uo pipefail
 train=$1 cli=$2 plans=$3 work=$4
@@ -89,6 +90,14 @@ for kv in 2 1; do
   [ ${#diffs[@]} -eq ${#files[@]} ] || { echo "FAIL kv_heads $kv: not compared: $out"; failures=$((failures + 1)); }
   for ((i = 0; i < ${#diffs[@]}; ++i)); do within "${names[$i]}" 1e-10 "${diffs[$i]}"; done
 done
+
+# A pipeline's stages each load their layers' parts: 3 steps under {pipe: 2}
+# lose what one process loses.
+losses() { "$train" --model llama --dtype float64 --steps 3 --log-every 1 --batch 8 --load-weights "$work/kv2" "$@" 2>&1 |
+  sed -n 's/^\(\[rank 0\] \)\{0,1\}step *\([0-9]*\) *loss \([0-9.]*\).*/\2 \3/p' | tr '\n' ' '; }
+one=$(losses)
+[ -n "$one" ] || one="(no losses)"
+check "{pipe: 2} losses (plans/llama_pipe.yaml)" "$one" "$(losses --ranks 2 --plan "$plans/llama_pipe.yaml")"
 
 # Fine-tune at TP 2, save back as Phi-3, read by Python.
 "$train" --model llama --steps 3 --log-every 3 --batch 4 --dtype float64 --ranks 2 --plan "$plans/llama.yaml" \
