@@ -189,6 +189,26 @@ TEST(FusedWeightsSave, SavedUnderTPReFusesBitExactly) {
   EXPECT_EQ(errors[0], "SaveWeightsOptions::fused 'x': 'model.layers.0.mlp.gate_proj.weight' is fused twice");
   EXPECT_EQ(errors[1], errors[0]);
   EXPECT_FALSE(fs::exists(f.dir / "no.safetensors"));
+  auto refused = [&](const shardplan::SaveWeightsOptions& o) {
+    std::vector<std::string> out(2);
+    shardplan::run_ranks_in_threads(2, [&](shardplan::World& w) {
+      out[w.rank()] = error_of([&] {
+        shardplan::save_weights_safetensors(*s.models[w.rank()], s.reports[w.rank()], w, (f.dir / "no.safetensors").string(), o);
+      });
+    });
+    EXPECT_EQ(out[0], out[1]);
+    return out[0];
+  };
+  shardplan::SaveWeightsOptions bad;
+  bad.fused = {{"qkv", {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.kk_proj.weight"}}};
+  EXPECT_EQ(refused(bad), "SaveWeightsOptions::fused 'qkv': the model has no parameter "
+                          "'model.layers.0.self_attn.kk_proj.weight' to write (a tied one only under its first name)");
+  bad.fused = {{"model.norm.weight", {"model.layers.0.self_attn.q_proj.weight"}}};
+  EXPECT_EQ(refused(bad), "SaveWeightsOptions::fused: 'model.norm.weight' would be written twice (a fused entry named "
+                          "as a model tensor)");
+  bad.fused = {{"x", {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.down_proj.weight"}}};
+  EXPECT_NE(refused(bad).find("does not stack on"), std::string::npos);
+  EXPECT_FALSE(fs::exists(f.dir / "no.safetensors"));
   fs::remove_all(f.dir);
 }
 
