@@ -20,15 +20,15 @@ namespace {
 
 // A checkpoint fuses a handful of tensor kinds (q/k/v, gate/up); the bounds
 // are far above that and keep names and rules from growing without limit.
-constexpr size_t kMaxRules = 1000;
-constexpr size_t kMaxParts = 64;
-constexpr int64_t kPatternMemory = 1 << 20;
-constexpr size_t kMaxNameBytes = 1 << 20;
+constexpr size_t kMaxFusedRules = 1000;
+constexpr size_t kMaxPartsPerRule = 64;
+constexpr int64_t kFusedPatternMemory = 1 << 20;
+constexpr size_t kMaxPartNameBytes = 1 << 20;
 
 std::string rule_text(const std::string& pattern) { return "WeightsOptions::fused " + regex_detail::shown(pattern); }
 
-struct Rule {
-  explicit Rule(const WeightsOptions::FusedWeight& w) : pattern(w.pattern), re(w.pattern, kPatternMemory) {
+struct FusedRule {
+  explicit FusedRule(const WeightsOptions::FusedWeight& w) : pattern(w.pattern), re(w.pattern, kFusedPatternMemory) {
     for (const auto& part : w.parts) formats.emplace_back(part.first, re);
   }
   std::string pattern;
@@ -36,23 +36,23 @@ struct Rule {
   std::vector<regex_detail::EcmaFormat> formats;
 };
 
-std::vector<std::unique_ptr<Rule>> compile(const std::vector<WeightsOptions::FusedWeight>& fused) {
-  if (fused.size() > kMaxRules)
+std::vector<std::unique_ptr<FusedRule>> compile_fused(const std::vector<WeightsOptions::FusedWeight>& fused) {
+  if (fused.size() > kMaxFusedRules)
     throw Error("WeightsOptions::fused has " + std::to_string(fused.size()) + " rules (at most " +
-                std::to_string(kMaxRules) + ")");
-  std::vector<std::unique_ptr<Rule>> rules;
+                std::to_string(kMaxFusedRules) + ")");
+  std::vector<std::unique_ptr<FusedRule>> rules;
   for (const auto& w : fused) {
     const std::string what = rule_text(w.pattern);
-    if (w.parts.empty() || w.parts.size() > kMaxParts)
-      throw Error(what + " has " + std::to_string(w.parts.size()) + " parts (1 to " + std::to_string(kMaxParts) + ")");
+    if (w.parts.empty() || w.parts.size() > kMaxPartsPerRule)
+      throw Error(what + " has " + std::to_string(w.parts.size()) + " parts (1 to " + std::to_string(kMaxPartsPerRule) + ")");
     std::set<std::string> names;
     for (const auto& [name, rows] : w.parts) {
       if (rows < 1) throw Error(what + ": part " + regex_detail::shown(name) + " has " + std::to_string(rows) + " rows");
-      if (name.empty() || name.size() > kMaxNameBytes || !names.insert(name).second)
+      if (name.empty() || name.size() > kMaxPartNameBytes || !names.insert(name).second)
         throw Error(what + ": part name " + regex_detail::shown(name) + " is empty, too long or given twice");
     }
     try {
-      rules.push_back(std::make_unique<Rule>(w));
+      rules.push_back(std::make_unique<FusedRule>(w));
     } catch (const regex_detail::RegexError& e) {
       throw Error(what + ": " + e.what());
     }
@@ -62,18 +62,18 @@ std::vector<std::unique_ptr<Rule>> compile(const std::vector<WeightsOptions::Fus
 
 // A part's name: its format with the pattern's groups put in (the match is
 // the whole name, so $` and $' are empty).
-std::string expand(const regex_detail::EcmaFormat& format, const std::vector<std::string>& groups) {
+std::string expand_part_name(const regex_detail::EcmaFormat& format, const std::vector<std::string>& groups) {
   std::string out;
   for (const auto& p : format.pieces()) {
     if (p.group == regex_detail::EcmaFormat::kBefore || p.group == regex_detail::EcmaFormat::kAfter) continue;
     const std::string& piece = p.group >= 0 ? groups[static_cast<size_t>(p.group)] : p.text;
-    if (out.size() + piece.size() > kMaxNameBytes) throw Error("a part's name would be longer than 1048576 bytes");
+    if (out.size() + piece.size() > kMaxPartNameBytes) throw Error("a part's name would be longer than 1048576 bytes");
     out += piece;
   }
   return out;
 }
 
-bool contiguous(const SourceTensor& s) {
+bool dense_rows(const SourceTensor& s) {
   int64_t expect = 1;
   for (size_t d = s.shape.size(); d-- > 0;) {
     if (s.shape[d] != 1 && s.strides[d] != expect) return false;
@@ -82,8 +82,8 @@ bool contiguous(const SourceTensor& s) {
   return true;
 }
 
-void cut(const SourceTensor& s, const Rule& rule, const std::vector<std::string>& groups, const WeightsOptions::FusedWeight& w,
-         std::vector<SourceTensor>& out) {
+void cut_parts(const SourceTensor& s, const FusedRule& rule, const std::vector<std::string>& groups,
+               const WeightsOptions::FusedWeight& w, std::vector<SourceTensor>& out) {
   const std::string where = "weights '" + (s.file ? s.file->path() : std::string("?")) + "': tensor " +
                             regex_detail::shown(s.name) + ": " + rule_text(rule.pattern);
   if (s.shape.empty()) throw Error(where + ": a 0-dim tensor has no rows to cut");
@@ -95,12 +95,12 @@ void cut(const SourceTensor& s, const Rule& rule, const std::vector<std::string>
     throw Error(where + ": its parts' rows " + rows + " do not sum to its " + std::to_string(s.shape[0]) + " rows");
   }
   const int64_t element = static_cast<int64_t>(at::elementSize(s.dtype));
-  const bool dense = contiguous(s);
+  const bool dense = dense_rows(s);
   int64_t offset = 0;
   for (size_t i = 0; i < w.parts.size(); ++i) {
     SourceTensor p = s;
     try {
-      p.name = expand(rule.formats[i], groups);
+      p.name = expand_part_name(rule.formats[i], groups);
     } catch (const Error& e) {
       throw Error(where + ": " + e.what());
     }
@@ -121,7 +121,7 @@ void cut(const SourceTensor& s, const Rule& rule, const std::vector<std::string>
 std::vector<SourceTensor> split_fused(std::vector<SourceTensor> sources,
                                       const std::vector<WeightsOptions::FusedWeight>& fused) {
   if (fused.empty()) return sources;
-  const auto rules = compile(fused);
+  const auto rules = compile_fused(fused);
   std::vector<SourceTensor> out;
   for (auto& s : sources) {
     size_t hit = rules.size();
@@ -138,7 +138,7 @@ std::vector<SourceTensor> split_fused(std::vector<SourceTensor> sources,
     if (hit == rules.size())
       out.push_back(std::move(s));
     else
-      cut(s, *rules[hit], groups, fused[hit], out);
+      cut_parts(s, *rules[hit], groups, fused[hit], out);
   }
   return out;
 }

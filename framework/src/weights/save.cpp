@@ -136,7 +136,7 @@ std::string write_all(const std::string& path, const std::vector<SafetensorsEntr
 
 // What is written: one model tensor, or a SaveWeightsOptions::fused entry's
 // parameters concatenated along dim 0 under its name.
-struct Written {
+struct WrittenTensor {
   std::string name;
   std::vector<size_t> items;
   std::vector<int64_t> shape;
@@ -147,7 +147,7 @@ constexpr size_t kMaxFused = 100000, kMaxFusedParts = 64;
 
 // Every rank computes the same layout, so a refusal throws on all of them
 // before the first collective gather.
-std::vector<Written> layout(const std::vector<ckpt_detail::Item>& items, const SaveWeightsOptions& options) {
+std::vector<WrittenTensor> fused_layout(const std::vector<ckpt_detail::Item>& items, const SaveWeightsOptions& options) {
   const auto& fused = options.fused;
   if (fused.size() > kMaxFused)
     throw Error("SaveWeightsOptions::fused has " + std::to_string(fused.size()) + " entries (at most 100000)");
@@ -175,12 +175,12 @@ std::vector<Written> layout(const std::vector<ckpt_detail::Item>& items, const S
                     "' along dim 0 (another dtype, or other sizes past dim 0)");
     }
   }
-  std::vector<Written> out;
+  std::vector<WrittenTensor> out;
   std::set<std::string> names;
   std::vector<bool> emitted(fused.size(), false);
   for (size_t i = 0; i < items.size(); ++i) {
     const auto& item = items[i];
-    Written w{item.name, {i}, item.global_shape, item.local.scalar_type()};
+    WrittenTensor w{item.name, {i}, item.global_shape, item.local.scalar_type()};
     if (group_of[i] >= 0) {
       const auto& entry = fused[static_cast<size_t>(group_of[i])];
       w.name = entry.first;
@@ -213,12 +213,12 @@ void save_weights_safetensors(torch::nn::Module& model, const ParallelReport& re
     seen.push_back(impl);
     items.push_back(std::move(item));
   }
-  const std::vector<Written> written = layout(items, options);
+  const std::vector<WrittenTensor> written = fused_layout(items, options);
   std::vector<SafetensorsEntry> entries;
   for (const auto& w : written) entries.push_back(entry_of(w.name, w.dtype, w.shape));
   const bool writes = world.rank() == options.root;
   const Produce produce = [&](size_t i) {
-    const Written& w = written[i];
+    const WrittenTensor& w = written[i];
     if (w.items.size() == 1) return ckpt_detail::gather_whole(items[w.items[0]], items[w.items[0]].local, report, world);
     // A fused tensor is filled part by part: beside it, one part is whole.
     at::Tensor out = writes ? at::empty(w.shape, at::TensorOptions().dtype(w.dtype)) : at::Tensor();
