@@ -218,6 +218,13 @@ set_tests_properties(e2e_llama_weights_from_pytorch PROPERTIES SKIP_RETURN_CODE 
 add_test(NAME e2e_gpt2_logits_from_pytorch COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/gpt2_logits.sh
   $<TARGET_FILE:train_model> $<TARGET_FILE:shardplan_cli> ${_plans} ${CMAKE_CURRENT_BINARY_DIR}/gpt2_logits)
 set_tests_properties(e2e_gpt2_logits_from_pytorch PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
+# Phi-3 (tests/e2e/phi3.sh): fused qkv_proj and gate_up_proj cut on load into
+# the Llama example, logits and greedy text equal to an independent PyTorch
+# Phi-3 (tests/phi3/reference.py) at 1, 2, 4 thread ranks and 2 gloo
+# processes (kv_heads 2 and 1); saved back fused after fine-tuning at TP 2.
+add_test(NAME e2e_phi3_from_pytorch COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/e2e/phi3.sh
+  $<TARGET_FILE:train_model> $<TARGET_FILE:shardplan_cli> ${_plans} ${CMAKE_CURRENT_BINARY_DIR}/phi3)
+set_tests_properties(e2e_phi3_from_pytorch PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
 # A Llama whose heads are of 16, not the default 32 (tests/e2e/llama_head_size.sh):
 # saved and loaded back as safetensors + config.json, plans/llama.yaml's
 # head_dim: auto generates one process's text at 2 and 4 thread ranks, and a

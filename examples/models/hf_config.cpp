@@ -177,7 +177,10 @@ Overrides read_phi3(const json& j, const std::string& path) {
   if (j.contains("partial_rotary_factor") && j["partial_rotary_factor"] != 1)
     bad(path, "partial_rotary_factor is " + j["partial_rotary_factor"].dump() +
                   "; the example rotates the whole head (1.0)");
-  return read_common(j, path, "phi3", false);
+  // Phi3Model masks with sliding_window as Mistral does (null: none).
+  Overrides out = read_common(j, path, "phi3", false);
+  read_key(j, path, {"sliding_window", "window", true}, out);
+  return out;
 }
 
 json write_common(const Overrides& ours) {
@@ -237,6 +240,9 @@ json write_gemma(const Overrides& ours) {
 json write_phi3(const Overrides& ours) {
   json j = write_common(ours);
   j["hidden_act"] = "silu";
+  j["rope_scaling"] = nullptr;
+  const auto it = ours.find("window");
+  j["sliding_window"] = it == ours.end() || it->second == "0" ? json(nullptr) : json(std::stoll(it->second));
   return j;
 }
 
@@ -317,7 +323,9 @@ std::string find_hf_config(const std::string& weights_path) {
   return fs::exists(candidate, ec) ? candidate.string() : "";
 }
 
-Overrides read_hf_config(const std::string& path, const std::string& model) {
+namespace {
+
+std::string read_config_file(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   // Before opening: opening a named pipe would wait for a writer.
@@ -328,7 +336,13 @@ Overrides read_hf_config(const std::string& path, const std::string& model) {
   if (!in) bad(path, "cannot be read");
   std::ostringstream text;
   text << in.rdbuf();
-  return read_hf_config_text(text.str(), path, model);
+  return text.str();
+}
+
+}  // namespace
+
+Overrides read_hf_config(const std::string& path, const std::string& model) {
+  return read_hf_config_text(read_config_file(path), path, model);
 }
 
 Overrides read_hf_config_text(const std::string& text, const std::string& path, const std::string& model) {

@@ -98,7 +98,8 @@ void check_family(const LlamaConfig& c) {
   const std::string& f = c.family;
   if (f != "llama" && f != "qwen2" && f != "mistral" && f != "gemma" && f != "phi3")
     bad_config("family '" + f + "' is not one of: llama, qwen2, mistral, gemma, phi3");
-  if (c.window && f != "mistral") bad_config("window (sliding_window) is mistral's, not family " + f + "'s");
+  if (c.window && f != "mistral" && f != "phi3")
+    bad_config("window (sliding_window) is mistral's and phi3's, not family " + f + "'s");
   const bool own_head_dim = f == "mistral" || f == "gemma";
   if (c.head_size && !own_head_dim && (c.embed % c.heads != 0 || c.head_size != c.embed / c.heads))
     bad_config("head_dim " + num(c.head_size) + " is not embed / heads; only mistral and gemma say their own");

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "models/families/phi3.h"
 #include "models/generate.h"
 #include "models/hf_config.h"
 #include "models/hf_config_gpt2.h"
@@ -149,9 +150,10 @@ void save_pretrained(const Args& a, World& world, torch::nn::Module& model, cons
                      const ExampleModel& example) {
   SaveWeightsOptions options;
   if (a.model == "gpt2") options.transposed = gpt2_file_layout().save_transposed;  // Conv1D's [in, out]
+  // A Phi-3 is saved back as one: its q/k/v and gate/up re-fused.
+  if (const LlamaConfig* phi3 = phi3_config_of(model)) options.fused = phi3_save_fused(*phi3);
   save_weights_safetensors(model, report, world, a.save_weights, options);
-  const std::string json = a.model == "gpt2" ? gpt2_config_json(example.config_str(), a.dtype)
-                                             : hf_config_json(a.model, example.config_str(), a.dtype);
+  const std::string json = hf_config_json(a.model, example.config_str(), a.dtype);
   if (world.rank() == 0 && !json.empty()) {
     namespace fs = std::filesystem;
     const fs::path target(a.save_weights);

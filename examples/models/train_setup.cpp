@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "models/families/phi3.h"
 #include "models/hf_config.h"
 #include "models/hf_config_fit.h"
 #include "models/gpt2.h"
@@ -70,6 +71,7 @@ void load_pretrained(const TrainRank& r, DataParallel* dp) {
   }
   options.rename.insert(options.rename.end(), a.rename_weights.begin(), a.rename_weights.end());
   options.strict = !a.lenient_weights;
+  if (const LlamaConfig* phi3 = phi3_config_of(*r.m.module)) options.fused = phi3_load_fused(*phi3);
   const WeightsReport w = dp ? load_weights(*dp, *r.m.module, r.report, a.load_weights, options)
                              : load_weights(*r.m.module, r.report, a.load_weights, options);
   if (!r.lead()) return;

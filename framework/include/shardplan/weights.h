@@ -53,6 +53,18 @@ struct WeightsOptions {
   // Benchmarks and tests only: read each tensor whole, then cut this rank's
   // shard from it (what a loader without shard-on-load does).
   bool whole_then_slice = false;
+  // A file tensor that is several model parameters stacked along dim 0
+  // (Phi-3's qkv_proj, gate_up_proj): `pattern` (the rename rules' syntax)
+  // must match the whole name as in the file, before any rename; `parts`
+  // name model parameters (no rename applies; $1 etc. are the pattern's
+  // groups) with their rows, in order, summing to the tensor's dim 0. Each
+  // part loads as a parameter of its own, shard-on-load: a rank reads only
+  // the rows of each part its shard covers. At most 1000 rules, 64 parts.
+  struct FusedWeight {
+    std::string pattern;
+    std::vector<std::pair<std::string, int64_t>> parts;  // (model name, rows)
+  };
+  std::vector<FusedWeight> fused;
 };
 
 // Throws Error naming the first rule of a WeightsOptions::rename that is
@@ -66,7 +78,8 @@ std::string renamed_weight_name(const WeightsOptions& options, const std::string
 struct WeightsReport {
   std::vector<std::string> loaded;      // model names, in model order (a tie group once)
   std::vector<std::string> missing;     // model parameters the file lacks (non-strict)
-  std::vector<std::string> unexpected;  // file tensors (as named in the file) the model lacks (non-strict)
+  std::vector<std::string> unexpected;  // file tensors (as named in the file; a fused tensor's part as
+                                        // "file name (part model name)") the model lacks (non-strict)
   std::vector<std::string> warnings;    // one line each: the above, and buffers left as they were
   int64_t bytes_copied = 0;             // bytes written into this rank's tensors
 };
@@ -107,6 +120,12 @@ struct SaveWeightsOptions {
   // one of these patterns (as WeightsOptions::transposed) is written [in, out]
   // (GPT-2's Conv1D layout). A matched tensor that is not 2-D is an error.
   std::vector<std::string> transposed;
+  // The inverse of WeightsOptions::fused: (name to write, model parameters)
+  // writes those parameters, gathered whole one at a time, concatenated
+  // along dim 0 in order as one tensor of that name, where the first of
+  // them in model order would stand. At most 100,000 entries, 64
+  // parameters each.
+  std::vector<std::pair<std::string, std::vector<std::string>>> fused;
 };
 
 // Collective over `world`. Writes the whole tensors (parameters, then

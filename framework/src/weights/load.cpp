@@ -76,14 +76,15 @@ void match(std::vector<Target>& targets, const std::vector<SourceTensor>& source
   const weights_detail::Renames renames(options.rename);
   std::map<std::string, std::string> renamed_from;  // model name -> file name
   for (const auto& s : sources) {
-    const std::string name = renames.apply(s.name, path);
-    auto prev = renamed_from.emplace(name, s.name);
+    // A fused tensor's parts are named as the model names them already.
+    const std::string name = s.fused_from.empty() ? renames.apply(s.name, path) : s.name;
+    auto prev = renamed_from.emplace(name, weights_detail::shown_name(s));
     if (!prev.second)
-      throw Error("weights '" + path + "': tensors '" + prev.first->second + "' and '" + s.name +
-                  "' both become '" + name + "' after WeightsOptions::rename");
+      throw Error("weights '" + path + "': tensors '" + prev.first->second + "' and '" + weights_detail::shown_name(s) +
+                  "' both become '" + name + "' after WeightsOptions::rename and ::fused");
     auto it = by_name.find(name);
     if (it == by_name.end()) {
-      rep.unexpected.push_back(s.name);
+      rep.unexpected.push_back(weights_detail::shown_name(s));
       continue;
     }
     Target& t = targets[it->second];
@@ -132,7 +133,7 @@ std::vector<std::string> check_shapes(const std::vector<Target>& targets, const 
       continue;
     }
     const auto& s = *t.source;
-    const std::string where = "tensor '" + s.name + "' in '" + file_name(s) + "'";
+    const std::string where = "tensor '" + weights_detail::shown_name(s) + "' in '" + file_name(s) + "'";
     if (s.shape != t.item.global_shape) {
       const auto& g = t.item.global_shape;
       if (!s.transposed || g.size() != 2)
@@ -210,6 +211,7 @@ WeightsReport weights_detail::load_into(torch::nn::Module& model, const Parallel
                                         const SliceTargets& slices) {
   std::vector<SourceTensor> sources = weights_detail::open_weights(path);
   weights_detail::transpose_sources(sources, options.transposed, path);
+  sources = weights_detail::split_fused(std::move(sources), options.fused);
   std::vector<Target> targets = targets_of(model, report);
   check_slices_belong(targets, slices, path);
   WeightsReport rep;

@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <set>
 
 #include "checkpoint/checkpoint_internal.h"
 #include "shardplan/communicator.h"
@@ -152,6 +154,72 @@ std::vector<bool> transpose_entries(std::vector<SafetensorsEntry>& entries, cons
   return out;
 }
 
+// What is written: one model tensor, or a SaveWeightsOptions::fused entry's
+// parameters concatenated along dim 0 under its name.
+struct WrittenTensor {
+  std::string name;
+  std::vector<size_t> items;
+  std::vector<int64_t> shape;
+  at::ScalarType dtype;
+};
+
+constexpr size_t kMaxFused = 100000, kMaxFusedParts = 64;
+
+// Every rank computes the same layout, so a refusal throws on all of them
+// before the first collective gather.
+std::vector<WrittenTensor> fused_layout(const std::vector<ckpt_detail::Item>& items, const SaveWeightsOptions& options) {
+  const auto& fused = options.fused;
+  if (fused.size() > kMaxFused)
+    throw Error("SaveWeightsOptions::fused has " + std::to_string(fused.size()) + " entries (at most 100000)");
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < items.size(); ++i) index.emplace(items[i].name, i);
+  std::vector<int64_t> group_of(items.size(), -1);
+  for (size_t g = 0; g < fused.size(); ++g) {
+    const std::string what = "SaveWeightsOptions::fused '" + fused[g].first + "'";
+    if (fused[g].first.empty() || fused[g].second.empty() || fused[g].second.size() > kMaxFusedParts)
+      throw Error(what + ": needs a name and 1 to 64 parameters");
+    const ckpt_detail::Item* first = nullptr;
+    for (const auto& part : fused[g].second) {
+      const auto it = index.find(part);
+      if (it == index.end() || items[it->second].buffer)
+        throw Error(what + ": the model has no parameter '" + part + "' to write (a tied one only under its first name)");
+      const auto& item = items[it->second];
+      if (group_of[it->second] >= 0) throw Error(what + ": '" + part + "' is fused twice");
+      group_of[it->second] = static_cast<int64_t>(g);
+      if (!first) first = &item;
+      const auto& a = first->global_shape;
+      const auto& b = item.global_shape;
+      if (b.empty() || a.size() != b.size() || !std::equal(a.begin() + 1, a.end(), b.begin() + 1) ||
+          item.local.scalar_type() != first->local.scalar_type())
+        throw Error(what + ": '" + part + "' does not stack on '" + first->name +
+                    "' along dim 0 (another dtype, or other sizes past dim 0)");
+    }
+  }
+  std::vector<WrittenTensor> out;
+  std::set<std::string> names;
+  std::vector<bool> emitted(fused.size(), false);
+  for (size_t i = 0; i < items.size(); ++i) {
+    const auto& item = items[i];
+    WrittenTensor w{item.name, {i}, item.global_shape, item.local.scalar_type()};
+    if (group_of[i] >= 0) {
+      const auto& entry = fused[static_cast<size_t>(group_of[i])];
+      w.name = entry.first;
+      w.items.clear();
+      w.shape[0] = 0;
+      for (const auto& part : entry.second) {
+        w.items.push_back(index.at(part));
+        w.shape[0] += items[index.at(part)].global_shape[0];
+      }
+      if (emitted[static_cast<size_t>(group_of[i])]) continue;  // written where its first parameter stood
+      emitted[static_cast<size_t>(group_of[i])] = true;
+    }
+    if (!names.insert(w.name).second)
+      throw Error("SaveWeightsOptions::fused: '" + w.name + "' would be written twice (a fused entry named as a model tensor)");
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
 }  // namespace
 
 void save_weights_safetensors(torch::nn::Module& model, const ParallelReport& report, World& world,
@@ -165,14 +233,29 @@ void save_weights_safetensors(torch::nn::Module& model, const ParallelReport& re
     seen.push_back(impl);
     items.push_back(std::move(item));
   }
+  const std::vector<WrittenTensor> written = fused_layout(items, options);
   std::vector<SafetensorsEntry> entries;
-  for (const auto& item : items) entries.push_back(entry_of(item.name, item.local.scalar_type(), item.global_shape));
+  for (const auto& w : written) entries.push_back(entry_of(w.name, w.dtype, w.shape));
   const std::vector<bool> transposed = transpose_entries(entries, options);  // the same on every rank
+  const bool writes = world.rank() == options.root;
   const Produce produce = [&](size_t i) {
-    const at::Tensor whole = ckpt_detail::gather_whole(items[i], items[i].local, report, world);
-    return transposed[i] && whole.defined() ? whole.t() : whole;
+    const WrittenTensor& w = written[i];
+    at::Tensor out;
+    if (w.items.size() == 1) {
+      out = ckpt_detail::gather_whole(items[w.items[0]], items[w.items[0]].local, report, world);
+    } else {
+      // A fused tensor is filled part by part: beside it, one part is whole.
+      if (writes) out = at::empty(w.shape, at::TensorOptions().dtype(w.dtype));
+      int64_t row = 0;
+      for (size_t k : w.items) {
+        const at::Tensor part = ckpt_detail::gather_whole(items[k], items[k].local, report, world);
+        if (writes) out.narrow(0, row, part.size(0)).copy_(part);
+        row += items[k].global_shape[0];
+      }
+    }
+    return transposed[i] && out.defined() ? out.t() : out;
   };
-  const std::string error = write_all(path, entries, produce, world.rank() == options.root, options);
+  const std::string error = write_all(path, entries, produce, writes, options);
   // Every rank learns whether the writer failed, so none returns as if saved.
   at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::kInt);
   world.comm().all_reduce(failed, ReduceOp::Max);

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "shardplan/weights.h"
+
 namespace shardplan::weights_detail {
 
 // A whole file mapped read-only. Loads read a shard's rows straight from the
@@ -43,6 +45,9 @@ struct SourceTensor {
   std::shared_ptr<MappedFile> file;
   bool is_bool = false;                  // stored as BOOL: nonzero bytes are true
   bool transposed = false;               // shape/strides swapped (WeightsOptions::transposed)
+  // A part of a fused tensor (WeightsOptions::fused): `name` is then the
+  // model's, and this the file's tensor it was cut from.
+  std::string fused_from;
 
   at::Tensor view() const;
 };
@@ -78,6 +83,13 @@ class TransposedNames {
 // tensor when a matched one is not 2-D.
 void transpose_sources(std::vector<SourceTensor>& sources, const std::vector<std::string>& patterns,
                        const std::string& path);
+// `sources` with each tensor a WeightsOptions::fused rule matches replaced by
+// its parts (fused.cpp): views of its rows, nothing read. Throws Error
+// naming `path`'s file and the tensor for a rule it breaks.
+std::vector<SourceTensor> split_fused(std::vector<SourceTensor> sources,
+                                      const std::vector<WeightsOptions::FusedWeight>& fused);
+// The display name of a source in messages: the file's name, and the part.
+std::string shown_name(const SourceTensor& s);
 
 // safetensors dtype names <-> torch's.
 at::ScalarType scalar_type_of(const std::string& safetensors_dtype);
