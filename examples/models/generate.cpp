@@ -15,6 +15,7 @@
 #include "shardplan/communicator.h"
 #include "shardplan/error.h"
 #include "shardplan/mappings.h"
+#include "shardplan/nn/linear.h"
 
 namespace shardplan {
 namespace examples {
@@ -51,6 +52,12 @@ void check_generation(const CausalLM& model, int64_t prompt_tokens, const Genera
   if (o.top_k < 0 || o.top_k > vocab)
     throw Error("generate: top-k must be between 0 (all) and the vocabulary " + std::to_string(vocab) +
                 ", got " + std::to_string(o.top_k));
+}
+
+at::Tensor vocab_whole(const shardplan::nn::LinearImpl& head, const at::Tensor& logits) {
+  const auto& s = head.strategy();
+  Communicator* group = s ? s->sharded_output_group() : nullptr;
+  return group && group->size() > 1 ? gather_from_group(logits, *group, -1) : logits;
 }
 
 at::Tensor next_token(const at::Tensor& logits, const GenerateOptions& o, at::Generator& gen) {

@@ -35,6 +35,9 @@ class Generator;
 namespace shardplan {
 
 class Communicator;
+namespace nn {
+class LinearImpl;
+}
 
 namespace examples {
 
@@ -85,6 +88,11 @@ Generation generate(CausalLM& model, const at::Tensor& prompt, const GenerateOpt
 // Throws shardplan::Error unless every rank of `comm` holds the same
 // `tokens` ([B, N] long, the same shape on every rank): one all-reduce.
 void check_same_tokens(const at::Tensor& tokens, Communicator& comm);
+
+// `logits` of the LM head `head` with the vocabulary whole: gathered over
+// the head's group when the plan left its output split (a vocab-parallel
+// head), as prefill and every decoding step need them.
+at::Tensor vocab_whole(const shardplan::nn::LinearImpl& head, const at::Tensor& logits);
 
 // The next token [B] from next-token logits [B, V]: argmax when greedy, else
 // a draw from softmax(logits / temperature) over the top-k.

@@ -7,6 +7,7 @@
 
 #include "models/config.h"
 #include "models/corpus.h"
+#include "models/generate.h"
 #include "shardplan/error.h"
 #include "shardplan/communicator.h"
 #include "shardplan/mappings.h"
@@ -162,11 +163,7 @@ CausalLM::CacheBytes GPTImpl::cache_bytes(int64_t batch) const {
   return {width * per_width, config.embed * per_width};
 }
 
-at::Tensor GPTImpl::full_logits(const at::Tensor& logits) const {
-  const auto& s = head->strategy();
-  Communicator* group = s ? s->sharded_output_group() : nullptr;
-  return group && group->size() > 1 ? gather_from_group(logits, *group, -1) : logits;
-}
+at::Tensor GPTImpl::full_logits(const at::Tensor& logits) const { return vocab_whole(*head, logits); }
 
 at::Tensor GPTImpl::loss(const Batch& batch) { return output_loss(forward(batch.input), batch.target); }
 

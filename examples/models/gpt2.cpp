@@ -9,6 +9,7 @@
 
 #include "models/config.h"
 #include "models/corpus.h"
+#include "models/generate.h"
 #include "shardplan/error.h"
 #include "shardplan/mappings.h"
 #include "shardplan/nn/deferred_init.h"
@@ -222,11 +223,7 @@ at::Tensor GPT2Impl::forward(const at::Tensor& tokens) {
   return lm_head->forward(transformer->forward(tokens, 0, nullptr));
 }
 
-at::Tensor GPT2Impl::full_logits(const at::Tensor& logits) const {
-  const auto& s = lm_head->strategy();
-  Communicator* group = s ? s->sharded_output_group() : nullptr;
-  return group && group->size() > 1 ? gather_from_group(logits, *group, -1) : logits;
-}
+at::Tensor GPT2Impl::full_logits(const at::Tensor& logits) const { return vocab_whole(*lm_head, logits); }
 
 std::vector<shardplan::nn::KVCache> GPT2Impl::make_caches() const {
   return std::vector<shardplan::nn::KVCache>(transformer->h->size(), shardplan::nn::KVCache(config.context));

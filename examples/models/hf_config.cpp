@@ -298,7 +298,9 @@ const Family& family_of(const json& j, const std::string& path, const std::strin
 // dump() of a deep value (for a message) would recurse once per level.
 constexpr int kMaxJsonDepth = 32;
 
-json parse_config(const std::string& text, const std::string& path) {
+}  // namespace
+
+json parse_hf_config(const std::string& text, const std::string& path) {
   json j;
   try {
     j = json::parse(text, [&](int depth, json::parse_event_t, json&) {
@@ -312,8 +314,6 @@ json parse_config(const std::string& text, const std::string& path) {
   return j;
 }
 
-}  // namespace
-
 std::string find_hf_config(const std::string& weights_path) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -323,9 +323,7 @@ std::string find_hf_config(const std::string& weights_path) {
   return fs::exists(candidate, ec) ? candidate.string() : "";
 }
 
-namespace {
-
-std::string read_config_file(const std::string& path) {
+std::string read_hf_config_file(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   // Before opening: opening a named pipe would wait for a writer.
@@ -339,16 +337,14 @@ std::string read_config_file(const std::string& path) {
   return text.str();
 }
 
-}  // namespace
-
 Overrides read_hf_config(const std::string& path, const std::string& model) {
-  return read_hf_config_text(read_config_file(path), path, model);
+  return read_hf_config_text(read_hf_config_file(path), path, model);
 }
 
 Overrides read_hf_config_text(const std::string& text, const std::string& path, const std::string& model) {
   if (!is_example(model) && !family_named(model))
     bad(path, "a Hugging Face config describes the examples llama and gpt2 only, not '" + model + "'");
-  const json j = parse_config(text, path);
+  const json j = parse_hf_config(text, path);
   const Family& f = family_of(j, path, model);
   if (model != f.example && model != f.type)
     bad(path, "model_type '" + std::string(f.type) + "' is computed by model '" + f.example + "', not '" + model + "'");
@@ -381,7 +377,7 @@ std::string hf_model_for_weights(const std::string& weights, const std::string& 
   std::ifstream in(path, std::ios::binary);
   std::ostringstream text;
   text << in.rdbuf();
-  const json j = parse_config(text.str(), path);
+  const json j = parse_hf_config(text.str(), path);
   const Family& f = family_of(j, path, "llama");
   if (given && model != f.example && model != f.type)
     bad(path, "model_type '" + std::string(f.type) + "' is computed by --model " + f.example + ", not --model " + model);

@@ -18,6 +18,13 @@ using HfConfigReader = Overrides (*)(const nlohmann::json& config, const std::st
 // architectures and torch_dtype are added by the caller).
 using HfConfigWriter = nlohmann::json (*)(const Overrides& ours);
 
+// config.json's text (from file `path`) parsed, its nesting bounded while
+// parsing; not JSON, too deep or not an object is an Error naming `path`.
+nlohmann::json parse_hf_config(const std::string& text, const std::string& path);
+// The text of config.json `path`: a regular file (a pipe would block) of at
+// most 16 MiB, else an Error naming it.
+std::string read_hf_config_file(const std::string& path);
+
 Overrides read_gpt2_config(const nlohmann::json& config, const std::string& path);
 nlohmann::json gpt2_config_json(const Overrides& ours);
 

@@ -1,13 +1,10 @@
 #include "models/hf_config_gpt2.h"
 
-#include "models/hf_config_family.h"
-
 #include <cstdint>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "models/hf_config_family.h"
 #include "shardplan/error.h"
 
 namespace shardplan {
@@ -28,24 +25,6 @@ struct GPT2Key {
 constexpr GPT2Key kSizes[] = {{"n_embd", "embed", true},       {"n_layer", "layers", true},
                           {"n_head", "heads", true},       {"n_positions", "context", true},
                           {"vocab_size", "vocab", true},   {"n_inner", "mlp", false}};
-
-// A config is flat; deeper nesting is refused while parsing (dump() of a
-// deep value, for a message, would recurse once per level).
-constexpr int kGPT2MaxDepth = 32;
-
-json parse_gpt2(const std::string& text, const std::string& path) {
-  json j;
-  try {
-    j = json::parse(text, [&](int depth, json::parse_event_t, json&) {
-      if (depth > kGPT2MaxDepth) bad_gpt2(path, "nests values more than " + std::to_string(kGPT2MaxDepth) + " levels deep");
-      return true;
-    });
-  } catch (const json::exception& e) {
-    bad_gpt2(path, std::string("not JSON: ") + e.what());
-  }
-  if (!j.is_object()) bad_gpt2(path, "not a JSON object");
-  return j;
-}
 
 // What the example does not compute must not be ignored: the weights would
 // load and compute something else.
@@ -72,20 +51,11 @@ void refuse_gpt2_unsupported(const std::string& path, const json& j) {
 }  // namespace
 
 Overrides read_gpt2_config(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  // Before opening: opening a named pipe would wait for a writer.
-  if (!fs::is_regular_file(path, ec)) bad_gpt2(path, "is not a regular file (a pipe, device or directory is not read)");
-  if (fs::file_size(path, ec) > (16u << 20)) bad_gpt2(path, "is over 16 MiB; a config.json is a few hundred bytes");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) bad_gpt2(path, "cannot be read");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return read_gpt2_config_text(text.str(), path);
+  return read_gpt2_config_text(read_hf_config_file(path), path);
 }
 
 Overrides read_gpt2_config_text(const std::string& text, const std::string& path) {
-  return read_gpt2_config(parse_gpt2(text, path), path);
+  return read_gpt2_config(parse_hf_config(text, path), path);
 }
 
 // models/hf_config.cpp's table row for model_type gpt2.

@@ -9,6 +9,7 @@
 
 #include "models/config.h"
 #include "models/corpus.h"
+#include "models/generate.h"
 #include "shardplan/communicator.h"
 #include "shardplan/error.h"
 #include "shardplan/mappings.h"
@@ -313,11 +314,7 @@ at::Tensor LlamaImpl::forward(const at::Tensor& tokens) {
   return lm_head->forward(model->forward(tokens, 0, nullptr));
 }
 
-at::Tensor LlamaImpl::full_logits(const at::Tensor& logits) const {
-  const auto& s = lm_head->strategy();
-  Communicator* group = s ? s->sharded_output_group() : nullptr;
-  return group && group->size() > 1 ? gather_from_group(logits, *group, -1) : logits;
-}
+at::Tensor LlamaImpl::full_logits(const at::Tensor& logits) const { return vocab_whole(*lm_head, logits); }
 
 std::vector<shardplan::nn::KVCache> LlamaImpl::make_caches() const {
   return std::vector<shardplan::nn::KVCache>(model->layers->size(),
