@@ -166,6 +166,7 @@ TEST_F(HfTokenizer, BadFilesAreOneLine) {
       {"lookbehind", changed([](json& c) { c["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(?<=a)b"; })},
       {"lstrip", changed([](json& c) { c["added_tokens"][0]["lstrip"] = true; })},
       {"truncation", changed([](json& c) { c["truncation"] = {{"max_length", 8}}; })},
+      {"added_id_gap", changed([](json& c) { c["added_tokens"][0]["id"] = c["added_tokens"][0]["id"].get<int>() + 5; })},
       {"newline_in_pattern",  // found by tokenizer_json_fuzzer: the message quoted it raw
        changed([](json& c) { c["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "a\n[]+"; })},
   };
@@ -174,7 +175,7 @@ TEST_F(HfTokenizer, BadFilesAreOneLine) {
                                          "is given to both", "no token for byte", "model.type is not BPE",
                                          "normalizer is 'NFKC', which is not supported", "decoder is 'WordPiece'",
                                          "normalizer.normalizers[0] is 'Lowercase'", "lookaround", "lstrip is true",
-                                         "truncation is set",
+                                         "truncation is set", "but Hugging Face's tokenizers gives it",
                                          "a\\x0a[]+: RE2 cannot run it"};
   for (size_t i = 0; i < cases.size(); ++i) {
     const std::string path = write(cases[i].first + ".json", cases[i].second);

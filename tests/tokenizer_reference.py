@@ -458,7 +458,7 @@ def main():
                  "qwen2": ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]}[style.replace("_nfc", "")]
         added = {}
         for k, name in enumerate(names):
-            added[name] = len(vocab) + (0 if style == "gpt2" else 5 + k)  # llama3, qwen2: ids past a gap
+            added[name] = len(vocab) + (0 if style == "gpt2" else k)  # as Hugging Face numbers them
             if style == "gpt2":
                 vocab[name] = added[name]  # GPT-2 lists its one special token in the vocab too
         bos = "<|begin_of_text|>" if style == "llama3" else None

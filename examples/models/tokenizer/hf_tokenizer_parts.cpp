@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <re2/re2.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -189,11 +190,29 @@ void read_model(const json& root, HfParts* p) {
   }
 }
 
+// Hugging Face's tokenizers does not take an added token's id from the
+// file: one the model's vocab has keeps that id, any other gets the next
+// past the vocab and past the added ones so far, in file order
+// (AddedVocabulary::add_tokens). A file whose ids say otherwise (a gap
+// after the vocab) would encode to other ids there than here: refused.
+void check_added_id(const HfParts& p, const AddedToken& token, int64_t model_size, int64_t max_added,
+                    const std::string& where) {
+  const auto in_model = p.vocab.find(token.content);
+  int64_t want = max_added >= model_size ? max_added + 1 : model_size;
+  if (in_model != p.vocab.end() && !p.is_added[in_model->second]) want = in_model->second;
+  if (token.id != want)
+    fail(p.file, where + " " + shown(token.content) + " has id " + std::to_string(token.id) +
+                     ", but Hugging Face's tokenizers gives it " + std::to_string(want) +
+                     " (an added token not in the vocab takes the next id past it)");
+}
+
 void read_added_tokens(const json& root, HfParts* p) {
   const json* added = member(root, "added_tokens");
   if (added == nullptr) return;
   if (!added->is_array()) fail(p->file, "added_tokens is not a list");
   if (static_cast<int64_t>(added->size()) > kMaxVocab) fail(p->file, "added_tokens has too many tokens");
+  const int64_t model_size = static_cast<int64_t>(p->vocab.size());
+  int64_t max_added = -1;
   for (size_t i = 0; i < added->size(); ++i) {
     const json& t = (*added)[i];
     const std::string where = "added_tokens[" + std::to_string(i) + "]";
@@ -205,6 +224,8 @@ void read_added_tokens(const json& root, HfParts* p) {
     check_token(token.content, p->file, where + ".content");
     for (const char* key : {"single_word", "lstrip", "rstrip"})
       if (as_bool(t, key, p->file, where)) fail(p->file, where + "." + key + " is true, which is not supported");
+    check_added_id(*p, token, model_size, max_added, where);
+    max_added = std::max(max_added, token.id);
     set_token(p, token.id, token.content, true);
     p->added.push_back(std::move(token));
   }
