@@ -86,11 +86,12 @@ expect_no_leftovers() {
 }
 # The ranks' and launcher's lines after a lost link, on node K: a rank names
 # the other host, either as the group's ranks there (a timeout) or as the peer
-# that closed or reset its connection.
+# that closed or reset its connection. A cut that lands in a step's replica
+# check (every 10 steps) is reported with the step's "step N: " before it.
 expect_link_errors() {
   local k=$1 log=$WORK/node$1.log other
   other=$(host_addr $((1 - k)) | sed 's/\./\\./g')
-  grep -qE "^\[rank [0-9]+\] train_model: error: gloo [a-z_]+ on group 'model' \(rank [0-9] of 4\): .*(the group's ranks on other hosts: $other \([0-9, ]+\).*within $TIMEOUT_MS ms|(closed|reset).*\[$other\])" "$log" ||
+  grep -qE "^\[rank [0-9]+\] train_model: error: (step [0-9]+: )?gloo [a-z_]+ on group 'model' \(rank [0-9] of 4\): .*(the group's ranks on other hosts: $other \([0-9, ]+\).*within $TIMEOUT_MS ms|(closed|reset).*\[$other\])" "$log" ||
     fail "no rank on node $k named the collective and the host it lost"
   grep -qE "^shardplan launch: node $k of 2 \($(host_addr "$k")\): rank [0-9]+ \(pid [0-9]+\) exited with status 1" "$log" ||
     fail "node $k's launcher did not name its node and the failed rank"
