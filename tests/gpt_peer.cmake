@@ -11,3 +11,12 @@ if(SHARDPLAN_SYSTEM_PYTHON3)
       --build ${CMAKE_BINARY_DIR} --reps 1 --steps 6 --log-every 2 --batch 8 --skip-status 77)
   set_tests_properties(gpt_peer_smoke PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77 LABELS "gloo;bench")
 endif()
+# The same for data parallelism against torch's DistributedDataParallel, in
+# float64 where both sides' losses agree to the last printed digit.
+if(SHARDPLAN_SYSTEM_PYTHON3)
+  add_test(NAME gpt_peer_ddp_smoke
+    COMMAND ${SHARDPLAN_SYSTEM_PYTHON3} ${PROJECT_SOURCE_DIR}/benchmarks/gpt_peer/side_by_side.py
+      --build ${CMAKE_BINARY_DIR} --ddp --dtype float64 --max-loss-diff 1e-11 --reps 1 --steps 6 --log-every 2
+      --batch 8 --skip-status 77)
+  set_tests_properties(gpt_peer_ddp_smoke PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77 LABELS "gloo;bench")
+endif()

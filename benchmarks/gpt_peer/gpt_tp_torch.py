@@ -250,7 +250,48 @@ def parse():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads; 0 leaves torch's default")
     p.add_argument("--data", default=DEFAULT_DATA)
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                   help="as train_gpt's --dtype: the model built in float32 from the seed, then converted")
+    p.add_argument("--ddp", action="store_true",
+                   help="data parallel instead (plans/data_parallel.yaml's peer): the whole model on every "
+                        "rank under torch's DistributedDataParallel, each rank training on its slice of the "
+                        "global batch")
     return p.parse_args()
+
+
+class Whole(torch.nn.Module):
+    """The unsharded model as one nn.Module, for DistributedDataParallel."""
+
+    def __init__(self, gpt):
+        super().__init__()
+        self.gpt = gpt
+        self.ps = torch.nn.ParameterList(gpt.params)
+
+    def forward(self, tokens, target):
+        return self.gpt.loss(tokens, target)
+
+
+def build(a, c, rank, world):
+    """The model this rank trains and the function that gives its loss."""
+    torch.manual_seed(a.seed)
+    gpt = ShardedGPT(c, 0 if a.ddp else rank, 1 if a.ddp else world)
+    dtype = {"float32": torch.float32, "float64": torch.float64}[a.dtype]
+    for p in gpt.params:  # in place: the blocks hold these same Parameters
+        p.data = p.data.to(dtype)
+    if a.ddp and world > 1:
+        ddp = torch.nn.parallel.DistributedDataParallel(Whole(gpt))  # DDP's defaults: 25 MiB buckets, 1 MiB first
+        return gpt, ddp.parameters(), ddp
+    return gpt, gpt.params, gpt.loss
+
+
+def report_start(a, c, gpt, world, esize):
+    print("model gpt: %s; %d parameters" % (c, gpt.unsharded_params))
+    if world > 1 and a.ddp:
+        grad_bytes = sum(p.numel() for p in gpt.params) * esize
+        print("plan: torch.distributed gloo, DistributedDataParallel over %d ranks (%d gradient bytes)" %
+              (world, grad_bytes))
+    elif world > 1:
+        print("plan: torch.distributed gloo, Megatron-style by hand, over %d ranks" % world)
 
 
 def main():
@@ -263,23 +304,26 @@ def main():
         dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
     c = Config(a.config)
     lead = rank == 0
-    torch.manual_seed(a.seed)
-    model = ShardedGPT(c, rank, world)
+    esize = 8 if a.dtype == "float64" else 4
+    gpt, params, loss_of = build(a, c, rank, world)
     if lead:
-        print("model gpt: %s; %d parameters" % (c, model.unsharded_params))
-        if world > 1:
-            print("plan: torch.distributed gloo, Megatron-style by hand, over %d ranks" % world)
-    opt = torch.optim.Adam(model.params, lr=a.lr)
+        report_start(a, c, gpt, world, esize)
+    opt = torch.optim.Adam(params, lr=a.lr)
 
     with open(a.data, "rb") as f:
         corpus = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).long()
     gen = torch.Generator()
     gen.manual_seed(a.seed + 1)
     length = c.context + 1
+    if a.ddp and a.batch % world:
+        raise SystemExit("gpt_tp_torch.py: --batch %d does not divide over %d ranks" % (a.batch, world))
+    local = a.batch // world if a.ddp else a.batch
 
-    def sample():  # Corpus::windows
+    def sample():  # Corpus::windows; under DDP this rank's rows (DataParallel::local_batch)
         start = torch.randint(corpus.numel() - length, (a.batch, 1), generator=gen, dtype=torch.long)
         w = torch.take(corpus, start + torch.arange(length))
+        if a.ddp:
+            w = w.narrow(0, rank * local, local)
         return w.narrow(1, 0, c.context), w.narrow(1, 1, c.context)
 
     items = a.batch * c.context
@@ -287,28 +331,34 @@ def main():
     for step in range(1, a.steps + 1):
         tokens, target = sample()
         opt.zero_grad()
-        loss = model.loss(tokens, target)
+        loss = loss_of(tokens, target)
         loss.backward()
         opt.step()
-        if step == 1 and lead and world > 1:
+        if step == 1 and lead and world > 1 and not a.ddp:
             print("communicated in step 1 (forward + backward) on rank 0: %d bytes in %d calls; "
                   "theoretical minimum for plans/gpt.yaml: %d bytes" % (Stats.bytes, Stats.calls,
-                                                                      model.min_comm_bytes(a.batch, 4)))
+                                                                      gpt.min_comm_bytes(a.batch, esize)))
         value = loss.item()
         loss_sum += value
-        if lead and (step % a.log_every == 0 or step == 1 or step == a.steps):
+        if step % a.log_every == 0 or step == 1 or step == a.steps:
+            if a.ddp and world > 1:  # the data axis' average, as train_gpt prints it, at log steps only
+                both = torch.tensor([value, loss_sum], dtype=torch.float64)
+                dist.all_reduce(both)
+                value, loss_sum = both[0].item() / world, both[1].item() / world
             now = time.monotonic()
             rate = (step - since_step) * items / max(now - since, 1e-9)
-            print("step %4d  loss %.8f  mean %.4f  tokens/s %.0f" % (step, value, loss_sum / (step - since_step),
-                                                                    rate), flush=True)
+            if lead:
+                print("step %4d  loss %.*f  mean %.4f  tokens/s %.0f" % (
+                    step, 12 if a.dtype == "float64" else 8, value, loss_sum / (step - since_step), rate), flush=True)
             since, since_step, loss_sum = now, step, 0.0
     if world > 1:
-        for r in range(world):
-            if r == rank:
-                print("rank %d: communicated %d bytes in %d calls over %d steps (%d per step; theoretical minimum %d)"
-                      % (rank, Stats.bytes, Stats.calls, a.steps, Stats.bytes // a.steps,
-                         model.min_comm_bytes(a.batch, 4)), flush=True)
-            dist.barrier()
+        if not a.ddp:
+            for r in range(world):
+                if r == rank:
+                    print("rank %d: communicated %d bytes in %d calls over %d steps (%d per step; theoretical "
+                          "minimum %d)" % (rank, Stats.bytes, Stats.calls, a.steps, Stats.bytes // a.steps,
+                                           gpt.min_comm_bytes(a.batch, esize)), flush=True)
+                dist.barrier()
         dist.destroy_process_group()
 
 
