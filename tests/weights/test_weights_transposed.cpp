@@ -136,6 +136,27 @@ TEST(WeightsTransposed, ATensorThatIsNot2DIsOneLineNamingIt) {
   fs::remove_all(dir);
 }
 
+// A file's tensor name is the file's: one with a newline stays one line.
+TEST(WeightsTransposed, ANameWithANewlineIsEscapedInTheMessage) {
+  const fs::path dir = temp_dir("transposed_newline");
+  shardplan::StateDict odd;
+  odd.emplace_back("blocks.0.fc1.bias\nx", at::zeros({4}));
+  const std::string path = (dir / "odd.safetensors").string();
+  shardplan::write_safetensors(path, odd);
+  auto m = gpt(40);
+  shardplan::WeightsOptions o;
+  o.transposed = {R"(blocks\.0\.fc1\.bias\nx)"};
+  try {
+    shardplan::load_weights(*m, {}, path, o);
+    ADD_FAILURE() << "a 1-D tensor was loaded transposed";
+  } catch (const shardplan::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("'blocks.0.fc1.bias\\x0ax'"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+  fs::remove_all(dir);
+}
+
 // With rename: the patterns match the names in the file, before renaming.
 TEST(WeightsTransposed, PatternsMatchTheFileNamesBeforeRename) {
   const fs::path dir = temp_dir("transposed_rename");

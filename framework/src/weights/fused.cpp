@@ -144,7 +144,7 @@ std::vector<SourceTensor> split_fused(std::vector<SourceTensor> sources,
 }
 
 std::string shown_name(const SourceTensor& s) {
-  return s.fused_from.empty() ? s.name : s.fused_from + " (part " + s.name + ")";
+  return s.fused_from.empty() ? escaped(s.name) : escaped(s.fused_from) + " (part " + escaped(s.name) + ")";
 }
 
 }  // namespace shardplan::weights_detail

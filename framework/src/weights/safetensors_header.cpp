@@ -13,22 +13,25 @@ namespace shardplan::weights_detail {
 
 using nlohmann::json;
 
+// A file's name in a message on one line: control bytes, and every byte
+// outside ASCII of a name that is not UTF-8, as \xNN; long names cut.
+std::string escaped(const std::string& name) {
+  static const char* hex = "0123456789abcdef";
+  const bool utf8 = detail::valid_utf8(name);
+  std::string out;
+  for (unsigned char c : name.substr(0, 200)) {
+    if (c >= 0x20 && c != 0x7f && (c < 0x80 || utf8)) out += static_cast<char>(c);
+    else out += std::string("\\x") + hex[c >> 4] + hex[c & 15];
+  }
+  return name.size() > 200 ? out + "..." : out;
+}
+
 namespace {
+
+std::string printable(const std::string& name) { return "'" + escaped(name) + "'"; }
 
 [[noreturn]] void fail_safetensors(const std::string& file, const std::string& what) {
   throw Error("safetensors file '" + file + "': " + what);
-}
-
-// Printable names in messages even when they are not UTF-8.
-std::string printable(const std::string& name) {
-  if (detail::valid_utf8(name) && name.size() <= 200) return "'" + name + "'";
-  static const char* hex = "0123456789abcdef";
-  std::string out = "'";
-  for (unsigned char c : name.substr(0, 200)) {
-    if (c >= 0x20 && c < 0x7f) out += static_cast<char>(c);
-    else out += std::string("\\x") + hex[c >> 4] + hex[c & 15];
-  }
-  return out + (name.size() > 200 ? "...'" : "'");
 }
 
 // A JSON unsigned integer, or an error naming the field.

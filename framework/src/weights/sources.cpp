@@ -171,12 +171,12 @@ std::vector<SourceTensor> open_index(const fs::path& index) {
     throw Error(where + " has no \"weight_map\" object");
   std::map<std::string, std::set<std::string>> wanted;  // file -> tensors
   for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-    if (!it.value().is_string()) throw Error(where + ": tensor '" + it.key() + "' maps to no file name");
+    if (!it.value().is_string()) throw Error(where + ": tensor '" + escaped(it.key()) + "' maps to no file name");
     const std::string file = it.value().get<std::string>();
     if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..")
-      throw Error(where + ": tensor '" + it.key() + "' maps to '" + file + "', not a file name beside the index");
+      throw Error(where + ": tensor '" + escaped(it.key()) + "' maps to '" + escaped(file) + "', not a file name beside the index");
     if (!fs::is_regular_file(index.parent_path() / file))
-      throw Error(where + ": tensor '" + it.key() + "' is in '" + file + "', which does not exist");
+      throw Error(where + ": tensor '" + escaped(it.key()) + "' is in '" + escaped(file) + "', which does not exist");
     wanted[file].insert(it.key());
   }
   std::vector<SourceTensor> out;
@@ -186,7 +186,7 @@ std::vector<SourceTensor> open_index(const fs::path& index) {
     for (auto& t : open_file(path))
       if (left.erase(t.name)) out.push_back(std::move(t));
     if (!left.empty())
-      throw Error(where + ": tensor '" + *left.begin() + "' is not in '" + path + "', where the index puts it");
+      throw Error(where + ": tensor '" + escaped(*left.begin()) + "' is not in '" + path + "', where the index puts it");
   }
   return out;
 }

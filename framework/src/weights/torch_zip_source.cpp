@@ -52,14 +52,14 @@ at::ScalarType storage_dtype(const std::string& type, const std::string& path, c
       {"ShortStorage", at::kShort}, {"CharStorage", at::kChar}, {"ByteStorage", at::kByte},
       {"BoolStorage", at::kBool}};
   auto it = types.find(type);
-  if (it == types.end()) fail_torch_save(path, "tensor '" + name + "' has storage type '" + type + "', which is not read");
+  if (it == types.end()) fail_torch_save(path, "tensor '" + escaped(name) + "' has storage type '" + escaped(type) + "', which is not read");
   return it->second;
 }
 
 // Where a tensor's elements lie, checked against its record.
 SourceTensor describe(const PickledTensor& p, const ZipRecord& rec, std::shared_ptr<MappedFile> file) {
   const std::string& path = file->path();
-  const std::string where = "tensor '" + p.name + "'";
+  const std::string where = "tensor '" + escaped(p.name) + "'";
   SourceTensor s;
   s.name = p.name;
   s.dtype = storage_dtype(p.storage_type, path, p.name);
@@ -115,8 +115,8 @@ std::vector<SourceTensor> open_torch_zip(const std::string& path) {
   std::vector<SourceTensor> out;
   for (const auto& t : tensors) {
     auto it = records.find(prefix + "data/" + t.storage_key);
-    if (it == records.end()) fail_torch_save(path, "tensor '" + t.name + "' is in storage '" + t.storage_key + "', which the archive lacks");
-    if (!it->second.stored) fail_torch_save(path, "tensor '" + t.name + "': its storage is compressed; torch.save stores storages");
+    if (it == records.end()) fail_torch_save(path, "tensor '" + escaped(t.name) + "' is in storage '" + escaped(t.storage_key) + "', which the archive lacks");
+    if (!it->second.stored) fail_torch_save(path, "tensor '" + escaped(t.name) + "': its storage is compressed; torch.save stores storages");
     out.push_back(describe(t, it->second, file));
   }
   return out;

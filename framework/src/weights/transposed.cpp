@@ -57,7 +57,7 @@ void transpose_sources(std::vector<SourceTensor>& sources, const std::vector<std
     const std::string* pattern = names.match(s.name);
     if (!pattern) continue;
     if (s.shape.size() != 2)
-      throw Error("weights '" + (s.file ? s.file->path() : path) + "': tensor '" + s.name + "' has shape " +
+      throw Error("weights '" + (s.file ? s.file->path() : path) + "': tensor '" + shown_name(s) + "' has shape " +
                   shape_str(s.shape) + ", but WeightsOptions::transposed " + regex_detail::shown(*pattern) +
                   " names it: only a 2-D [in, out] tensor is stored transposed");
     std::swap(s.shape[0], s.shape[1]);

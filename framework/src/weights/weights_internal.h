@@ -88,8 +88,11 @@ void transpose_sources(std::vector<SourceTensor>& sources, const std::vector<std
 // naming `path`'s file and the tensor for a rule it breaks.
 std::vector<SourceTensor> split_fused(std::vector<SourceTensor> sources,
                                       const std::vector<WeightsOptions::FusedWeight>& fused);
-// The display name of a source in messages: the file's name, and the part.
+// The display name of a source in messages: the file's name, and the part,
+// escaped (a name is the file's: it may hold a newline or bytes not UTF-8).
 std::string shown_name(const SourceTensor& s);
+// A name read from a file, fit for a one-line message (safetensors_header.cpp).
+std::string escaped(const std::string& name);
 
 // safetensors dtype names <-> torch's.
 at::ScalarType scalar_type_of(const std::string& safetensors_dtype);
