@@ -20,15 +20,13 @@ namespace {
 
 // A checkpoint fuses a handful of tensor kinds (q/k/v, gate/up); the bounds
 // are far above that and keep names and rules from growing without limit.
-constexpr size_t kMaxFusedRules = 1000;
 constexpr size_t kMaxPartsPerRule = 64;
-constexpr int64_t kFusedPatternMemory = 1 << 20;
 constexpr size_t kMaxPartNameBytes = 1 << 20;
 
 std::string rule_text(const std::string& pattern) { return "WeightsOptions::fused " + regex_detail::shown(pattern); }
 
 struct FusedRule {
-  explicit FusedRule(const WeightsOptions::FusedWeight& w) : pattern(w.pattern), re(w.pattern, kFusedPatternMemory) {
+  explicit FusedRule(const WeightsOptions::FusedWeight& w) : pattern(w.pattern), re(w.pattern, kNamePatternMemory) {
     for (const auto& part : w.parts) formats.emplace_back(part.first, re);
   }
   std::string pattern;
@@ -37,9 +35,7 @@ struct FusedRule {
 };
 
 std::vector<std::unique_ptr<FusedRule>> compile_fused(const std::vector<WeightsOptions::FusedWeight>& fused) {
-  if (fused.size() > kMaxFusedRules)
-    throw Error("WeightsOptions::fused has " + std::to_string(fused.size()) + " rules (at most " +
-                std::to_string(kMaxFusedRules) + ")");
+  check_pattern_count(fused.size(), "WeightsOptions::fused", "rules");
   std::vector<std::unique_ptr<FusedRule>> rules;
   for (const auto& w : fused) {
     const std::string what = rule_text(w.pattern);
@@ -144,7 +140,7 @@ std::vector<SourceTensor> split_fused(std::vector<SourceTensor> sources,
 }
 
 std::string shown_name(const SourceTensor& s) {
-  return s.fused_from.empty() ? escaped(s.name) : escaped(s.fused_from) + " (part " + escaped(s.name) + ")";
+  return s.fused_from.empty() ? s.name : s.fused_from + " (part " + s.name + ")";
 }
 
 }  // namespace shardplan::weights_detail

@@ -80,8 +80,9 @@ void match(std::vector<Target>& targets, const std::vector<SourceTensor>& source
     const std::string name = s.fused_from.empty() ? renames.apply(s.name, path) : s.name;
     auto prev = renamed_from.emplace(name, weights_detail::shown_name(s));
     if (!prev.second)
-      throw Error("weights '" + path + "': tensors '" + prev.first->second + "' and '" + weights_detail::shown_name(s) +
-                  "' both become '" + name + "' after WeightsOptions::rename and ::fused");
+      throw Error("weights '" + path + "': tensors '" + weights_detail::escaped(prev.first->second) + "' and '" +
+                  weights_detail::escaped(weights_detail::shown_name(s)) + "' both become '" + weights_detail::escaped(name) +
+                  "' after WeightsOptions::rename and ::fused");
     auto it = by_name.find(name);
     if (it == by_name.end()) {
       rep.unexpected.push_back(weights_detail::shown_name(s));
@@ -133,7 +134,7 @@ std::vector<std::string> check_shapes(const std::vector<Target>& targets, const 
       continue;
     }
     const auto& s = *t.source;
-    const std::string where = "tensor '" + weights_detail::shown_name(s) + "' in '" + file_name(s) + "'";
+    const std::string where = "tensor '" + weights_detail::escaped(weights_detail::shown_name(s)) + "' in '" + file_name(s) + "'";
     if (s.shape != t.item.global_shape) {
       const auto& g = t.item.global_shape;
       if (!s.transposed || g.size() != 2)
@@ -226,7 +227,7 @@ WeightsReport weights_detail::load_into(torch::nn::Module& model, const Parallel
     throw Error(msg + " map names with WeightsOptions::rename, or load with strict = false");
   }
   for (const auto& m : rep.missing) rep.warnings.push_back("parameter '" + m + "' is not in the weights; it keeps its value");
-  for (const auto& u : rep.unexpected) rep.warnings.push_back("tensor '" + u + "' of the weights is not in the model");
+  for (const auto& u : rep.unexpected) rep.warnings.push_back("tensor '" + weights_detail::escaped(u) + "' of the weights is not in the model");
   const auto problems = check_shapes(targets, slices);
   if (!problems.empty()) {
     std::string msg = "weights '" + path + "': ";

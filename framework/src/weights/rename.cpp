@@ -7,15 +7,13 @@
 #include "base/ecma_regex.h"
 #include "shardplan/error.h"
 #include "shardplan/weights.h"
+#include "weights/weights_internal.h"
 
 namespace shardplan {
 namespace weights_detail {
 namespace {
 
-// Renames are a handful of rules (a prefix, a suffix); the bounds are far
-// above that and keep a rule's cost linear in the name it rewrites.
-constexpr size_t kMaxRules = 1000;
-constexpr int64_t kPatternMemory = 1 << 20;
+// A rule's cost stays linear in the name it rewrites.
 constexpr size_t kMaxMatchesPerName = 256;
 constexpr size_t kMaxRenamedBytes = 1 << 20;  // a name may not grow past this
 
@@ -23,16 +21,14 @@ constexpr size_t kMaxRenamedBytes = 1 << 20;  // a name may not grow past this
 
 struct Renames::Rule {
   Rule(const std::string& pattern, const std::string& replacement)
-      : pattern(pattern), re(pattern, kPatternMemory), format(replacement, re) {}
+      : pattern(pattern), re(pattern, kNamePatternMemory), format(replacement, re) {}
   std::string pattern;
   regex_detail::EcmaRegex re;
   regex_detail::EcmaFormat format;
 };
 
 Renames::Renames(const std::vector<std::pair<std::string, std::string>>& rules) {
-  if (rules.size() > kMaxRules)
-    throw Error("WeightsOptions::rename has " + std::to_string(rules.size()) + " rules (at most " +
-                std::to_string(kMaxRules) + ")");
+  check_pattern_count(rules.size(), "WeightsOptions::rename", "rules");
   for (const auto& [pattern, replacement] : rules) {
     try {
       rules_.push_back(std::make_unique<Rule>(pattern, replacement));
@@ -56,6 +52,12 @@ std::string Renames::apply(const std::string& name, const std::string& file) con
     }
   }
   return out;
+}
+
+void check_pattern_count(size_t count, const std::string& what, const std::string& noun) {
+  if (count > kMaxNamePatterns)
+    throw Error(what + " has " + std::to_string(count) + " " + noun + " (at most " + std::to_string(kMaxNamePatterns) +
+                ")");
 }
 
 }  // namespace weights_detail

@@ -14,24 +14,14 @@
 
 namespace shardplan {
 namespace weights_detail {
-namespace {
-
-// The same bounds as rename's (rename.cpp): a handful of patterns in practice.
-constexpr size_t kMaxPatterns = 1000;
-constexpr int64_t kPatternMemory = 1 << 20;
-
-}  // namespace
-
 struct TransposedNames::Pattern {
-  explicit Pattern(const std::string& p) : text(p), re(p, kPatternMemory) {}
+  explicit Pattern(const std::string& p) : text(p), re(p, kNamePatternMemory) {}
   std::string text;
   regex_detail::EcmaRegex re;
 };
 
 TransposedNames::TransposedNames(const std::vector<std::string>& patterns) {
-  if (patterns.size() > kMaxPatterns)
-    throw Error("transposed: " + std::to_string(patterns.size()) + " patterns (at most " +
-                std::to_string(kMaxPatterns) + ")");
+  check_pattern_count(patterns.size(), "transposed", "patterns");
   for (const auto& p : patterns) {
     try {
       patterns_.push_back(std::make_unique<Pattern>(p));
@@ -57,7 +47,7 @@ void transpose_sources(std::vector<SourceTensor>& sources, const std::vector<std
     const std::string* pattern = names.match(s.name);
     if (!pattern) continue;
     if (s.shape.size() != 2)
-      throw Error("weights '" + (s.file ? s.file->path() : path) + "': tensor '" + shown_name(s) + "' has shape " +
+      throw Error("weights '" + (s.file ? s.file->path() : path) + "': tensor '" + escaped(shown_name(s)) + "' has shape " +
                   shape_str(s.shape) + ", but WeightsOptions::transposed " + regex_detail::shown(*pattern) +
                   " names it: only a 2-D [in, out] tensor is stored transposed");
     std::swap(s.shape[0], s.shape[1]);

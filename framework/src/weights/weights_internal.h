@@ -88,9 +88,16 @@ void transpose_sources(std::vector<SourceTensor>& sources, const std::vector<std
 // naming `path`'s file and the tensor for a rule it breaks.
 std::vector<SourceTensor> split_fused(std::vector<SourceTensor> sources,
                                       const std::vector<WeightsOptions::FusedWeight>& fused);
-// The display name of a source in messages: the file's name, and the part,
-// escaped (a name is the file's: it may hold a newline or bytes not UTF-8).
+// The display name of a source in reports: the file's name, and the part.
+// A message passes it through escaped() (it may hold a newline).
 std::string shown_name(const SourceTensor& s);
+// WeightsOptions' pattern lists (rename, fused, transposed) hold a handful
+// of patterns in practice; these bounds are far above that and keep each
+// list's compiling bounded (each pattern's RE2 program at most 1 MiB).
+constexpr size_t kMaxNamePatterns = 1000;
+constexpr int64_t kNamePatternMemory = 1 << 20;
+// Throws Error "`what` has N `noun` (at most 1000)" for a longer list.
+void check_pattern_count(size_t count, const std::string& what, const std::string& noun);
 // A name read from a file, fit for a one-line message (safetensors_header.cpp).
 std::string escaped(const std::string& name);
 
