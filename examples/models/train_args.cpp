@@ -117,13 +117,8 @@ void check_precision(Args& a, const std::string& program, const std::string& onl
           "scaling (or train in bfloat16)");
 }
 
-// The option values that need each other or the model's defaults; every
-// check a run could otherwise fail later in is made here or before step 1.
-void check_args(Args& a, const std::string& program, const std::string& only) {
-  if (a.optimizer != "adam" && a.optimizer != "adamw" && a.optimizer != "sgd" && a.optimizer != "rmsprop" &&
-      a.optimizer != "adagrad")
-    usage(program, only, "--optimizer must be adam, adamw, sgd, rmsprop or adagrad, got '" + a.optimizer + "'");
-  check_precision(a, program, only);
+// The model's defaults into `a`, where options left them unset.
+void apply_defaults(Args& a, const std::string& program, const std::string& only) {
   const Defaults* d = nullptr;
   for (const auto& x : kDefaults)
     if (a.model == x.model) d = &x;
@@ -132,30 +127,27 @@ void check_args(Args& a, const std::string& program, const std::string& only) {
   if (a.batch < 0) a.batch = d->batch;
   if (a.log_every < 0) a.log_every = d->log_every;
   if (std::isnan(a.lr)) a.lr = d->lr;
-  if (!(a.lr > 0)) usage(program, only, "--lr must be a positive number");
+}
+
+// Options that take effect only with another; the first missing one, or "".
+std::string needs_of_options(const Args& a) {
   if (a.save_every < 0 || (a.save_every > 0 && a.save.empty()))
-    usage(program, only, "--save-every needs --save DIR and a positive step count");
-  if (a.keep_given && a.save.empty()) usage(program, only, "--keep takes effect with --save DIR only");
-  if (a.clip_with_given && a.clip == 0) usage(program, only, "--clip-with takes effect with --clip X only");
-  if (a.micro_batches < 1 || a.check_replicas < 0)
-    usage(program, only, "--micro-batches must be at least 1, --check-replicas not negative");
-  if (a.generate < 0 || a.samples < 1)
-    usage(program, only, "--generate must not be negative, --samples at least 1");
+    return "--save-every needs --save DIR and a positive step count";
+  if (a.keep_given && a.save.empty()) return "--keep takes effect with --save DIR only";
+  if (a.clip_with_given && a.clip == 0) return "--clip-with takes effect with --clip X only";
   if (a.generate == 0 && !a.generation_option.empty())
-    usage(program, only, a.generation_option + " takes effect with --generate N only");
+    return a.generation_option + " takes effect with --generate N only";
   if (a.generate == 0 && a.dump_logits.empty() && a.prompt_given)
-    usage(program, only, "--prompt takes effect with --generate N or --dump-logits FILE only");
+    return "--prompt takes effect with --generate N or --dump-logits FILE only";
   if (a.generate == 0 && a.dump_logits.empty() && !a.tokenizer_dir.empty())
-    usage(program, only, "--tokenizer takes effect with --generate N or --dump-logits FILE only");
-  // One file, not a directory of shards: what Python reads back whole.
-  const std::string ext = ".safetensors";
-  if (!a.dump_logits.empty() &&
-      (a.dump_logits.size() <= ext.size() || a.dump_logits.compare(a.dump_logits.size() - ext.size(), ext.size(), ext)))
-    usage(program, only, "--dump-logits takes a file name ending in .safetensors, got '" + a.dump_logits + "'");
-  if (a.steps < 0 || a.batch < 1 || a.log_every < 1 || a.ranks < 0 || a.threads < 0)
-    usage(program, only, "--batch and --log-every must be at least 1, --steps, --ranks and --threads not negative");
-  if (a.resume_auto && (a.save.empty() || !a.load.empty()))
-    usage(program, only, "--resume auto needs --save DIR and no --load");
+    return "--tokenizer takes effect with --generate N or --dump-logits FILE only";
+  if (a.resume_auto && (a.save.empty() || !a.load.empty())) return "--resume auto needs --save DIR and no --load";
+  return "";
+}
+
+// Where the model's weights come from: a restart's checkpoint, --load or
+// --load-weights, never two of them.
+void check_weights_source(Args& a, const std::string& program, const std::string& only) {
   // A restart goes on from its checkpoint, not from the weights it started
   // with; which one (a damaged newest one is skipped) the ranks decide
   // together in train_loop.cpp.
@@ -177,6 +169,31 @@ void check_args(Args& a, const std::string& program, const std::string& only) {
   } catch (const std::exception& e) {
     usage(program, only, std::string("--rename-weights: ") + e.what());
   }
+}
+
+// The option values that need each other or the model's defaults; every
+// check a run could otherwise fail later in is made here or before step 1.
+void check_args(Args& a, const std::string& program, const std::string& only) {
+  if (a.optimizer != "adam" && a.optimizer != "adamw" && a.optimizer != "sgd" && a.optimizer != "rmsprop" &&
+      a.optimizer != "adagrad")
+    usage(program, only, "--optimizer must be adam, adamw, sgd, rmsprop or adagrad, got '" + a.optimizer + "'");
+  check_precision(a, program, only);
+  apply_defaults(a, program, only);
+  if (!(a.lr > 0)) usage(program, only, "--lr must be a positive number");
+  if (a.micro_batches < 1 || a.check_replicas < 0)
+    usage(program, only, "--micro-batches must be at least 1, --check-replicas not negative");
+  if (a.generate < 0 || a.samples < 1)
+    usage(program, only, "--generate must not be negative, --samples at least 1");
+  const std::string needs = needs_of_options(a);
+  if (!needs.empty()) usage(program, only, needs);
+  // One file, not a directory of shards: what Python reads back whole.
+  const std::string ext = ".safetensors";
+  if (!a.dump_logits.empty() &&
+      (a.dump_logits.size() <= ext.size() || a.dump_logits.compare(a.dump_logits.size() - ext.size(), ext.size(), ext)))
+    usage(program, only, "--dump-logits takes a file name ending in .safetensors, got '" + a.dump_logits + "'");
+  if (a.steps < 0 || a.batch < 1 || a.log_every < 1 || a.ranks < 0 || a.threads < 0)
+    usage(program, only, "--batch and --log-every must be at least 1, --steps, --ranks and --threads not negative");
+  check_weights_source(a, program, only);
   // As SHARDPLAN_NUM_THREADS: a larger count is a typo, not a machine.
   if (a.ranks > 4096 || a.threads > 4096) usage(program, only, "--ranks and --threads must be at most 4096");
   const std::string schedule = check_schedule_options(a);
@@ -218,6 +235,63 @@ bool parse_step_option(Args& a, const std::string& k, const std::function<std::s
   return true;
 }
 
+// The options of the run itself (model, data, sizes, ranks) into `a`;
+// false when `k` is none of them.
+bool parse_run_option(Args& a, const std::string& k, const std::function<std::string()>& value) {
+  if (k == "--config") a.config += (a.config.empty() ? "" : ",") + value();
+  else if (k == "--plan") a.plan = value();
+  else if (k == "--data") a.data = value();
+  else if (k == "--ranks") a.ranks = count_option_int(k, value(), 0, 4096);
+  else if (k == "--steps") a.steps = count_option_int(k, value(), 0);
+  else if (k == "--batch") a.batch = count_option_int(k, value(), 1);
+  else if (k == "--log-every") a.log_every = count_option_int(k, value(), 1);
+  else if (k == "--seed") a.seed = option_seed(value());
+  else if (k == "--threads") a.threads = count_option_int(k, value(), 0, 4096);
+  else if (k == "--report") a.report = true;
+  else return false;
+  return true;
+}
+
+// Checkpoints and weights files, in and out.
+bool parse_checkpoint_option(Args& a, const std::string& k, const std::function<std::string()>& value) {
+  if (k == "--save") a.save = value();
+  else if (k == "--save-every") a.save_every = count_option_int(k, value(), 0);
+  else if (k == "--keep") {
+    a.keep_given = true;
+    a.keep = count_option_int(k, value(), 1);
+  } else if (k == "--load") a.load = value();
+  else if (k == "--resume") {
+    if (value() != "auto") throw CountError("--resume takes 'auto' only");
+    a.resume_auto = true;
+  } else if (k == "--load-weights") a.load_weights = value();
+  else if (k == "--save-weights") a.save_weights = value();
+  else if (k == "--rename-weights") {
+    const std::string rule = value();
+    const auto eq = rule.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw CountError("--rename-weights takes REGEX=REPLACEMENT, got '" + rule + "'");
+    a.rename_weights.emplace_back(rule.substr(0, eq), rule.substr(eq + 1));
+  } else if (k == "--lenient-weights") a.lenient_weights = true;
+  else return false;
+  return true;
+}
+
+// What the trained model produces: logits dumped, text generated.
+bool parse_output_option(Args& a, const std::string& k, const std::function<std::string()>& value) {
+  if (k == "--temperature" || k == "--top-k" || k == "--samples") a.generation_option = k;
+  if (k == "--dump-logits") a.dump_logits = value();
+  else if (k == "--generate") a.generate = count_option_int(k, value(), 0);
+  else if (k == "--prompt") {
+    a.prompt = value();
+    a.prompt_given = true;
+  } else if (k == "--tokenizer") a.tokenizer_dir = value();
+  else if (k == "--temperature") a.temperature = option_double(value());
+  else if (k == "--top-k") a.top_k = count_option_int(k, value(), 0);
+  else if (k == "--samples") a.samples = count_option_int(k, value(), 1);
+  else return false;
+  return true;
+}
+
 }  // namespace
 
 Args parse_args(int argc, char** argv, const std::string& program, const std::string& default_model, bool fixed) {
@@ -231,73 +305,14 @@ Args parse_args(int argc, char** argv, const std::string& program, const std::st
       if (i + 1 >= argc) usage(program, only, "missing value for " + k);
       return v = argv[++i];
     };
-    if (k == "--temperature" || k == "--top-k" || k == "--samples") a.generation_option = k;
-    if (k == "--prompt") a.prompt_given = true;
     try {
-      if (parse_step_option(a, k, value)) continue;
+      if (parse_step_option(a, k, value) || parse_run_option(a, k, value) || parse_checkpoint_option(a, k, value) ||
+          parse_output_option(a, k, value))
+        continue;
       if (k == "--model" && !fixed) {
         a.model = value();
         model_given = true;
-      }
-      else if (k == "--config")
-        a.config += (a.config.empty() ? "" : ",") + value();
-      else if (k == "--plan")
-        a.plan = value();
-      else if (k == "--data")
-        a.data = value();
-      else if (k == "--ranks")
-        a.ranks = count_option_int(k, value(), 0, 4096);
-      else if (k == "--steps")
-        a.steps = count_option_int(k, value(), 0);
-      else if (k == "--batch")
-        a.batch = count_option_int(k, value(), 1);
-      else if (k == "--log-every")
-        a.log_every = count_option_int(k, value(), 1);
-      else if (k == "--seed")
-        a.seed = option_seed(value());
-      else if (k == "--threads")
-        a.threads = count_option_int(k, value(), 0, 4096);
-      else if (k == "--report")
-        a.report = true;
-      else if (k == "--save")
-        a.save = value();
-      else if (k == "--save-every")
-        a.save_every = count_option_int(k, value(), 0);
-      else if (k == "--keep") {
-        a.keep_given = true;
-        a.keep = count_option_int(k, value(), 1);
-      } else if (k == "--load")
-        a.load = value();
-      else if (k == "--resume") {
-        if (value() != "auto") usage(program, only, "--resume takes 'auto' only");
-        a.resume_auto = true;
-      } else if (k == "--load-weights")
-        a.load_weights = value();
-      else if (k == "--save-weights")
-        a.save_weights = value();
-      else if (k == "--rename-weights") {
-        const std::string rule = value();
-        const auto eq = rule.find('=');
-        if (eq == std::string::npos || eq == 0)
-          usage(program, only, "--rename-weights takes REGEX=REPLACEMENT, got '" + rule + "'");
-        a.rename_weights.emplace_back(rule.substr(0, eq), rule.substr(eq + 1));
-      } else if (k == "--lenient-weights")
-        a.lenient_weights = true;
-      else if (k == "--dump-logits")
-        a.dump_logits = value();
-      else if (k == "--generate")
-        a.generate = count_option_int(k, value(), 0);
-      else if (k == "--prompt")
-        a.prompt = value();
-      else if (k == "--tokenizer")
-        a.tokenizer_dir = value();
-      else if (k == "--temperature")
-        a.temperature = option_double(value());
-      else if (k == "--top-k")
-        a.top_k = count_option_int(k, value(), 0);
-      else if (k == "--samples")
-        a.samples = count_option_int(k, value(), 1);
-      else if (k == "--help" || k == "-h")
+      } else if (k == "--help" || k == "-h")
         usage(program, only, "tensor-parallel training of an example model");
       else
         usage(program, only, "unknown argument '" + k + "'");
