@@ -13,6 +13,12 @@ float32 rounding) and that they communicate the same bytes in the same calls.
 
   benchmarks/gpt_peer/side_by_side.py --build build --reps 3
 
+--ddp compares data parallelism instead: train_gpt under plans/data_parallel.yaml
+against torch's DistributedDataParallel (gpt_tp_torch.py --ddp); --dtype float64
+runs both sides in float64. --with-tcp adds ours with SHARDPLAN_GLOO_SHM=off (gloo's
+TCP path, what ranks on different hosts use), --baseline-build DIR another build
+of ours (e.g. before a change) in the same interleaved run.
+
 --thread-times also records per-thread user and system CPU seconds of every
 rank (benchmarks/gpt_peer/rank_wrapper.py) and prints them per side.
 Without python3-torch the peer's rows are skipped with a message (exit
@@ -58,6 +64,8 @@ def parse():
     p.add_argument("--max-loss-diff", type=float, default=1e-2,
                    help="largest difference of the two sides' printed losses that passes")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="both sides' --dtype")
+    p.add_argument("--baseline-build", default="",
+                   help="also run ours from this other build directory (e.g. before a change), shm=off with --with-tcp")
     p.add_argument("--with-tcp", action="store_true",
                    help="also run ours with SHARDPLAN_GLOO_SHM=off (gloo's TCP path for same-host ranks too)")
     return p.parse_args()
@@ -83,10 +91,12 @@ def command(a, side, times_dir, rep):
               "--threads", str(a.threads), "--dtype", a.dtype]
     if a.config:
         common += ["--config", a.config]
-    if side in ("ours", "ours_tcp"):
-        launcher += ["--backend", "gloo"]
+    if side != "peer":
+        launcher = [os.path.join(a.baseline_build if side == "base" else a.build, "bin", "shardplan"), "launch", "-n",
+                    str(a.ranks), "--backend", "gloo"]
         plan = "data_parallel.yaml" if a.ddp else "gpt.yaml"
-        program = [os.path.join(a.build, "examples", "train_gpt"), "--plan", os.path.join(ROOT, "plans", plan)]
+        program = [os.path.join(a.baseline_build if side == "base" else a.build, "examples", "train_gpt"), "--plan",
+                   os.path.join(ROOT, "plans", plan)]
     else:
         launcher += ["--master-port", str(a.master_port or free_port())]
         program = [PYTHON, os.path.join(HERE, "gpt_tp_torch.py")] + (["--ddp"] if a.ddp else [])
@@ -110,7 +120,7 @@ def run(a, side, times_dir, rep):
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(a.threads)
     env["OPENBLAS_NUM_THREADS"] = str(a.threads)
-    if side == "ours_tcp":
+    if side == "ours_tcp" or (side == "base" and a.with_tcp):
         env["SHARDPLAN_GLOO_SHM"] = "off"
     cmd = command(a, side, times_dir, rep)
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -162,6 +172,8 @@ def main():
     sides = [s for s in ("ours", "peer") if (s == "ours" and a.only != "peer") or (s == "peer" and have_peer)]
     if a.with_tcp and a.only != "peer":
         sides.insert(1, "ours_tcp")
+    if a.baseline_build and a.only != "peer":
+        sides.insert(1, "base")
     if not sides:
         return a.skip_status
     times_dir = tempfile.mkdtemp(prefix="gpt_peer_times.") if a.thread_times else None
@@ -177,35 +189,27 @@ def main():
     for side in sides:
         print("%s: %s" % (side, " ".join(results[side][0]["cmd"])))
     print()
-    tcp = "ours_tcp" in results
-    print("| rep | shardplan gloo tokens/s | PyTorch %s tokens/s (reference) | ratio |%s" %
-          ("DDP (gloo)" if a.ddp else "ProcessGroupGloo",
-           " shardplan gloo shm=off tokens/s | ratio shm=off |" if tcp else ""))
-    print("|---|---|---|---|%s" % ("---|---|" if tcp else ""))
-    ratios, tcp_ratios = [], []
+    names = {"ours": "shardplan gloo", "ours_tcp": "shardplan gloo shm=off",
+             "base": "baseline build" + (" shm=off" if a.with_tcp else "")}
+    cols = [x for x in ("ours", "ours_tcp", "base") if x in results]
+    print("| rep | PyTorch %s tokens/s (reference) |%s" % ("DDP (gloo)" if a.ddp else "ProcessGroupGloo", "".join(
+        " %s tokens/s | ratio |" % names[x] for x in cols)))
+    print("|---|---|%s" % ("---|---|" * len(cols)))
+    ratios = {x: [] for x in cols}
     for rep in range(a.reps):
-        ours = results["ours"][rep]["rate"] if "ours" in results else None
         peer = results["peer"][rep]["rate"] if "peer" in results else None
-        ratio = ours / peer if ours and peer else None
-        if ratio:
-            ratios.append(ratio)
-        extra = ""
-        if tcp:
-            t = results["ours_tcp"][rep]["rate"]
-            tr = t / peer if peer else None
-            if tr:
-                tcp_ratios.append(tr)
-            extra = " %.0f | %s |" % (t, "%.3f" % tr if tr else "-")
-        print("| %d | %s | %s | %s |%s" % (rep + 1, "%.0f" % ours if ours else "-", "%.0f" % peer if peer else "skipped",
-                                           "%.3f" % ratio if ratio else "-", extra))
-    if ratios:
-        ratios.sort()
-        print("\nratio shardplan / PyTorch: median %.3f (min %.3f, max %.3f)" % (ratios[len(ratios) // 2], ratios[0],
-                                                                               ratios[-1]))
-    if tcp_ratios:
-        tcp_ratios.sort()
-        print("ratio shardplan shm=off / PyTorch: median %.3f (min %.3f, max %.3f)" %
-              (tcp_ratios[len(tcp_ratios) // 2], tcp_ratios[0], tcp_ratios[-1]))
+        row = ""
+        for x in cols:
+            r = results[x][rep]["rate"]
+            if peer:
+                ratios[x].append(r / peer)
+            row += " %.0f | %s |" % (r, "%.3f" % (r / peer) if peer else "-")
+        print("| %d | %s |%s" % (rep + 1, "%.0f" % peer if peer else "skipped", row))
+    for x in cols:
+        if ratios[x]:
+            v = sorted(ratios[x])
+            print("%sratio %s / PyTorch: median %.3f (min %.3f, max %.3f)" % ("\n" if x == cols[0] else "", names[x],
+                                                                             v[len(v) // 2], v[0], v[-1]))
     status = 0
     if "ours" in results and "peer" in results:
         o, p = results["ours"][0], results["peer"][0]
