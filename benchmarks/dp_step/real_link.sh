@@ -34,18 +34,24 @@ trap 'hosts_down; rm -rf "$OUT"' EXIT
 MESHES=("1 plans/data_parallel.yaml" "2 plans/gpt_2d.yaml")
 ROWS=()
 
-# row KIND GBPS BATCH LOG LINK LOAD: one table row from a bench output.
+# row KIND GBPS BATCH LOG LINK LOAD SHARING: one table row from a bench output.
+# SHARING ranks send their data-axis bytes through one cable (the ranks of a
+# host; 1 for the emulation, which paces each rank alone): the sync's floor
+# is their ring minimum over the rate.
 row() {
-  awk -v kind="$1" -v gbps="$2" -v batch="$3" -v link="$5" -v load="$6" '
+  awk -v kind="$1" -v gbps="$2" -v batch="$3" -v link="$5" -v load="$6" -v sharing="$7" '
     $1 == "bench_dp_step:" && match($0, /mesh \{[^}]*\}/) { mesh = substr($0, RSTART + 5, RLENGTH - 5) }
     $1 ~ /^(on|off|none|zero)$/ && NF == 7 { step[$1] = $2; wait[$1] = $4 }
     /^hidden fraction/ { split($0, h, ": "); split(h[2], v, " "); med = v[1]; paired = v[5] }
     /^finish\(\) wait/ { removed = $6; cpu_off = $(NF - 4); cpu_on = $(NF - 1) }
     /measured on the sockets \(.on. - .none.\)/ { for (i = 1; i <= NF; i++) if ($i == "x") ratio = $(i - 1) }
+    match($0, /minimum 2\(D-1\)\/D x gradients [0-9]+/) { split(substr($0, RSTART, RLENGTH), m, " "); ringmin = m[5] }
     END {
-      printf "| %s | %s Gbit/s, %s | `%s` | %s | %s | %s | %.2f | **%s / %s** | %s → %s (%s) | %s / %s | %s | %s | %s |\n", kind, gbps,
+      floor = ringmin * sharing * 8 / (gbps * 1e9) * 1000
+      printf "| %s | %s Gbit/s, %s | `%s` | %s | %s | %s | %.2f | **%s / %s** | %s → %s (%s) | %.2f ÷ %.2f = **%.3f** | %s / %s | %s | %s | %s |\n", kind, gbps,
         batch, mesh, step["on"], step["off"], step["none"], step["off"] - step["none"], med, paired, wait["off"], wait["on"],
-        removed, cpu_off, cpu_on, ratio + 0 < 0.01 ? "(no sockets)" : ratio, link, load
+        removed, wait["off"], floor, (floor > 0 ? wait["off"] / floor : 0), cpu_off, cpu_on,
+        ratio + 0 < 0.01 ? "(no sockets)" : ratio, link, load
     }' "$4"
 }
 load1() { cut -d' ' -f1 /proc/loadavg; }
@@ -68,7 +74,7 @@ run_real() {  # run_real GBPS BATCH
     sed -n 's/^\[rank 0\] //p' "$log.all" | tee "$log"
     ((rc == 0)) || { echo "real_link.sh: the run failed:" >&2; tail -20 "$log.all" >&2; exit 1; }
     after=$(host_exec 1 cat /sys/class/net/eth0/statistics/tx_bytes)
-    ROWS+=("$(row "tbf" "$gbps" "$batch" "$log" "$(awk -v b=$((after - before)) 'BEGIN { printf "%.1f MB", b / 1e6 }')" "$load")")
+    ROWS+=("$(row "tbf" "$gbps" "$batch" "$log" "$(awk -v b=$((after - before)) 'BEGIN { printf "%.1f MB", b / 1e6 }')" "$load" "$n")")
   done
   hosts_down
 }
@@ -85,7 +91,7 @@ run_emulated() {  # run_emulated GBPS BATCH: one host, gloo's shared memory, the
       -- "$BENCH" --plan "$plan" --batch "$batch" "${EXTRA[@]}" >"$log.all" 2>&1 ||
       { echo "real_link.sh: the run failed:" >&2; tail -20 "$log.all" >&2; exit 1; }
     sed -n 's/^\[rank 0\] //p' "$log.all" | tee "$log"
-    ROWS+=("$(row "link_gbps" "$gbps" "$batch" "$log" "—" "$load")")
+    ROWS+=("$(row "link_gbps" "$gbps" "$batch" "$log" "—" "$load" 1)")
   done
 }
 
@@ -106,6 +112,6 @@ done
 echo
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-echo "| link | rate, batch | mesh | on | off | none | off − none | hidden (medians / paired) | wait off → on (removed) | sync CPU off / on | socket bytes ÷ ring minimum | host 1 sent over its cable | load |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| link | rate, batch | mesh | on | off | none | off − none | hidden (medians / paired) | wait off → on (removed) | sync (wait off) ÷ ring bytes / rate, ms | sync CPU off / on | socket bytes ÷ ring minimum | host 1 sent over its cable | load |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${ROWS[@]}"
