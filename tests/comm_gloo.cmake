@@ -48,6 +48,18 @@ set_tests_properties(comm_gloo_threads_ws3_shm_on comm_gloo_procs_np2_shm_on com
 set_tests_properties(comm_gloo_bad_shm_option PROPERTIES TIMEOUT 60 LABELS "comm;gloo"
   PASS_REGULAR_EXPRESSION "bad option shm=fast \\(expected shm=auto, shm=on or shm=off\\)")
 
+# Over TCP, 2 ranks all_reduce by one pipelined exchange instead of gloo's
+# ring (plugins/comm_gloo/tcp_all_reduce.h; bit for bit the ring's results in
+# test_comm_gloo.cpp); tcp_all_reduce=ring keeps the ring under the suite.
+add_test(NAME comm_gloo_threads_ws2_shm_off COMMAND comm_conformance --backend gloo --threads 2 --option shm=off)
+add_test(NAME comm_gloo_threads_ws2_tcp_ring
+  COMMAND comm_conformance --backend gloo --threads 2 --option shm=off --option tcp_all_reduce=ring)
+add_test(NAME comm_gloo_bad_tcp_all_reduce_option
+  COMMAND comm_conformance --backend gloo --threads 1 --option tcp_all_reduce=fast)
+set_tests_properties(comm_gloo_threads_ws2_shm_off comm_gloo_threads_ws2_tcp_ring PROPERTIES TIMEOUT 300 LABELS "comm;gloo")
+set_tests_properties(comm_gloo_bad_tcp_all_reduce_option PROPERTIES TIMEOUT 60 LABELS "comm;gloo"
+  PASS_REGULAR_EXPRESSION "bad option tcp_all_reduce=fast \\(expected tcp_all_reduce=auto or tcp_all_reduce=ring\\)")
+
 # The emulated link (link_gbps=, SHARDPLAN_GLOO_LINK_GBPS) refuses what is not
 # a rate; its pacing is tested in test_comm_gloo.cpp.
 add_test(NAME comm_gloo_bad_link_option
