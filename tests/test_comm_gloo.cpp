@@ -394,18 +394,19 @@ std::vector<std::vector<uint8_t>> reduced(Group& g, int32_t dtype, int32_t op, s
 }
 
 // The exchange gives gloo's ring's bits on both ranks: every dtype and op,
-// 1 element, odd counts, counts around its 256 KiB segments, and a buffer of
-// several MiB, in place and out.
+// 1 element, odd counts, counts around its 1 MiB segments (and gloo's ring's
+// chunk boundary), and buffers of several MiB, in place and out.
 TEST(CommGloo, TcpPairAllReduceIsGloosRingBitForBit) {
   Group pair(2, 60000, kTcp), ring(2, 60000, kTcpRing);
   struct Case { int32_t dtype; std::vector<int32_t> ops; std::vector<size_t> counts; };
   const std::vector<int32_t> all_ops = {SP_SUM, SP_PROD, SP_MIN, SP_MAX};
   const std::vector<Case> cases = {
-      {SP_FLOAT32, all_ops, {1, 2, 3, 1001, 65535, 65536, 65537, 131073}},
+      {SP_FLOAT32, all_ops, {1, 2, 3, 1001, 65537, 262143, 262144, 262145}},
       {SP_FLOAT32, {SP_SUM, SP_MAX}, {(size_t(5) << 20) / 4 + 3}},
-      {SP_FLOAT64, all_ops, {1, 3, 1001, 32767, 32768, 32769, 98305}},
+      {SP_FLOAT64, all_ops, {1, 3, 1001, 131071, 131073}},
       {SP_FLOAT64, {SP_MIN}, {(size_t(6) << 20) / 8 + 1}},
-      {SP_BFLOAT16, all_ops, {1, 3, 1001, 131071, 131073, (size_t(5) << 20) / 2 + 1}},
+      {SP_BFLOAT16, all_ops, {1, 3, 1001, 524287, 524289}},
+      {SP_BFLOAT16, {SP_SUM}, {(size_t(5) << 20) / 2 + 1}},
       {SP_FLOAT16, all_ops, {1, 1001, 131073}},
       {SP_INT32, all_ops, {1, 3, 65537}},
       {SP_INT64, all_ops, {1, 32769}},

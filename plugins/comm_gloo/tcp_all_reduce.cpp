@@ -23,13 +23,11 @@ namespace {
 constexpr uint8_t kPairwiseAllReduceSlotPrefix = 0x23;
 
 // Larger messages make the reduction wait for more bytes before it can start
-// (and the last segment's reduction is not overlapped at all); smaller ones
-// add a message header and a wake-up each (docs/BENCHMARKS.md, bench_comm_gloo).
-constexpr size_t kSegmentBytes = 256 * 1024;
-
-// Up to this many bytes the exchange beats the ring (docs/BENCHMARKS.md);
-// larger buffers take the ring, whose halved reduction then wins.
-constexpr size_t kMaxPairwiseBytes = size_t(1) << 62;
+// (the last segment's reduction is never overlapped); smaller ones cost a
+// message and a wake-up each, which on a loaded machine is a scheduler tick
+// (~4 ms here) per dependent step. gloo's own cap on a ring segment; 256 KiB
+// measured no better (bench_comm_gloo --tcp-all-reduce, docs/BENCHMARKS.md).
+constexpr size_t kSegmentBytes = 1024 * 1024;
 
 }  // namespace
 
@@ -40,8 +38,10 @@ bool parse_tcp_all_reduce(const std::string& v, TcpAllReduce& out) {
   return true;
 }
 
-bool takes_pairwise_all_reduce(TcpAllReduce mode, int size, size_t bytes) {
-  return mode == TcpAllReduce::kAuto && size == 2 && bytes <= kMaxPairwiseBytes;
+// No size measured where the ring won at 2 ranks (4 KiB to 3.76 MB,
+// docs/BENCHMARKS.md); `bytes` stays in the rule for when one is found.
+bool takes_pairwise_all_reduce(TcpAllReduce mode, int size, size_t /*bytes*/) {
+  return mode == TcpAllReduce::kAuto && size == 2;
 }
 
 size_t ring_chunk_end(size_t total, size_t es) {
