@@ -7,15 +7,21 @@
 // the receiver's NOTIFY_RECV_READY; here the receives are all posted before
 // anything is sent, so the handshakes overlap and a small buffer costs one
 // round trip instead of several. Each rank moves the same bytes as in the
-// ring and reduces twice the elements (both halves), which at these sizes
-// costs less than the round trips it saves (docs/BENCHMARKS.md).
+// ring and reduces twice the elements (both halves), which at the sizes
+// measured cost less than the round trips it saves (docs/BENCHMARKS.md).
 //
 // Results are bit for bit the ring's: the ring leaves rank 0's chunk as
 // op(rank 0's, rank 1's) and rank 1's as op(rank 1's, rank 0's) (its
 // reduce-scatter reduces the local value with the received one), which only
 // matters where op is not commutative in the bits (max/min of -0 and +0,
 // NaN payloads); both ranks compute each element with those operands in that
-// order, so they also agree with each other.
+// order, so they also agree with each other. One exception: a sum or product
+// of two NaNs is a NaN whose payload the CPU takes from one operand by its
+// place in the instruction, which the compiler picks per loop (vectorized
+// body or scalar tail, after run-time alias checks), so it can follow where
+// a reduction call starts and ends and which buffers alias: that payload may
+// differ from the ring's, and between the ranks (the ring computes each
+// element once and copies it).
 #include <cstddef>
 #include <cstdint>
 #include <string>
