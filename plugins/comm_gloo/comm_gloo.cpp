@@ -85,6 +85,7 @@ Options parse_options(const char* const* options) {
   Options o;
   const EnvDefaults env = env_defaults();
   o.shm = env.shm;
+  o.tcp_all_reduce = env.tcp_all_reduce;
   o.link_gbps = env.link_gbps;
   o.test_stall_ms = env.test_stall_ms;
   o.verbose = env.verbose;
