@@ -37,6 +37,11 @@ add_test(NAME bench_comm_check_3_ranks
   COMMAND ${_bench} --ranks 3 --sizes 8B:64KiB --factor 64 --iters 1 --warmup 0 --check)
 set_tests_properties(bench_comm_check_3_ranks PROPERTIES TIMEOUT 120 LABELS bench)
 
+# gloo-tcp: the gloo plugin with shm=off, its TCP path, in rows of its own
+# next to gloo's (same-host shared memory); every collective, checked.
+bench_expect(bench_comm_gloo_tcp 0 "gloo-tcp +plugin +2 processes, CPU buffers, option shm=off.* gloo +8 .* gloo-tcp +8 +2 +float32 +sum"
+  "" --backends gloo,gloo-tcp --refs none --sizes 8B:4KiB --factor 512 --iters 2 --warmup 1 --check)
+
 # --check counts what is wrong and fails the run (one rank spoils one
 # element of each result it checks).
 bench_expect(bench_comm_wrong_elements 1 "check found [1-9][0-9]* wrong elements" "SHARDPLAN_BENCH_CORRUPT=1"

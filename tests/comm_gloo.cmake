@@ -48,6 +48,18 @@ set_tests_properties(comm_gloo_threads_ws3_shm_on comm_gloo_procs_np2_shm_on com
 set_tests_properties(comm_gloo_bad_shm_option PROPERTIES TIMEOUT 60 LABELS "comm;gloo"
   PASS_REGULAR_EXPRESSION "bad option shm=fast \\(expected shm=auto, shm=on or shm=off\\)")
 
+# Over TCP, 2 ranks all_reduce by one pipelined exchange instead of gloo's
+# ring (plugins/comm_gloo/tcp_all_reduce.h; bit for bit the ring's results in
+# test_comm_gloo.cpp); tcp_all_reduce=ring keeps the ring under the suite.
+add_test(NAME comm_gloo_threads_ws2_shm_off COMMAND comm_conformance --backend gloo --threads 2 --option shm=off)
+add_test(NAME comm_gloo_threads_ws2_tcp_ring
+  COMMAND comm_conformance --backend gloo --threads 2 --option shm=off --option tcp_all_reduce=ring)
+add_test(NAME comm_gloo_bad_tcp_all_reduce_option
+  COMMAND comm_conformance --backend gloo --threads 1 --option tcp_all_reduce=fast)
+set_tests_properties(comm_gloo_threads_ws2_shm_off comm_gloo_threads_ws2_tcp_ring PROPERTIES TIMEOUT 300 LABELS "comm;gloo")
+set_tests_properties(comm_gloo_bad_tcp_all_reduce_option PROPERTIES TIMEOUT 60 LABELS "comm;gloo"
+  PASS_REGULAR_EXPRESSION "bad option tcp_all_reduce=fast \\(expected tcp_all_reduce=auto or tcp_all_reduce=ring\\)")
+
 # The emulated link (link_gbps=, SHARDPLAN_GLOO_LINK_GBPS) refuses what is not
 # a rate; its pacing is tested in test_comm_gloo.cpp.
 add_test(NAME comm_gloo_bad_link_option
@@ -60,6 +72,8 @@ set_tests_properties(comm_gloo_bad_link_option PROPERTIES TIMEOUT 60 LABELS "com
 # ignored silently).
 add_test(NAME comm_gloo_bad_link_env
   COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_GLOO_LINK_GBPS=-1 $<TARGET_FILE:comm_conformance> --backend gloo --threads 1)
+add_test(NAME comm_gloo_bad_tcp_all_reduce_env
+  COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_GLOO_TCP_ALL_REDUCE=fast $<TARGET_FILE:comm_conformance> --backend gloo --threads 2)
 add_test(NAME comm_gloo_bad_shm_env
   COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_GLOO_SHM=of $<TARGET_FILE:comm_conformance> --backend gloo --threads 2)
 add_test(NAME comm_gloo_bad_job_id_env
@@ -70,11 +84,13 @@ add_test(NAME comm_gloo_bad_shm_pause_env
   COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_TEST_GLOO_SHM_PAUSE_MS=x $<TARGET_FILE:comm_conformance> --backend gloo --threads 2)
 add_test(NAME comm_gloo_bad_stall_env
   COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_TEST_GLOO_STALL_MS=1s $<TARGET_FILE:comm_conformance> --backend gloo --threads 2)
-set_tests_properties(comm_gloo_bad_link_env comm_gloo_bad_shm_env comm_gloo_bad_job_id_env comm_gloo_bad_shm_pause_env
+set_tests_properties(comm_gloo_bad_tcp_all_reduce_env comm_gloo_bad_link_env comm_gloo_bad_shm_env comm_gloo_bad_job_id_env comm_gloo_bad_shm_pause_env
   comm_gloo_bad_stall_env comm_gloo_bad_verbose_env PROPERTIES
   TIMEOUT 60 LABELS "comm;gloo")
 set_tests_properties(comm_gloo_bad_link_env PROPERTIES PASS_REGULAR_EXPRESSION
   "SHARDPLAN_GLOO_LINK_GBPS='-1' is not a link rate \\(a number of Gbit/s > 0, or 0 for no emulated link\\)")
+set_tests_properties(comm_gloo_bad_tcp_all_reduce_env PROPERTIES PASS_REGULAR_EXPRESSION
+  "SHARDPLAN_GLOO_TCP_ALL_REDUCE='fast' is not auto or ring \\(as option tcp_all_reduce=\\)")
 set_tests_properties(comm_gloo_bad_shm_env PROPERTIES PASS_REGULAR_EXPRESSION
   "SHARDPLAN_GLOO_SHM='of' is not one of: auto, on, off, 1, 0, true, false \\(as option shm=\\)")
 set_tests_properties(comm_gloo_bad_job_id_env PROPERTIES PASS_REGULAR_EXPRESSION

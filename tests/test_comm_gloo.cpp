@@ -1,19 +1,21 @@
 // The gloo plugin's failure behaviour through the raw C ABI: a peer that
 // vanishes, a peer that never comes, abort (also through splits), rendezvous
 // without the framework (file_store=), half-precision rounding, and the
-// emulated slow link (link_gbps=). The
-// conformance suite (test_comm.cpp, comm_gloo.cmake) covers the results.
+// emulated slow link (link_gbps=), and the 2-rank all_reduce over TCP bit for
+// bit against gloo's ring (tcp_all_reduce=). The conformance suite (test_comm.cpp, comm_gloo.cmake) covers the results.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <future>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -86,11 +88,11 @@ struct Outcome {
   Clock::duration took{};
 };
 
-// A blocking all_reduce of one float on `comm`, on its own thread.
-std::future<Outcome> all_reduce_async(const sp_comm_api* api, sp_comm* comm) {
-  return std::async(std::launch::async, [api, comm] {
-    float x = 1;
-    sp_buffer b = cpu(&x, 1, SP_FLOAT32);
+// A blocking all_reduce of `count` floats on `comm`, on its own thread.
+std::future<Outcome> all_reduce_async(const sp_comm_api* api, sp_comm* comm, size_t count = 1) {
+  return std::async(std::launch::async, [api, comm, count] {
+    std::vector<float> x(count, 1.0f);
+    sp_buffer b = cpu(x.data(), count, SP_FLOAT32);
     auto t0 = Clock::now();
     Outcome o;
     o.status = api->all_reduce(comm, &b, &b, SP_SUM, nullptr);
@@ -100,32 +102,48 @@ std::future<Outcome> all_reduce_async(const sp_comm_api* api, sp_comm* comm) {
   });
 }
 
+// Same-host shared memory (the default here), and over TCP the pairwise
+// all_reduce (plugins/comm_gloo/tcp_all_reduce.h) with one segment and with
+// several in flight (4 MiB): each fails in one line, in bounded time.
+struct Path {
+  const char* const* options;
+  size_t count;
+};
+const char* const kTcp[] = {"shm=off", nullptr};
+const char* const kTcpRing[] = {"shm=off", "tcp_all_reduce=ring", nullptr};
+const Path kPaths[] = {{nullptr, 1}, {kTcp, 1}, {kTcp, size_t(1) << 20}};
+
 TEST(CommGloo, PeerThatNeverComesTimesOut) {
-  Group g(2, 2000);
-  auto f = all_reduce_async(g.api, g.comms[1]);  // rank 0 never joins
-  Outcome o = f.get();
-  EXPECT_EQ(o.status, SP_ERR_TIMEOUT) << o.error;
-  EXPECT_TRUE(contains(o.error, "all_reduce")) << o.error;
-  EXPECT_EQ(o.error.find('\n'), std::string::npos) << o.error;
-  EXPECT_GT(o.took, 1s);
-  EXPECT_LT(o.took, 15s);
+  for (const Path& p : kPaths) {
+    Group g(2, 2000, p.options);
+    auto f = all_reduce_async(g.api, g.comms[1], p.count);  // rank 0 never joins
+    Outcome o = f.get();
+    EXPECT_EQ(o.status, SP_ERR_TIMEOUT) << o.error;
+    EXPECT_TRUE(contains(o.error, "all_reduce on rank 1 of 2")) << o.error;
+    EXPECT_EQ(o.error.find('\n'), std::string::npos) << o.error;
+    EXPECT_GT(o.took, 1s);
+    EXPECT_LT(o.took, 15s);
+  }
 }
 
 TEST(CommGloo, PeerThatVanishesFailsTheCollective) {
-  Group g(2, 60000);
-  float x = 1;
-  sp_buffer b = cpu(&x, 1, SP_FLOAT32);
-  g.each([&](int r) { ASSERT_EQ(g.api->barrier(g.comms[r], nullptr), SP_OK); });
-  auto f = all_reduce_async(g.api, g.comms[1]);
-  std::this_thread::sleep_for(200ms);
-  g.api->destroy(g.comms[0]);  // closes its sockets, as a dying process would
-  g.comms[0] = nullptr;
-  Outcome o = f.get();
-  EXPECT_EQ(o.status, SP_ERR_INTERNAL) << o.error;
-  EXPECT_TRUE(contains(o.error, "all_reduce on rank 1 of 2")) << o.error;
-  EXPECT_LT(o.took, 30s);
-  // The broken communicator keeps failing instead of hanging.
-  EXPECT_NE(g.api->all_reduce(g.comms[1], &b, &b, SP_SUM, nullptr), SP_OK);
+  for (const Path& p : kPaths) {
+    Group g(2, 60000, p.options);
+    float x = 1;
+    sp_buffer b = cpu(&x, 1, SP_FLOAT32);
+    g.each([&](int r) { ASSERT_EQ(g.api->barrier(g.comms[r], nullptr), SP_OK); });
+    auto f = all_reduce_async(g.api, g.comms[1], p.count);
+    std::this_thread::sleep_for(200ms);
+    g.api->destroy(g.comms[0]);  // closes its sockets, as a dying process would
+    g.comms[0] = nullptr;
+    Outcome o = f.get();
+    EXPECT_EQ(o.status, SP_ERR_INTERNAL) << o.error;
+    EXPECT_TRUE(contains(o.error, "all_reduce on rank 1 of 2")) << o.error;
+    EXPECT_EQ(o.error.find('\n'), std::string::npos) << o.error;
+    EXPECT_LT(o.took, 30s);
+    // The broken communicator keeps failing instead of hanging.
+    EXPECT_NE(g.api->all_reduce(g.comms[1], &b, &b, SP_SUM, nullptr), SP_OK);
+  }
 }
 
 TEST(CommGloo, AbortFailsPendingAndFutureWork) {
@@ -309,6 +327,103 @@ TEST(CommGloo, EmulatedLinkPacesOperationsAndSplitsInheritIt) {
     EXPECT_EQ(out[r].front(), 6.0f);  // (1 + 2) twice
     EXPECT_EQ(out[r].back(), 6.0f);
   }
+}
+
+}  // namespace
+
+// Over TCP two ranks exchange whole buffers instead of running gloo's ring
+// (plugins/comm_gloo/tcp_all_reduce.h).
+namespace {
+
+size_t element_size(int32_t dtype) {
+  switch (dtype) {
+    case SP_FLOAT64: case SP_INT64: return 8;
+    case SP_FLOAT16: case SP_BFLOAT16: return 2;
+    case SP_INT8: case SP_UINT8: return 1;
+    default: return 4;
+  }
+}
+
+// One rank's input: mostly values in [-2, 2], with what makes the order of a
+// reduction's operands show in its bits: -0 against +0, and for max/min NaNs
+// of different payloads on the two ranks (they pick one operand). A sum or
+// product of two NaNs is some NaN whose payload the CPU picks by the
+// operands' order in the instruction, which the compiler chooses per loop
+// (vectorized body or scalar tail): no order of the C++ operands fixes it,
+// so there only one rank's element is a NaN.
+std::vector<uint8_t> tricky_input(int32_t dtype, int32_t op, size_t count, int rank) {
+  std::mt19937 gen(1234u + 77u * static_cast<unsigned>(rank) + static_cast<unsigned>(count));
+  std::uniform_real_distribution<float> value(-2.0f, 2.0f);
+  const size_t es = element_size(dtype);
+  std::vector<uint8_t> out(count * es);
+  const bool is_float = dtype == SP_FLOAT32 || dtype == SP_FLOAT64 || dtype == SP_FLOAT16 || dtype == SP_BFLOAT16;
+  for (size_t i = 0; i < count; ++i) {
+    const float f = value(gen);
+    uint64_t bits = gen();
+    if (is_float) {
+      const uint64_t sign = uint64_t(1) << (8 * es - 1);
+      const uint64_t quiet_nan = dtype == SP_FLOAT32 ? 0x7fc00000u : dtype == SP_FLOAT64 ? 0x7ff8000000000000u
+                                 : dtype == SP_FLOAT16 ? 0x7e00u : 0x7fc0u;
+      double d = f;
+      uint32_t fb;
+      std::memcpy(&fb, &f, 4);
+      std::memcpy(&bits, &d, 8);
+      if (es == 4) bits = fb;
+      if (es == 2) bits = dtype == SP_BFLOAT16 ? fb >> 16 : 0x3c00u ^ (gen() & 0x83ffu);
+      if (i % 7 == 1) bits = rank ? sign : 0;                             // -0 / +0
+      if (i % 7 == 3) bits = rank ? 0 : sign;                             // +0 / -0
+      const bool nan_here = op == SP_MAX || op == SP_MIN ? i % 11 == 5 : i % 11 == 5 + static_cast<size_t>(rank);
+      if (nan_here) bits = quiet_nan | (static_cast<uint64_t>(rank) + 1 + i % 3);  // payload by rank
+    }
+    std::memcpy(out.data() + i * es, &bits, es);
+  }
+  return out;
+}
+
+// Both ranks' results of one all_reduce of tricky_input, in place or out.
+std::vector<std::vector<uint8_t>> reduced(Group& g, int32_t dtype, int32_t op, size_t count, bool in_place) {
+  std::vector<std::vector<uint8_t>> out(2);
+  g.each([&](int r) {
+    std::vector<uint8_t> in = tricky_input(dtype, op, count, r);
+    out[r].assign(in.size(), 0xee);
+    sp_buffer s = cpu(in.data(), count, dtype), d = cpu(in_place ? in.data() : out[r].data(), count, dtype);
+    ASSERT_EQ(g.api->all_reduce(g.comms[r], &s, &d, op, nullptr), SP_OK) << g.api->last_error();
+    if (in_place) out[r] = in;
+  });
+  return out;
+}
+
+// The exchange gives gloo's ring's bits on both ranks: every dtype and op,
+// 1 element, odd counts, counts around its 1 MiB segments (and gloo's ring's
+// chunk boundary), and buffers of several MiB, in place and out.
+TEST(CommGloo, TcpPairAllReduceIsGloosRingBitForBit) {
+  Group pair(2, 60000, kTcp), ring(2, 60000, kTcpRing);
+  struct Case { int32_t dtype; std::vector<int32_t> ops; std::vector<size_t> counts; };
+  const std::vector<int32_t> all_ops = {SP_SUM, SP_PROD, SP_MIN, SP_MAX};
+  const std::vector<Case> cases = {
+      {SP_FLOAT32, all_ops, {1, 2, 3, 1001, 65537, 262143, 262144, 262145}},
+      {SP_FLOAT32, {SP_SUM, SP_MAX}, {(size_t(5) << 20) / 4 + 3}},
+      {SP_FLOAT64, all_ops, {1, 3, 1001, 131071, 131073}},
+      {SP_FLOAT64, {SP_MIN}, {(size_t(6) << 20) / 8 + 1}},
+      {SP_BFLOAT16, all_ops, {1, 3, 1001, 524287, 524289}},
+      {SP_BFLOAT16, {SP_SUM}, {(size_t(5) << 20) / 2 + 1}},
+      {SP_FLOAT16, all_ops, {1, 1001, 131073}},
+      {SP_INT32, all_ops, {1, 3, 65537}},
+      {SP_INT64, all_ops, {1, 32769}},
+      {SP_INT8, all_ops, {1, 262145}},
+  };
+  for (const Case& c : cases)
+    for (int32_t op : c.ops)
+      for (size_t count : c.counts)
+        for (bool in_place : {true, false}) {
+          const auto mine = reduced(pair, c.dtype, op, count, in_place);
+          const auto gloo = reduced(ring, c.dtype, op, count, in_place);
+          const std::string what = "dtype " + std::to_string(c.dtype) + " op " + std::to_string(op) + " count " +
+                                   std::to_string(count) + (in_place ? " in place" : " out of place");
+          ASSERT_EQ(mine[0], gloo[0]) << what;
+          ASSERT_EQ(mine[1], gloo[1]) << what;
+          ASSERT_EQ(mine[0], mine[1]) << what;
+        }
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 // talking TCP over loopback.
 //
 //   bench_comm_gloo [--ranks N] [--scale S] [--min-bytes B] [--max-bytes B] [--plugin PATH] [--control]
-//                   [--blocking worker|inline] [--shm off|auto|on]
+//                   [--blocking worker|inline] [--shm off|auto|on] [--tcp-all-reduce auto|ring]
 //
 // Blocks of calls through the plugin and through raw gloo alternate
 // (tools/bench/comm/interleaved.h); the table gives the median time per call
@@ -19,6 +19,9 @@
 // raw gloo runs). --shm likewise: off (the default here, so both sides move
 // bytes over TCP and the ratio is the plugin's own overhead) or auto/on (the
 // plugin's same-host shared-memory path against raw gloo's TCP).
+// --tcp-all-reduce likewise: auto (the default: at 2 ranks the plugin's
+// pairwise exchange, plugins/comm_gloo/tcp_all_reduce.h) or ring (gloo's
+// ring, as raw gloo runs it), to measure the plugin before and after.
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -79,18 +82,18 @@ class Raw final : public shardplan_bench::ReduceSide {
 // control: the "plugin" side is a second raw gloo context, so the ratio
 // column shows what noise alone does to it on this machine.
 void run_rank(const Ranks& r, const sp_comm_api* api, const shardplan_bench::InterleavedArgs& args,
-              const std::string& blocking, const std::string& shm) {
+              const std::string& blocking, const std::string& shm, const std::string& algo) {
   const bool control = args.control;
   std::unique_ptr<shardplan_bench::ReduceSide> tested;
   if (control) tested = std::make_unique<Raw>(r, "control");
   else
     tested = std::make_unique<shardplan_bench::PluginReduceSide>(
-        api, r.rank, r.size, kTimeoutMs, std::vector<std::string>{"file_store=" + r.dir + "/plugin", "local_addr=127.0.0.1", "blocking=" + blocking, "shm=" + shm});
+        api, r.rank, r.size, kTimeoutMs, std::vector<std::string>{"file_store=" + r.dir + "/plugin", "local_addr=127.0.0.1", "blocking=" + blocking, "shm=" + shm, "tcp_all_reduce=" + algo});
   Raw raw(r, "raw");
   shardplan_bench::InterleavedOptions o = args.options;
   o.rank = r.rank;
   o.size = r.size;
-  o.tested_name = control ? "control" : "plugin (blocking=" + blocking + ", shm=" + shm + ")";
+  o.tested_name = control ? "control" : "plugin (blocking=" + blocking + ", shm=" + shm + ", tcp_all_reduce=" + algo + ")";
   o.raw_name = "raw gloo";
   o.title = "all_reduce float32 sum in place, " + std::to_string(r.size) +
             " ranks (processes), gloo TCP over 127.0.0.1" +
@@ -100,7 +103,7 @@ void run_rank(const Ranks& r, const sp_comm_api* api, const shardplan_bench::Int
 
 int usage() {
   std::fprintf(stderr, "usage: bench_comm_gloo [--ranks N] [--scale S] [--min-bytes B] [--max-bytes B] [--plugin PATH] [--control]\n"
-                       "                       [--blocking worker|inline] [--shm off|auto|on]\n");
+                       "                       [--blocking worker|inline] [--shm off|auto|on] [--tcp-all-reduce auto|ring]\n");
   return 2;
 }
 
@@ -111,8 +114,8 @@ int main(int argc, char** argv) {
   args.plugin = SHARDPLAN_GLOO_PLUGIN;
   args.options.min_bytes = 4096;
   int ranks = 2;
-  // --blocking is ours; the shared parser takes the rest.
-  std::string blocking = "worker", shm = "off";
+  // --blocking, --shm and --tcp-all-reduce are ours; the shared parser takes the rest.
+  std::string blocking = "worker", shm = "off", algo = "auto";
   std::vector<char*> rest;
   for (int i = 0; i < argc; ++i) {
     if (std::string(argv[i]) == "--blocking" && i + 1 < argc) {
@@ -121,6 +124,9 @@ int main(int argc, char** argv) {
     } else if (std::string(argv[i]) == "--shm" && i + 1 < argc) {
       shm = argv[++i];
       if (shm != "off" && shm != "auto" && shm != "on") return usage();
+    } else if (std::string(argv[i]) == "--tcp-all-reduce" && i + 1 < argc) {
+      algo = argv[++i];
+      if (algo != "auto" && algo != "ring") return usage();
     } else {
       rest.push_back(argv[i]);
     }
@@ -143,7 +149,7 @@ int main(int argc, char** argv) {
     if (pid < 0) die("fork failed");
     if (pid == 0) {
       try {
-        run_rank({r, ranks, dir}, api, args, blocking, shm);
+        run_rank({r, ranks, dir}, api, args, blocking, shm, algo);
       } catch (const std::exception& e) {
         die(std::string("rank ") + std::to_string(r) + ": " + e.what());
       }
@@ -154,7 +160,7 @@ int main(int argc, char** argv) {
   }
   int rc = 0;
   try {
-    run_rank({0, ranks, dir}, api, args, blocking, shm);
+    run_rank({0, ranks, dir}, api, args, blocking, shm, algo);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_comm_gloo: %s\n", e.what());
     rc = 1;

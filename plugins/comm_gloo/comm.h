@@ -23,6 +23,7 @@
 #include "rendezvous.h"
 #include "self_mailbox.h"
 #include "shm.h"
+#include "tcp_all_reduce.h"
 #include "shardplan/abi/comm.h"
 #include "shardplan/comm_plugin.h"
 
@@ -66,6 +67,10 @@ class Comm {
   uint32_t split_seq = 0;  // advanced by the executing thread only
   SelfMailbox self;
   ShmMode shm_mode = ShmMode::kAuto;  // this communicator's and its splits'
+  TcpAllReduce tcp_all_reduce = TcpAllReduce::kAuto;  // likewise (tcp_all_reduce.h)
+  // The peer's buffer in pairwise_all_reduce, kept between calls (used by
+  // the executing thread only): a fresh one would page-fault on every call.
+  std::vector<uint8_t> pair_scratch;
   // link_gbps=X / SHARDPLAN_GLOO_LINK_GBPS: an emulated link of X Gbit/s
   // (0: none), this communicator's and its splits' (link.h).
   double link_bytes_per_second = 0;

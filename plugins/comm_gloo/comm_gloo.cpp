@@ -14,7 +14,8 @@
 // The pieces: comm.h (a communicator and its queue), context.h (aborting a
 // gloo context), self_mailbox.h (messages to oneself), run_gloo.h (gloo's
 // collectives on our buffers), validation.h (argument checks), errors.h
-// (statuses, SIGPIPE), reduce.h (reductions), rendezvous.h (stores).
+// (statuses, SIGPIPE), reduce.h (reductions), rendezvous.h (stores),
+// tcp_all_reduce.h (all_reduce of 2 ranks over TCP).
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/alltoall.h>
@@ -50,6 +51,7 @@
 #include "shardplan/abi/plugin.h"
 #include "shardplan/comm_dtype.h"
 #include "shardplan/comm_plugin.h"
+#include "tcp_all_reduce.h"
 #include "validation.h"
 
 namespace sp_gloo {
@@ -72,6 +74,7 @@ struct Options {
   std::string prefix;
   bool blocking_inline = false;  // blocking=inline|worker
   ShmMode shm = ShmMode::kAuto;  // shm=auto|on|off
+  TcpAllReduce tcp_all_reduce = TcpAllReduce::kAuto;  // tcp_all_reduce=auto|ring
   double link_gbps = 0;          // link_gbps=X
   long test_stall_ms = 0;        // SHARDPLAN_TEST_GLOO_STALL_MS
   bool verbose = false;          // SHARDPLAN_GLOO_VERBOSE
@@ -82,6 +85,7 @@ Options parse_options(const char* const* options) {
   Options o;
   const EnvDefaults env = env_defaults();
   o.shm = env.shm;
+  o.tcp_all_reduce = env.tcp_all_reduce;
   o.link_gbps = env.link_gbps;
   o.test_stall_ms = env.test_stall_ms;
   o.verbose = env.verbose;
@@ -97,6 +101,8 @@ Options parse_options(const char* const* options) {
     else if (k == "blocking" && (v == "inline" || v == "worker")) o.blocking_inline = v == "inline";
     else if (k == "blocking") refuse("blocking=" + v + " (expected blocking=worker or blocking=inline)");
     else if (k == "shm" && !parse_shm_mode(v, o.shm)) refuse("shm=" + v + " (expected shm=auto, shm=on or shm=off)");
+    else if (k == "tcp_all_reduce" && !parse_tcp_all_reduce(v, o.tcp_all_reduce))
+      refuse("tcp_all_reduce=" + v + " (expected tcp_all_reduce=auto or tcp_all_reduce=ring)");
     else if (k == "link_gbps" && !parse_link_gbps(v, o.link_gbps))
       refuse("link_gbps=" + v + " (expected a number of Gbit/s > 0, or 0 for no emulated link)");
   });
@@ -182,6 +188,7 @@ int api_create(const sp_comm_config* config, sp_comm** out) {
 
     auto comm = std::make_shared<Comm>(rank, size, timeout, store, prefix, device, opt.blocking_inline);
     comm->shm_mode = opt.shm;
+    comm->tcp_all_reduce = opt.tcp_all_reduce;
     comm->link_bytes_per_second = opt.link_gbps * 1e9 / 8;
     comm->test_stall_ms = opt.test_stall_ms;
     comm->verbose = opt.verbose;
@@ -226,6 +233,7 @@ int api_split(sp_comm* parent, int32_t color, int32_t key, sp_comm** out) {
                                         p->prefix + "/split/" + std::to_string(seq) + "/" + std::to_string(color),
                                         p->device, p->blocking_inline());
         c->shm_mode = p->shm_mode;
+        c->tcp_all_reduce = p->tcp_all_reduce;
         c->link_bytes_per_second = p->link_bytes_per_second;
         c->test_stall_ms = p->test_stall_ms;
         c->verbose = p->verbose;
@@ -351,6 +359,8 @@ int api_all_reduce(sp_comm* comm, const sp_buffer* send, const sp_buffer* recv, 
         // out-of-place path costs (it copies per segment) and survives
         // any overlap of send and recv.
         if (c.shm) return c.shm->all_reduce(bytes(s), bytes(r), r.count, es, fn);
+        if (takes_pairwise_all_reduce(c.tcp_all_reduce, c.size, r.count * es))
+          return pairwise_all_reduce(c, s, r, es, fn);
         if (s.data != r.data) std::memmove(r.data, s.data, r.count * es);
         run_gloo(c, es, gloo::allreduce, [&](auto& o, auto e) {
           o.setOutput(static_cast<decltype(e)*>(r.data), r.count);

@@ -7,12 +7,14 @@
 
 #include "link.h"
 #include "shm.h"
+#include "tcp_all_reduce.h"
 
 namespace sp_gloo {
 
-// Defaults of the options shm= and link_gbps=, from the environment.
+// Defaults of the options shm=, tcp_all_reduce= and link_gbps=, from the environment.
 struct EnvDefaults {
   ShmMode shm = ShmMode::kAuto;
+  TcpAllReduce tcp_all_reduce = TcpAllReduce::kAuto;
   double link_gbps = 0;
   long test_stall_ms = 0;  // SHARDPLAN_TEST_GLOO_STALL_MS (Comm::test_stall)
   bool verbose = false;    // SHARDPLAN_GLOO_VERBOSE: each communicator's transport on stderr
@@ -36,6 +38,9 @@ inline EnvDefaults env_defaults() {
   // Set but empty counts as unset, as for the other SHARDPLAN_* variables.
   if (const char* v = std::getenv("SHARDPLAN_GLOO_SHM"); v && *v && !parse_shm_mode(v, d.shm))
     refuse("SHARDPLAN_GLOO_SHM", v, "one of: auto, on, off, 1, 0, true, false (as option shm=)");
+  if (const char* v = std::getenv("SHARDPLAN_GLOO_TCP_ALL_REDUCE");
+      v && *v && !parse_tcp_all_reduce(v, d.tcp_all_reduce))
+    refuse("SHARDPLAN_GLOO_TCP_ALL_REDUCE", v, "auto or ring (as option tcp_all_reduce=)");
   if (const char* v = std::getenv("SHARDPLAN_GLOO_LINK_GBPS"); v && *v && !parse_link_gbps(v, d.link_gbps))
     refuse("SHARDPLAN_GLOO_LINK_GBPS", v, "a link rate (a number of Gbit/s > 0, or 0 for no emulated link)");
   if (const char* v = std::getenv("SHARDPLAN_GLOO_VERBOSE"); v && *v) {

@@ -39,6 +39,7 @@ std::vector<Process> processes_for(const Options& o, const Series& s, const std:
   w.kind = s.kind;
   w.launch = s.launch;
   w.plugin = s.plugin;
+  w.plugin_options = s.options;
   w.cuda = s.cuda;
   w.dir = dir;
   const std::string self = self_exe();

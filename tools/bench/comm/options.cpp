@@ -21,8 +21,10 @@ const char* const kUsage =
     "reference rows (shared-memory roofline, raw gloo, raw MPI).\n"
     "\n"
     "options:\n"
-    "  --backends LIST     comma-separated plugins, e.g. local,gloo,mpi,nccl\n"
-    "                      (default: every plugin found that can run here)\n"
+    "  --backends LIST     comma-separated plugins, e.g. local,gloo,mpi,nccl, and\n"
+    "                      gloo-tcp (gloo with option shm=off: its TCP path on\n"
+    "                      one host; default: every plugin found that can run\n"
+    "                      here, and gloo-tcp next to gloo)\n"
     "  --collectives LIST  all_reduce,all_gather,reduce_scatter,broadcast,\n"
     "                      all_to_all,send_recv (default: all)\n"
     "  --refs LIST         roofline,gloo-raw,mpi-raw, or none (default: all that\n"
@@ -221,6 +223,8 @@ Options parse_options(int argc, char** argv) {
       o.w.launch = value();
     } else if (a == "--worker-plugin") {
       o.w.plugin = value();
+    } else if (a == "--worker-option") {
+      o.w.plugin_options.push_back(value());
     } else if (a == "--worker-cuda") {
       o.w.cuda = true;
     } else if (a == "--worker-dir") {
@@ -257,6 +261,10 @@ std::vector<std::string> worker_args(const Options& o, const WorkerOptions& w) {
   if (!w.plugin.empty()) {
     a.push_back("--worker-plugin");
     a.push_back(w.plugin);
+  }
+  for (const std::string& kv : w.plugin_options) {
+    a.push_back("--worker-option");
+    a.push_back(kv);
   }
   if (w.cuda) a.push_back("--worker-cuda");
   if (w.rank >= 0) {

@@ -30,6 +30,7 @@ struct WorkerOptions {
   std::string kind;     // plugin | roofline | gloo-raw | mpi-raw
   std::string launch;   // threads | procs | mpirun
   std::string plugin;   // library path, for kind plugin
+  std::vector<std::string> plugin_options;  // key=value for the plugin's create (--worker-option)
   bool cuda = false;    // buffers in GPU memory
   std::string dir;      // private directory of this series (stores)
   int rank = -1;        // procs only; mpirun ranks read their environment

@@ -33,7 +33,10 @@ std::string Series::describe(int ranks, bool brief) const {
   if (kind == "roofline") return how + ", a[i] += b[i] slices between spin barriers";
   if (kind == "gloo-raw") return how + ", gloo::allreduce over TCP 127.0.0.1";
   if (kind == "mpi-raw") return how + ", MPI_Allreduce on MPI_COMM_WORLD";
-  return how + (cuda ? ", GPU buffers" : ", CPU buffers") + (brief ? "" : ", plugin " + plugin);
+  std::string opts;
+  for (const std::string& kv : options) opts += " " + kv;
+  return how + (cuda ? ", GPU buffers" : ", CPU buffers") + (opts.empty() ? "" : ", option" + opts) +
+         (brief ? "" : ", plugin " + plugin);
 }
 
 namespace {
@@ -41,8 +44,8 @@ namespace {
 // Presentation order: the in-process backend first, then by how far ranks
 // are apart; each reference right after the backend it bounds.
 int order_of(const std::string& name) {
-  static const std::map<std::string, int> order{{"local", 0}, {"roofline", 1}, {"gloo", 2}, {"gloo-raw", 3},
-                                                {"mpi", 4},   {"mpi-raw", 5},  {"nccl", 6}};
+  static const std::map<std::string, int> order{{"local", 0},    {"roofline", 1}, {"gloo", 2}, {"gloo-tcp", 3},
+                                                {"gloo-raw", 4}, {"mpi", 5},      {"mpi-raw", 6}, {"nccl", 7}};
   auto it = order.find(name);
   return it == order.end() ? 100 : it->second;
 }
@@ -81,6 +84,24 @@ std::string probe_plugin(const PluginFile& f, const Options& o, Series* s) {
   return {};
 }
 
+// Series that run a plugin with options: gloo-tcp is the gloo plugin with its
+// same-host shared memory off, so that one host shows the TCP path (the one
+// between hosts) next to the shared-memory one the gloo series takes.
+struct Variant {
+  const char* name;
+  const char* plugin;
+  std::vector<std::string> options;
+};
+const std::vector<Variant>& variants() {
+  static const std::vector<Variant> v{{"gloo-tcp", "gloo", {"shm=off"}}};
+  return v;
+}
+const Variant* variant(const std::string& name) {
+  for (const Variant& v : variants())
+    if (name == v.name) return &v;
+  return nullptr;
+}
+
 }  // namespace
 
 SeriesPlan plan_series(const Options& o) {
@@ -88,14 +109,24 @@ SeriesPlan plan_series(const Options& o) {
   const std::vector<PluginFile> found = find_comm_plugins(plugin_search_path(o.plugin_dirs));
   std::vector<std::string> wanted = o.backends;
   if (wanted.empty())
-    for (const PluginFile& f : found) wanted.push_back(f.name);
+    for (const PluginFile& f : found) {
+      wanted.push_back(f.name);
+      for (const Variant& v : variants())
+        if (f.name == v.plugin) wanted.push_back(v.name);
+    }
 
   for (const std::string& name : wanted) {
-    auto it = std::find_if(found.begin(), found.end(), [&](const PluginFile& f) { return f.name == name; });
+    const Variant* v = variant(name);
+    const std::string file = v ? v->plugin : name;
+    auto it = std::find_if(found.begin(), found.end(), [&](const PluginFile& f) { return f.name == file; });
     std::string why;
     Series s;
-    if (it == found.end()) why = "no libshardplan_comm_" + name + ".so on the plugin search path";
+    if (it == found.end()) why = "no libshardplan_comm_" + file + ".so on the plugin search path";
     else why = probe_plugin(*it, o, &s);
+    if (why.empty() && v) {
+      s.name = v->name;
+      s.options = v->options;
+    }
     if (!why.empty()) {
       if (!o.backends.empty()) throw UsageError{"backend '" + name + "' cannot run here: " + why};
       plan.unavailable.push_back({name, why});
@@ -112,7 +143,7 @@ SeriesPlan plan_series(const Options& o) {
   if (!o.refs_given) {
     refs = {"roofline"};
     auto named = [&](const char* b) { return o.backends.empty() || std::count(o.backends.begin(), o.backends.end(), b); };
-    if (named("gloo")) refs.push_back("gloo-raw");
+    if (named("gloo") || named("gloo-tcp")) refs.push_back("gloo-raw");
     if (named("mpi")) refs.push_back("mpi-raw");
   }
   if (!all_reduce) {

@@ -14,6 +14,7 @@ struct Series {
   std::string kind;     // plugin | roofline | gloo-raw | mpi-raw
   std::string launch;   // threads | procs | mpirun
   std::string plugin;   // library path for kind plugin
+  std::vector<std::string> options;  // key=value given to the plugin's create (gloo-tcp: shm=off)
   bool cuda = false;    // buffers in GPU memory
   bool reference() const { return kind != "plugin"; }
   // "2 processes, CPU buffers, plugin /path/libshardplan_comm_gloo.so";

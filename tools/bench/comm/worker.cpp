@@ -65,6 +65,7 @@ int run_threads(const Options& o, const sp_comm_api* api) {
         c.timeout_ms = o.sweep.timeout_ms;
         c.store = store->abi();
         c.options = {"local_id=shardplan-bench-" + std::to_string(::getpid())};
+        c.options.insert(c.options.end(), o.w.plugin_options.begin(), o.w.plugin_options.end());
         if (o.w.cuda) c.cuda_device = gpu_for(r);
         rank = make_plugin_rank(c);
       }
@@ -140,6 +141,7 @@ int run_process(const Options& o, const sp_comm_api* api) {
         // The GPU the buffers live on; the NCCL plugin would pick the same.
         c.options = {"device=" + std::to_string(c.cuda_device)};
       }
+      c.options.insert(c.options.end(), o.w.plugin_options.begin(), o.w.plugin_options.end());
       r = make_plugin_rank(c);
     }
     run_sweep(*r, o.sweep);
