@@ -3,7 +3,7 @@ shardplan's SHARDPLAN_COMM_TRACE (framework/src/comm/comm_trace.h), so that
 benchmarks/gpt_peer/timeline_summary.py lays both sides' steps side by side.
 
 With SHARDPLAN_COMM_TRACE=DIR, start(rank, world_size) opens DIR/rank<N>.jsonl
-(DIR made if missing; a bad value is a one-line SystemExit naming it); lines
+(DIR made if missing, one level; a bad value is a one-line SystemExit naming it); lines
 are kept in memory and written past 1 MiB at a step marker, past 8 MiB at
 once, and at exit. Without the variable every function here is the plain
 call, so a program may call them unconditionally:
@@ -43,8 +43,11 @@ def _now_us(origin_ns):
 
 class Trace:
     def __init__(self, directory, rank, world_size, backend="gloo"):
-        try:
-            os.makedirs(directory, exist_ok=True)
+        try:  # one level, as shardplan's
+            if not os.path.exists(directory):
+                os.mkdir(directory)
+        except FileExistsError:  # another rank made it
+            pass
         except OSError as e:
             raise SystemExit("SHARDPLAN_COMM_TRACE='%s' cannot be created: %s (it names a directory that gets one "
                              "rank<N>.jsonl per rank)" % (directory, e.strerror))
