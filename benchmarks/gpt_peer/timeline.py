@@ -15,7 +15,8 @@ call, so a program may call them unconditionally:
   timeline.register_ddp_hook(ddp_model)       # DDP: its buckets' all-reduces (trace on only)
 
 Times are µs on the monotonic clock (CLOCK_MONOTONIC, as steady_clock) from
-start(). A synchronous call's caller waits from its issue. A DDP bucket's
+start(). A synchronous call's caller waits from its issue; an asynchronous
+call's line also has t_issue_end, when the issuing call returned. A DDP bucket's
 all-reduce is issued by the reducer during backward and waited for when
 backward's compute is over, which Python cannot see: the hook takes the issue
 of the step's last bucket as that moment (the reducer launches it when the
@@ -82,12 +83,15 @@ class Trace:
         self.file.flush()
         self.lines, self.size = [], 0
 
-    def record(self, op, group, t, is_async, t_issue, t_wait_begin, t_done, step=None):
-        self._append({"op": op, "group": group, "step": self.current_step if step is None else step,
-                      "async": is_async, "bytes": t.numel() * t.element_size(),
-                      "dtype": str(t.dtype).replace("torch.", ""), "t_issue": round(t_issue, 1),
-                      "t_wait_begin": None if t_wait_begin is None else round(t_wait_begin, 1),
-                      "t_done": None if t_done is None else round(t_done, 1)})
+    def record(self, op, group, t, is_async, t_issue, t_wait_begin, t_done, step=None, t_issue_end=None):
+        r = {"op": op, "group": group, "step": self.current_step if step is None else step, "async": is_async,
+             "bytes": t.numel() * t.element_size(), "dtype": str(t.dtype).replace("torch.", ""),
+             "t_issue": round(t_issue, 1)}
+        if t_issue_end is not None:
+            r["t_issue_end"] = round(t_issue_end, 1)
+        r["t_wait_begin"] = None if t_wait_begin is None else round(t_wait_begin, 1)
+        r["t_done"] = None if t_done is None else round(t_done, 1)
+        self._append(r)
 
     def step(self, step):
         self._write_ddp()
@@ -103,9 +107,9 @@ class Trace:
         if not pending:
             return
         compute_over = max(p[2] for p in pending)
-        for tensor, group, t_issue, t_done, step in pending:
-            wait = t_done if t_done is not None and t_done < compute_over else max(compute_over, t_issue)
-            self.record("all_reduce", group, tensor, True, t_issue, wait, t_done, step)
+        for tensor, group, t_issue, t_issue_end, t_done, step in pending:
+            wait = t_done if t_done < compute_over else max(compute_over, t_issue_end)
+            self.record("all_reduce", group, tensor, True, t_issue, wait, t_done, step, t_issue_end)
 
     def close(self):
         self._write_ddp()
@@ -155,13 +159,14 @@ def traced_allreduce_hook(process_group, bucket):
     tensor.div_(pg.size())
     t_issue = _trace.now()
     fut = dist.all_reduce(tensor, group=pg, async_op=True).get_future()
+    t_issue_end = _trace.now()
     step_at_issue = _trace.current_step
 
     def done(f):
         t_done = _trace.now()
         result = f.value()[0]
         with _trace.lock:
-            _trace.ddp_pending.append((tensor, "data", t_issue, t_done, step_at_issue))
+            _trace.ddp_pending.append((tensor, "data", t_issue, t_issue_end, t_done, step_at_issue))
         return result
 
     return fut.then(done)

@@ -114,6 +114,10 @@ TEST(CommTrace, ThreadRanksWriteOneLinePerCallInOrder) {
     // one's from wait(), after the 30 ms the caller spent elsewhere.
     EXPECT_EQ(num(calls[1], "t_wait_begin"), num(calls[1], "t_issue"));
     EXPECT_GE(num(calls[4], "t_wait_begin") - num(calls[4], "t_issue"), 30000.0) << calls[4];
+    // ... and it says when the issuing call returned, before the wait.
+    EXPECT_EQ(field(calls[1], "t_issue_end"), "");
+    EXPECT_LE(num(calls[4], "t_issue"), num(calls[4], "t_issue_end")) << calls[4];
+    EXPECT_LE(num(calls[4], "t_issue_end") + 30000.0, num(calls[4], "t_wait_begin")) << calls[4];
   }
   fs::remove_all(dir);
 }

@@ -101,6 +101,8 @@ class PeerTrace(unittest.TestCase):
                                  [(1, "model", False, 24, "float64"), (1, "data", True, 36 * 4, "float32"),
                                   (2, "model", False, 24, "float64"), (2, "data", True, 36 * 4, "float32")])
                 for c in calls:
+                    self.assertEqual("t_issue_end" in c, c["async"])
+                    self.assertLessEqual(c["t_issue"], c.get("t_issue_end", c["t_issue"]))
                     self.assertLessEqual(c["t_issue"], c["t_wait_begin"])
                     self.assertLessEqual(c["t_wait_begin"], c["t_done"])
                 self.assertEqual([x["step"] for x in lines[1:] if x["op"] == "step"], [1, 2, 3])

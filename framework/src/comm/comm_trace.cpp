@@ -100,9 +100,11 @@ TracedCall CommTrace::begin(const char* op, const std::string& group, bool async
 }
 
 void CommTrace::record(const TracedCall& c, double t_wait_begin, double t_done) {
-  char tail[160];
-  std::snprintf(tail, sizeof tail, ",\"t_issue\":%.1f,\"t_wait_begin\":%.1f,\"t_done\":%.1f}\n", c.t_issue,
-                t_wait_begin, t_done);
+  char issue_end[48] = "";
+  if (c.t_issue_end >= 0) std::snprintf(issue_end, sizeof issue_end, ",\"t_issue_end\":%.1f", c.t_issue_end);
+  char tail[192];
+  std::snprintf(tail, sizeof tail, ",\"t_issue\":%.1f%s,\"t_wait_begin\":%.1f,\"t_done\":%.1f}\n", c.t_issue,
+                issue_end, t_wait_begin, t_done);
   char head[96];
   std::snprintf(head, sizeof head, ",\"step\":%d,\"async\":%s,\"bytes\":%llu,\"dtype\":\"%s\"", c.step,
                 c.async ? "true" : "false", static_cast<unsigned long long>(c.bytes), comm::dtype_name(c.dtype));

@@ -13,8 +13,10 @@
 //   {"op":"all_reduce","group":"model","step":3,"async":false,"bytes":4096,"dtype":"float32",
 //    "t_issue":13.0,"t_wait_begin":13.0,"t_done":40.2}
 // A synchronous call's caller waits from its issue; an asynchronous one's
-// from its Work::wait() (or the done() that first saw it finished). A Work
-// dropped unfinished has "t_wait_begin" and "t_done" null.
+// from its Work::wait() (or the done() that first saw it finished), and its
+// line also has "t_issue_end", when the issuing call returned (a backend
+// that blocks at issue shows there). A Work dropped unfinished has
+// "t_wait_begin" and "t_done" null.
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -33,6 +35,7 @@ struct TracedCall {
   uint64_t bytes = 0;
   int32_t dtype = 0;
   double t_issue = 0;
+  double t_issue_end = -1;  // asynchronous: when the issuing call returned
 };
 
 class CommTrace {

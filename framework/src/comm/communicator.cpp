@@ -172,7 +172,10 @@ std::unique_ptr<TracedCall> Communicator::issue(const char* op, const at::Tensor
 }
 
 std::unique_ptr<Work> Communicator::traced(std::unique_ptr<Work> w, std::unique_ptr<TracedCall> call) const {
-  if (call && w) w->trace(trace_, std::move(call));
+  if (call && w) {
+    call->t_issue_end = CommTrace::now_us();
+    w->trace(trace_, std::move(call));
+  }
   return w;
 }
 
