@@ -5,6 +5,7 @@ all-reduce and a DDP model's buckets through its comm hook). Exits 77 (a
 skip) without python3-torch, for the part that needs it."""
 
 import contextlib
+import faulthandler
 import io
 import json
 import os
@@ -67,6 +68,8 @@ class Summary(unittest.TestCase):
 
 
 def traced_rank(rank, port, directory):
+    # A rank that hangs says where instead of holding ctest to its timeout.
+    faulthandler.dump_traceback_later(60, exit=True)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo",
                       SHARDPLAN_COMM_TRACE=directory)
     torch.set_num_threads(1)
@@ -81,7 +84,8 @@ def traced_rank(rank, port, directory):
         assert x.tolist() == [3.0] * 3
         model(torch.ones(2, 8)).sum().backward()
     timeline.step(3)
-    dist.destroy_process_group()
+    timeline._trace.close()
+    dist.barrier()
 
 
 @unittest.skipIf(torch is None, "python3-torch is not installed")
