@@ -7,7 +7,8 @@ rank in each DIR.
   timeline_summary.py [--rank R] [--steps A:B] [--detail N] LABEL=DIR [LABEL=DIR ...]
 
 For each side and step (from its step marker to the next) it prints, per
-call in order of issue: the issue offset from the step's start, the call's
+call in order of issue: the issue offset from the step's start, how long an
+asynchronous call's issue took to return ("-" for a synchronous one), the call's
 duration (issue to completion), how long the caller waited for it (from
 t_wait_begin, its issue for a synchronous call or its Work::wait() for an
 asynchronous one, to completion), bytes and dtype. Then the totals per step:
@@ -89,7 +90,9 @@ def step_totals(steps):
 
 
 def call_cells(c, t0):
-    return ["%.0f" % (c["t_issue"] - t0), "%.0f" % (c["t_done"] - c["t_issue"]), "%.0f" % (c["t_done"] - c["t_wait_begin"])]
+    issue_call = "%.0f" % (c["t_issue_end"] - c["t_issue"]) if "t_issue_end" in c else "-"
+    return ["%.0f" % (c["t_issue"] - t0), issue_call, "%.0f" % (c["t_done"] - c["t_issue"]),
+            "%.0f" % (c["t_done"] - c["t_wait_begin"])]
 
 
 def call_name(c):
@@ -109,12 +112,13 @@ def detail(sides, step):
     found = [(label, s) for label, s in found if s is not None]
     if not found:
         return
-    print("Step %d, per call (µs from the step's start; duration: issue to completion; wait: the caller's)\n" % step)
+    print("Step %d, per call (µs; issue: from the step's start; issue call: until an asynchronous issue returned; "
+          "duration: issue to completion; wait: the caller's)\n" % step)
     counts = {len(s[2]) for _, s in found}
     if len(found) > 1 and len(counts) == 1:
         header = ["#", "call", "bytes", "dtype"]
         for label, _ in found:
-            header += ["%s issue" % label, "%s duration" % label, "%s wait" % label]
+            header += ["%s issue" % label, "%s issue call" % label, "%s duration" % label, "%s wait" % label]
         rows = []
         for i in range(counts.pop()):
             c0 = found[0][1][2][i]
@@ -126,7 +130,7 @@ def detail(sides, step):
         return
     for label, s in found:
         print("%s:\n" % label)
-        print_table(["#", "call", "bytes", "dtype", "issue", "duration", "wait"],
+        print_table(["#", "call", "bytes", "dtype", "issue", "issue call", "duration", "wait"],
                     [[i + 1, call_name(c), c["bytes"], c["dtype"]] + call_cells(c, s[1]) for i, c in enumerate(s[2])])
 
 

@@ -36,8 +36,11 @@ def write(directory, rank, records):
 
 
 def call(op, t_issue, t_wait, t_done, nbytes=4096, is_async=False):
-    return {"op": op, "group": "model", "step": 0, "async": is_async, "bytes": nbytes, "dtype": "float32",
-            "t_issue": t_issue, "t_wait_begin": t_wait, "t_done": t_done}
+    r = {"op": op, "group": "model", "step": 0, "async": is_async, "bytes": nbytes, "dtype": "float32",
+         "t_issue": t_issue, "t_wait_begin": t_wait, "t_done": t_done}
+    if is_async:
+        r["t_issue_end"] = t_issue + 3
+    return r
 
 
 class Summary(unittest.TestCase):
@@ -59,8 +62,8 @@ class Summary(unittest.TestCase):
                 timeline_summary.main(["a=" + os.path.join(d, "a"), "b=" + os.path.join(d, "b")])
             text = out.getvalue()
         # Step 2 is the last that both completed; the rows are joined.
-        self.assertIn("| 1 | all_reduce model | 4096 | float32 | 10 | 20 | 20 | 5 | 40 | 40 |", text)
-        self.assertIn("| 2 | all_reduce model async | 8192 | float32 | 20 | 40 | 10 | 50 | 10 | 10 |", text)
+        self.assertIn("| 1 | all_reduce model | 4096 | float32 | 10 | - | 20 | 20 | 5 | - | 40 | 40 |", text)
+        self.assertIn("| 2 | all_reduce model async | 8192 | float32 | 20 | 3 | 40 | 10 | 50 | - | 10 | 10 |", text)
         self.assertIn("| a | 2 | 100 | 2 | 12288 | 50 | 30 | 20 |", text)
         self.assertIn("| b | 2 | 90 | 2 | 12288 | 50 | 50 | 0 |", text)
         # a's step 3 has no end marker: left out of the totals.
