@@ -20,3 +20,10 @@ if(SHARDPLAN_SYSTEM_PYTHON3)
       --batch 8 --skip-status 77)
   set_tests_properties(gpt_peer_ddp_smoke PROPERTIES TIMEOUT 300 SKIP_RETURN_CODE 77 LABELS "gloo;bench")
 endif()
+# The timeline tools (benchmarks/gpt_peer/timeline.py, timeline_summary.py):
+# the summary's numbers on a made-up trace pair, and the peer's trace lines
+# from 2 gloo processes (its torch part skipped without python3-torch).
+if(SHARDPLAN_SYSTEM_PYTHON3)
+  add_test(NAME gpt_peer_timeline COMMAND ${SHARDPLAN_SYSTEM_PYTHON3} ${PROJECT_SOURCE_DIR}/tests/gpt_peer/test_timeline.py)
+  set_tests_properties(gpt_peer_timeline PROPERTIES TIMEOUT 120 LABELS "gloo;bench")
+endif()

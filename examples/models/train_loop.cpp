@@ -59,6 +59,7 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
   world.reset_stats();
   StepLog log(r, start);
   for (int step = start; step <= a.steps; ++step) {
+    world.trace_step(step);  // SHARDPLAN_COMM_TRACE's step marker; nothing when off
     // Every rank draws the global batch and trains on its data rank's slice.
     const StepResult s = train_step(r, dp, *opt, schedule, r.m.model->sample(gen, a.batch, corpus), step);
     if (a.check_replicas > 0 && step % a.check_replicas == 0) check_replicas_at(step, dp);

@@ -15,6 +15,10 @@
 
 namespace shardplan {
 
+// The per-call trace (SHARDPLAN_COMM_TRACE, World::trace_step); null when off.
+class CommTrace;
+struct TracedCall;
+
 enum class ReduceOp { Sum = SP_SUM, Max = SP_MAX, Min = SP_MIN, Product = SP_PROD };
 
 // Handle of an asynchronous collective. Keeps its tensors alive until waited.
@@ -29,13 +33,19 @@ class Work {
   void wait();
   void wait(std::chrono::milliseconds timeout);
   bool done();
+  // Records this call in `trace` when it completes (Communicator does it).
+  void trace(std::shared_ptr<CommTrace> trace, std::unique_ptr<TracedCall> call);
 
  private:
+  void traced_done(double t_wait_begin);
+
   const sp_comm_api* api_;
   sp_work* work_;
   std::string what_;
   std::vector<at::Tensor> keep_;
   std::chrono::milliseconds timeout_;
+  std::shared_ptr<CommTrace> trace_;
+  std::unique_ptr<TracedCall> traced_;
 };
 
 // Bytes are payload bytes this rank hands to the backend per call (the input
@@ -102,12 +112,22 @@ class Communicator {
   CommStats stats() const { return stats_; }
   void reset_stats() { stats_ = CommStats{}; }
 
+  // Every call of this group, and of groups split from it afterwards, goes
+  // to `trace` (nullptr: none). init_world sets the world's from
+  // SHARDPLAN_COMM_TRACE.
+  void set_trace(std::shared_ptr<CommTrace> trace) { trace_ = std::move(trace); }
+  CommTrace* trace() const { return trace_.get(); }
+
   // Raw-buffer helper for code that has no tensor.
   static sp_buffer buffer_of(const at::Tensor& t);
 
  private:
   void check(int status, const char* collective) const;
   void count(const at::Tensor& t);
+  // The trace's record of an asynchronous call issued now (nullptr when
+  // off), and its hand-over to the call's Work.
+  std::unique_ptr<TracedCall> issue(const char* op, const at::Tensor& t) const;
+  std::unique_ptr<Work> traced(std::unique_ptr<Work> w, std::unique_ptr<TracedCall> call) const;
 
   const sp_comm_api* api_;
   sp_comm* comm_;
@@ -117,6 +137,7 @@ class Communicator {
   int size_ = 1;
   std::chrono::milliseconds timeout_;
   CommStats stats_;
+  std::shared_ptr<CommTrace> trace_;
 };
 
 }  // namespace shardplan

@@ -74,6 +74,12 @@ class World {
   CommStats total_stats() const;
   void reset_stats();
 
+  // With SHARDPLAN_COMM_TRACE=DIR (read by init_world and
+  // run_ranks_in_threads) every call of this rank's communicators goes to
+  // DIR/rank<N>.jsonl (framework/src/comm/comm_trace.h); this marks where
+  // training step `step` begins in it. Nothing when the trace is off.
+  void trace_step(int step);
+
  private:
   WorldOptions options_;
   std::shared_ptr<Store> store_;

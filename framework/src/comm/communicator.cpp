@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <exception>
+
+#include "comm/comm_trace.h"
 #include "shardplan/error.h"
 
 namespace shardplan {
@@ -23,6 +26,31 @@ int32_t to_sp_dtype(at::ScalarType t) {
   }
 }
 
+uint64_t bytes_of(const at::Tensor& t) { return static_cast<uint64_t>(t.numel()) * t.element_size(); }
+
+// Records a synchronous call when it returns (a call that threw has no
+// completion to show; its error says enough). Off, one branch each way.
+class Traced {
+ public:
+  Traced(CommTrace* trace, const char* op, const std::string& group, const at::Tensor& t) : trace_(trace) {
+    if (!trace_) return;
+    // A barrier has no tensor: zero bytes.
+    call_ = trace_->begin(op, group, false, t.defined() ? bytes_of(t) : 0,
+                          to_sp_dtype(t.defined() ? t.scalar_type() : at::kByte));
+    exceptions_ = std::uncaught_exceptions();
+  }
+  ~Traced() {
+    if (trace_ && std::uncaught_exceptions() == exceptions_) trace_->record(call_, call_.t_issue, CommTrace::now_us());
+  }
+  Traced(const Traced&) = delete;
+  Traced& operator=(const Traced&) = delete;
+
+ private:
+  CommTrace* trace_;
+  TracedCall call_;
+  int exceptions_ = 0;
+};
+
 std::vector<int64_t> with_dim(at::IntArrayRef shape, int64_t dim, int64_t value) {
   std::vector<int64_t> out(shape.begin(), shape.end());
   out[dim] = value;
@@ -38,13 +66,25 @@ Work::Work(const sp_comm_api* api, sp_work* work, std::string what, std::vector<
     : api_(api), work_(work), what_(std::move(what)), keep_(std::move(keep)), timeout_(timeout) {}
 
 Work::~Work() {
+  if (traced_) trace_->record_abandoned(*traced_);
   if (work_) api_->release(work_);
+}
+
+void Work::trace(std::shared_ptr<CommTrace> trace, std::unique_ptr<TracedCall> call) {
+  trace_ = std::move(trace);
+  traced_ = std::move(call);
+}
+
+void Work::traced_done(double t_wait_begin) {
+  trace_->record(*traced_, t_wait_begin, CommTrace::now_us());
+  traced_.reset();
 }
 
 void Work::wait() { wait(timeout_); }
 
 void Work::wait(std::chrono::milliseconds timeout) {
   if (!work_) return;
+  const double t_wait = traced_ ? CommTrace::now_us() : 0;
   int st = api_->wait(work_, timeout.count());
   if (st != SP_OK) {
     const char* why = api_->last_error();
@@ -55,6 +95,7 @@ void Work::wait(std::chrono::milliseconds timeout) {
   api_->release(work_);
   work_ = nullptr;
   keep_.clear();
+  if (traced_) traced_done(t_wait);
 }
 
 bool Work::done() {
@@ -65,6 +106,8 @@ bool Work::done() {
     const char* why = api_->last_error();
     throw CommError(what_ + ": " + (why && *why ? why : "failed"), st);
   }
+  // Seen finished before anyone waited: the caller waited for none of it.
+  if (d != 0 && traced_) traced_done(CommTrace::now_us());
   return d != 0;
 }
 
@@ -120,7 +163,20 @@ void Communicator::count(const at::Tensor& t) {
   // A group of one moves nothing; counting it would inflate a plan's volume.
   if (size_ == 1) return;
   stats_.calls += 1;
-  stats_.bytes += static_cast<uint64_t>(t.numel()) * t.element_size();
+  stats_.bytes += bytes_of(t);
+}
+
+std::unique_ptr<TracedCall> Communicator::issue(const char* op, const at::Tensor& t) const {
+  if (!trace_ || size_ == 1) return nullptr;
+  return std::make_unique<TracedCall>(trace_->begin(op, name_, true, bytes_of(t), to_sp_dtype(t.scalar_type())));
+}
+
+std::unique_ptr<Work> Communicator::traced(std::unique_ptr<Work> w, std::unique_ptr<TracedCall> call) const {
+  if (call && w) {
+    call->t_issue_end = CommTrace::now_us();
+    w->trace(trace_, std::move(call));
+  }
+  return w;
 }
 
 std::shared_ptr<Communicator> Communicator::split(int color, int key, const std::string& name) {
@@ -134,6 +190,7 @@ std::shared_ptr<Communicator> Communicator::split(int color, int key, const std:
   at::Tensor all = child->all_gather(mine, 0);
   child->ranks_.assign(all.data_ptr<int32_t>(), all.data_ptr<int32_t>() + all.numel());
   child->reset_stats();
+  child->set_trace(trace_);
   return child;
 }
 
@@ -142,6 +199,7 @@ void Communicator::abort() { api_->abort(comm_); }
 void Communicator::all_reduce(at::Tensor& t, ReduceOp op) {
   count(t);
   if (size_ == 1) return;
+  const Traced traced(trace_.get(), "all_reduce", name_, t);
   at::Tensor c = t.contiguous();
   sp_buffer b = buffer_of(c);
   check(api_->all_reduce(comm_, &b, &b, static_cast<int32_t>(op), nullptr), "all_reduce");
@@ -151,17 +209,20 @@ void Communicator::all_reduce(at::Tensor& t, ReduceOp op) {
 std::unique_ptr<Work> Communicator::all_reduce_async(at::Tensor& t, ReduceOp op) {
   if (!t.is_contiguous()) throw Error("all_reduce_async on group '" + name_ + "' needs a contiguous tensor");
   count(t);
+  auto call = issue("all_reduce", t);
   sp_buffer b = buffer_of(t);
   sp_work* w = nullptr;
   check(api_->all_reduce(comm_, &b, &b, static_cast<int32_t>(op), &w), "all_reduce");
-  return std::make_unique<Work>(api_, w, std::string(api_->name) + " all_reduce on group '" + name_ + "'",
-                                std::vector<at::Tensor>{t}, timeout_);
+  return traced(std::make_unique<Work>(api_, w, std::string(api_->name) + " all_reduce on group '" + name_ + "'",
+                                       std::vector<at::Tensor>{t}, timeout_),
+                std::move(call));
 }
 
 at::Tensor Communicator::all_gather(const at::Tensor& t, int64_t dim) {
   dim = at::maybe_wrap_dim(dim, t.dim());
   count(t);
   if (size_ == 1) return t;
+  const Traced traced(trace_.get(), "all_gather", name_, t);
   at::Tensor in = t.contiguous();
   std::vector<int64_t> shape{size_};
   shape.insert(shape.end(), in.sizes().begin(), in.sizes().end());
@@ -181,6 +242,7 @@ at::Tensor Communicator::reduce_scatter(const at::Tensor& t, int64_t dim, Reduce
                 std::to_string(t.size(dim)) + " is not divisible by the group size " + std::to_string(size_));
   count(t);
   if (size_ == 1) return t;
+  const Traced traced(trace_.get(), "reduce_scatter", name_, t);
   auto chunk = t.size(dim) / size_;
   // Bring the rank-major blocks to the front so each rank's block is contiguous.
   std::vector<int64_t> split_shape(t.sizes().begin(), t.sizes().end());
@@ -203,11 +265,13 @@ std::unique_ptr<Work> Communicator::reduce_scatter_async(const at::Tensor& in, a
     out.copy_(in);
     return nullptr;
   }
+  auto call = issue("reduce_scatter", in);
   sp_buffer sb = buffer_of(in), rb = buffer_of(out);
   sp_work* w = nullptr;
   check(api_->reduce_scatter(comm_, &sb, &rb, static_cast<int32_t>(op), &w), "reduce_scatter");
-  return std::make_unique<Work>(api_, w, std::string(api_->name) + " reduce_scatter on group '" + name_ + "'",
-                                std::vector<at::Tensor>{in, out}, timeout_);
+  return traced(std::make_unique<Work>(api_, w, std::string(api_->name) + " reduce_scatter on group '" + name_ + "'",
+                                       std::vector<at::Tensor>{in, out}, timeout_),
+                std::move(call));
 }
 
 std::unique_ptr<Work> Communicator::all_gather_async(const at::Tensor& in, at::Tensor& out) {
@@ -219,16 +283,19 @@ std::unique_ptr<Work> Communicator::all_gather_async(const at::Tensor& in, at::T
     out.copy_(in);
     return nullptr;
   }
+  auto call = issue("all_gather", in);
   sp_buffer sb = buffer_of(in), rb = buffer_of(out);
   sp_work* w = nullptr;
   check(api_->all_gather(comm_, &sb, &rb, &w), "all_gather");
-  return std::make_unique<Work>(api_, w, std::string(api_->name) + " all_gather on group '" + name_ + "'",
-                                std::vector<at::Tensor>{in, out}, timeout_);
+  return traced(std::make_unique<Work>(api_, w, std::string(api_->name) + " all_gather on group '" + name_ + "'",
+                                       std::vector<at::Tensor>{in, out}, timeout_),
+                std::move(call));
 }
 
 void Communicator::broadcast(at::Tensor& t, int root) {
   count(t);
   if (size_ == 1) return;
+  const Traced traced(trace_.get(), "broadcast", name_, t);
   at::Tensor c = t.contiguous();
   sp_buffer b = buffer_of(c);
   check(api_->broadcast(comm_, &b, &b, root, nullptr), "broadcast");
@@ -243,6 +310,7 @@ at::Tensor Communicator::scatter(const at::Tensor& t, int root, const std::vecto
                 " elements, expected " + std::to_string(out.numel() * size_));
   count(out);
   if (size_ == 1) return in.view(chunk_shape).clone();
+  const Traced traced(trace_.get(), "scatter", name_, out);
   sp_buffer sb = buffer_of(in), rb = buffer_of(out);
   if (rank_ != root) sb.count = out.numel() * size_;
   check(api_->scatter(comm_, &sb, &rb, root, nullptr), "scatter");
@@ -253,6 +321,7 @@ at::Tensor Communicator::gather(const at::Tensor& t, int root) {
   at::Tensor in = t.contiguous();
   count(in);
   if (size_ == 1) return in.clone();
+  const Traced traced(trace_.get(), "gather", name_, in);
   std::vector<int64_t> shape(in.sizes().begin(), in.sizes().end());
   if (shape.empty()) shape.push_back(1);
   shape[0] *= size_;
@@ -270,6 +339,7 @@ at::Tensor Communicator::all_to_all(const at::Tensor& t) {
   at::Tensor in = t.contiguous();
   count(in);
   if (size_ == 1) return in.clone();
+  const Traced traced(trace_.get(), "all_to_all", name_, in);
   at::Tensor out = at::empty_like(in);
   sp_buffer sb = buffer_of(in), rb = buffer_of(out);
   check(api_->all_to_all(comm_, &sb, &rb, nullptr), "all_to_all");
@@ -279,11 +349,13 @@ at::Tensor Communicator::all_to_all(const at::Tensor& t) {
 void Communicator::send(const at::Tensor& t, int peer, int tag) {
   at::Tensor in = t.contiguous();
   count(in);
+  const Traced traced(trace_.get(), "send", name_, in);
   sp_buffer b = buffer_of(in);
   check(api_->send(comm_, &b, peer, tag, nullptr), "send");
 }
 
 void Communicator::recv(at::Tensor& t, int peer, int tag) {
+  const Traced traced(trace_.get(), "recv", name_, t);
   at::Tensor c = t.contiguous();
   sp_buffer b = buffer_of(c);
   check(api_->recv(comm_, &b, peer, tag, nullptr), "recv");
@@ -293,26 +365,31 @@ void Communicator::recv(at::Tensor& t, int peer, int tag) {
 std::unique_ptr<Work> Communicator::send_async(const at::Tensor& t, int peer, int tag) {
   if (!t.is_contiguous()) throw Error("send_async on group '" + name_ + "' needs a contiguous tensor");
   count(t);
+  auto call = issue("send", t);
   sp_buffer b = buffer_of(t);
   sp_work* w = nullptr;
   check(api_->send(comm_, &b, peer, tag, &w), "send");
-  return std::make_unique<Work>(api_, w, std::string(api_->name) + " send to rank " + std::to_string(peer) +
+  return traced(std::make_unique<Work>(api_, w, std::string(api_->name) + " send to rank " + std::to_string(peer) +
                                              " of group '" + name_ + "'",
-                                std::vector<at::Tensor>{t}, timeout_);
+                                std::vector<at::Tensor>{t}, timeout_),
+                std::move(call));
 }
 
 std::unique_ptr<Work> Communicator::recv_async(at::Tensor& t, int peer, int tag) {
   if (!t.is_contiguous()) throw Error("recv_async on group '" + name_ + "' needs a contiguous tensor");
+  auto call = issue("recv", t);
   sp_buffer b = buffer_of(t);
   sp_work* w = nullptr;
   check(api_->recv(comm_, &b, peer, tag, &w), "recv");
-  return std::make_unique<Work>(api_, w, std::string(api_->name) + " recv from rank " + std::to_string(peer) +
-                                             " of group '" + name_ + "'",
-                                std::vector<at::Tensor>{t}, timeout_);
+  return traced(std::make_unique<Work>(api_, w, std::string(api_->name) + " recv from rank " + std::to_string(peer) +
+                                                    " of group '" + name_ + "'",
+                                       std::vector<at::Tensor>{t}, timeout_),
+                std::move(call));
 }
 
 void Communicator::barrier() {
   if (size_ > 1) stats_.calls += 1;
+  const Traced traced(size_ > 1 ? trace_.get() : nullptr, "barrier", name_, at::Tensor());
   check(api_->barrier(comm_, nullptr), "barrier");
 }
 

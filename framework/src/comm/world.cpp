@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "base/env.h"
+#include "comm/comm_trace.h"
 #include "shardplan/error.h"
 #include "shardplan/plugin_loader.h"
 
@@ -204,6 +205,10 @@ void World::reset_stats() {
   for (auto& g : groups_) g.second->reset_stats();
 }
 
+void World::trace_step(int step) {
+  if (CommTrace* t = comm_->trace()) t->step(step);
+}
+
 // ---------------------------------------------------------------- init
 
 namespace {
@@ -252,6 +257,8 @@ void check_world_size(Store& store, const WorldOptions& o) {
 }
 
 std::shared_ptr<World> create_world(const WorldOptions& options, std::shared_ptr<Store> store) {
+  // A bad SHARDPLAN_COMM_TRACE fails before any rank waits for another.
+  std::shared_ptr<CommTrace> trace = CommTrace::from_env(options.rank, options.world_size, options.backend);
   auto& loader = PluginLoader::instance();
   loader.add_dirs(options.plugin_dirs);
   const sp_comm_api* api = loader.comm(options.backend);
@@ -302,6 +309,7 @@ std::shared_ptr<World> create_world(const WorldOptions& options, std::shared_ptr
                     SP_ERR_INTERNAL);
   }
   auto c = std::make_shared<Communicator>(api, comm, "world", std::vector<int>{}, options.timeout);
+  c->set_trace(std::move(trace));
   return std::make_shared<World>(options, std::move(store), std::move(c), std::move(thread_settings));
 }
 
