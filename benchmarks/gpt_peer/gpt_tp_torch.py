@@ -40,6 +40,9 @@ except ImportError:  # the caller decides whether that is fatal
     sys.exit(77)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import timeline  # noqa: E402  (SHARDPLAN_COMM_TRACE=DIR: the per-call trace; the plain calls otherwise)
+
 DEFAULT_DATA = os.path.join(HERE, "..", "..", "examples", "data", "sonnets.txt")
 
 
@@ -53,8 +56,7 @@ class Stats:
 def all_reduce(t, op=None):
     Stats.bytes += t.numel() * t.element_size()
     Stats.calls += 1
-    dist.all_reduce(t, op=dist.ReduceOp.SUM if op is None else op)
-    return t
+    return timeline.traced_all_reduce(t, dist.ReduceOp.SUM if op is None else op, "model")
 
 
 # Megatron's conjugate pairs (megatron/core/tensor_parallel/mappings.py).
@@ -280,6 +282,7 @@ def build(a, c, rank, world):
         p.data = p.data.to(dtype)
     if a.ddp and world > 1:
         ddp = torch.nn.parallel.DistributedDataParallel(Whole(gpt))  # DDP's defaults: 25 MiB buckets, 1 MiB first
+        timeline.register_ddp_hook(ddp)  # only while a trace is on: DDP's own C++ hook otherwise
         return gpt, ddp.parameters(), ddp
     return gpt, gpt.params, gpt.loss
 
@@ -302,6 +305,7 @@ def main():
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
         dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world)
+        timeline.start(rank, world)
     c = Config(a.config)
     lead = rank == 0
     esize = 8 if a.dtype == "float64" else 4
@@ -329,6 +333,7 @@ def main():
     items = a.batch * c.context
     since, since_step, loss_sum = time.monotonic(), 0, 0.0
     for step in range(1, a.steps + 1):
+        timeline.step(step)
         tokens, target = sample()
         opt.zero_grad()
         loss = loss_of(tokens, target)
@@ -342,8 +347,8 @@ def main():
         loss_sum += value
         if step % a.log_every == 0 or step == 1 or step == a.steps:
             if a.ddp and world > 1:  # the data axis' average, as train_gpt prints it, at log steps only
-                both = torch.tensor([value, loss_sum], dtype=torch.float64)
-                dist.all_reduce(both)
+                both = timeline.traced_all_reduce(torch.tensor([value, loss_sum], dtype=torch.float64),
+                                                  dist.ReduceOp.SUM, "data")
                 value, loss_sum = both[0].item() / world, both[1].item() / world
             now = time.monotonic()
             rate = (step - since_step) * items / max(now - since, 1e-9)

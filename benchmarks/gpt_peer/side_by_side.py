@@ -66,6 +66,9 @@ def parse():
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="both sides' --dtype")
     p.add_argument("--baseline-build", default="",
                    help="also run ours from this other build directory (e.g. before a change), shm=off with --with-tcp")
+    p.add_argument("--comm-trace", metavar="DIR",
+                   help="each run writes its per-call trace to SHARDPLAN_COMM_TRACE=DIR/<side>.<rep> "
+                        "(benchmarks/gpt_peer/timeline_summary.py reads them)")
     p.add_argument("--with-tcp", action="store_true",
                    help="also run ours with SHARDPLAN_GLOO_SHM=off (gloo's TCP path for same-host ranks too)")
     return p.parse_args()
@@ -122,6 +125,9 @@ def run(a, side, times_dir, rep):
     env["OPENBLAS_NUM_THREADS"] = str(a.threads)
     if side == "ours_tcp" or (side == "base" and a.with_tcp):
         env["SHARDPLAN_GLOO_SHM"] = "off"
+    if a.comm_trace:
+        os.makedirs(a.comm_trace, exist_ok=True)
+        env["SHARDPLAN_COMM_TRACE"] = os.path.join(a.comm_trace, "%s.%d" % (side, rep))
     cmd = command(a, side, times_dir, rep)
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if p.returncode != 0:
