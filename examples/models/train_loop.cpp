@@ -57,7 +57,7 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
 
   r.m.module->train();
   world.reset_stats();
-  StepLog log(r, start);
+  StepLog log(r, start, &dp);
   for (int step = start; step <= a.steps; ++step) {
     // Every rank draws the global batch and trains on its data rank's slice.
     const StepResult s = train_step(r, dp, *opt, schedule, r.m.model->sample(gen, a.batch, corpus), step);
