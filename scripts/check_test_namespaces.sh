@@ -7,12 +7,12 @@
 set -euo pipefail
 cd "${1:-$(dirname "$0")/..}"
 bad=0
-for f in tests/test_*.cpp tests/pipeline/test_*.cpp tests/weights/test_*.cpp tests/comm/test_*.cpp; do
+for f in tests/test_*.cpp tests/*/test_*.cpp; do
   stem=$(basename "$f" .cpp)
   if ! grep -q "^namespace $stem {" "$f" || ! grep -q "^}  // namespace $stem\$" "$f"; then
     echo "$f: put its code in 'namespace $stem {' ... '}  // namespace $stem' (after the #includes)"
     bad=1
   fi
 done
-((bad == 0)) && echo "test namespaces: every tests/test_*.cpp, tests/pipeline/test_*.cpp, tests/weights/test_*.cpp and tests/comm/test_*.cpp keeps its code in its own namespace"
+((bad == 0)) && echo "test namespaces: every tests/test_*.cpp and tests/<concept>/test_*.cpp keeps its code in its own namespace"
 exit $bad

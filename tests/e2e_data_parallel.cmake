@@ -38,3 +38,12 @@ set_tests_properties(e2e_dp_batch_not_divisible e2e_dp_micro_batches_not_divisib
 set_tests_properties(e2e_dp_gpt_2d_gloo_f64 e2e_dp_gpt_data4_accumulate_gloo_f64 e2e_dp_gpt_zero_threads4_f64
   e2e_dp_gpt_sp_2d_gloo_f64
   PROPERTIES TIMEOUT 300 LABELS data_parallel)
+# The loss is averaged over the batch axis only at the steps that print it
+# (with the local sum since the last line, for the mean, in the same call):
+# 4 steps of a GPT in one bucket whose used flags ride in its all-reduce are
+# 4 calls, plus 2 for the lines of steps 1 and 4 (every step's average made
+# it 12).
+add_test(NAME e2e_dp_loss_averaged_at_log_steps COMMAND ${_gpt} --ranks 2 --steps 4 --log-every 4
+  --plan ${PROJECT_SOURCE_DIR}/plans/data_parallel.yaml)
+set_tests_properties(e2e_dp_loss_averaged_at_log_steps PROPERTIES
+  PASS_REGULAR_EXPRESSION "rank 0: communicated [0-9]+ bytes in 6 calls over 4 steps" TIMEOUT 120 LABELS data_parallel)

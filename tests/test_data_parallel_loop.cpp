@@ -171,10 +171,13 @@ TEST(DataParallel, ZeroStagesParseAndRoundTrip) {
 TEST(DataParallel, PlanKeysParseAndRoundTrip) {
   auto p = shardplan::parse_plan(
       "mesh: {replica: 2, model: auto}\nbatch_axis: replica\n"
-      "data_parallel: {ignore: ['a\\.b', 'c'], bucket_mb: 4, overlap: false, zero: true}\nrules: []\n");
+      "data_parallel: {ignore: ['a\\.b', 'c'], bucket_mb: 4, first_bucket_mb: 0.5, overlap: false, zero: true}\n"
+      "rules: []\n");
   EXPECT_EQ(p.batch_axis(), "replica");
   EXPECT_EQ(p.data_parallel.ignore.size(), 2u);
   EXPECT_EQ(p.data_parallel.bucket_bytes, 4 * 1024 * 1024);
+  EXPECT_EQ(p.data_parallel.first_bucket_bytes, 512 * 1024);
+  EXPECT_NE(p.to_yaml().find("first_bucket_mb: 0.5"), std::string::npos);
   EXPECT_FALSE(p.data_parallel.overlap);
   EXPECT_TRUE(p.data_parallel.zero);
   auto q = shardplan::parse_plan(p.to_yaml());
@@ -201,9 +204,11 @@ TEST(DataParallel, BadPlanKeysAreErrorsAtTheirLine) {
   expect_plan_error("mesh: {data: 2, model: 2}\nbatch_axis: dta\nrules: []",
                     "p.yaml:2:13: batch_axis 'dta' is not a mesh axis; mesh axes are: data, model");
   expect_plan_error("mesh: {data: 2}\ndata_parallel: {zro: true}\nrules: []",
-                    "p.yaml:2:17: unknown key 'zro' in data_parallel (expected ignore, bucket_mb, overlap, zero, reduce_dtype)");
+                    "p.yaml:2:17: unknown key 'zro' in data_parallel (expected ignore, bucket_mb, first_bucket_mb, overlap, zero, reduce_dtype)");
   expect_plan_error("mesh: {data: 2}\ndata_parallel: {bucket_mb: 0}\nrules: []",
                     "p.yaml:2:28: data_parallel.bucket_mb must be a positive number of MiB, got '0'");
+  expect_plan_error("mesh: {data: 2}\ndata_parallel: {first_bucket_mb: -1}\nrules: []",
+                    "p.yaml:2:34: data_parallel.first_bucket_mb must be a positive number of MiB, got '-1'");
   expect_plan_error("mesh: {data: 2}\ndata_parallel: {zero: maybe}\nrules: []",
                     "p.yaml:2:23: data_parallel.zero must be a ZeRO stage 0, 1, 2 or 3 (true is 1, false 0), got 'maybe'");
   try {

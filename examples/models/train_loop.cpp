@@ -57,7 +57,7 @@ void train(const Args& a, World& world, const Corpus* corpus, int ranks_in_proce
 
   r.m.module->train();
   world.reset_stats();
-  StepLog log(r, start);
+  StepLog log(r, start, &dp);
   for (int step = start; step <= a.steps; ++step) {
     world.trace_step(step);  // SHARDPLAN_COMM_TRACE's step marker; nothing when off
     // Every rank draws the global batch and trains on its data rank's slice.

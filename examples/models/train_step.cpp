@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "models/out_of_memory.h"
 #include "shardplan/clip_grad.h"
@@ -73,7 +74,8 @@ StepResult train_step(const TrainRank& r, DataParallel& dp, Optimizer& opt, Sche
   // Megatron's: a step the loss scaler skipped does not move the schedule.
   if (!out.skipped) schedule.advance();
   out.comm = r.world.total_stats();
-  out.loss = dp.average(local_loss);
+  out.loss = std::nan("");
+  out.local_loss = local_loss;
   return out;
 }
 
@@ -85,8 +87,9 @@ void check_replicas_at(int step, const DataParallel& dp) {
   }
 }
 
-StepLog::StepLog(const TrainRank& r, int start)
+StepLog::StepLog(const TrainRank& r, int start, const DataParallel* dp)
     : r_(r),
+      dp_(dp),
       start_(start),
       items_(r.a.batch * r.m.model->items_per_sample()),
       own_plan_(stem(r.a.plan) == r.a.model),
@@ -112,14 +115,28 @@ void StepLog::first_step_communication(const CommStats& first) const {
 void StepLog::after_step(int step, const StepResult& s) {
   const Args& a = r_.a;
   if (step == start_) first_step_communication(s.comm);
-  loss_sum_ += s.loss;
-  if (!r_.lead() || !(step % a.log_every == 0 || step == start_ || step == a.steps)) return;
+  const bool line = step % a.log_every == 0 || step == start_ || step == a.steps;
+  double loss = s.loss;
+  if (!std::isnan(s.local_loss)) {
+    local_sum_ += s.local_loss;
+    if (!line) return;
+    // The printed loss is the bits dp.average(local_loss) gives; the mean
+    // differs from a sum of per-step averages in rounding only.
+    const std::vector<double> both =
+        dp_ ? dp_->average(std::vector<double>{s.local_loss, local_sum_}) : std::vector<double>{s.local_loss, local_sum_};
+    loss = both[0];
+    loss_sum_ = both[1];
+    local_sum_ = 0;
+  } else {
+    loss_sum_ += s.loss;
+  }
+  if (!r_.lead() || !line) return;
   const auto now = std::chrono::steady_clock::now();
   const double secs = std::chrono::duration<double>(now - since_).count();
   const double rate = (step - since_step_) * static_cast<double>(items_) / std::max(secs, 1e-9);
   // One batch's loss is noisy; the mean since the last line shows the trend.
   // float64 runs are compared with an unsharded run to 1e-10 and better.
-  std::printf("step %4d  loss %.*f", step, r_.dtype == at::kDouble ? 12 : 8, s.loss);
+  std::printf("step %4d  loss %.*f", step, r_.dtype == at::kDouble ? 12 : 8, loss);
   if (a.clip > 0) std::printf("  norm %.12e", s.norm);
   if (a.loss_scale) std::printf("  scale %g%s", s.scale, s.skipped ? " (skipped: an inf/NaN gradient)" : "");
   std::printf("  mean %.4f  %s/s %.0f  lr %.3e\n", loss_sum_ / (step - since_step_), r_.m.model->items_name().c_str(),

@@ -15,7 +15,11 @@ class DataParallel;
 namespace examples {
 
 struct StepResult {
-  double loss = 0;  // the global batch's mean, the same on every rank
+  // The global batch's mean, the same on every rank (the pipeline's); NaN
+  // where only this data rank's own is known (train_step's: averaging it
+  // every step would cost an all-reduce, StepLog does at the steps it prints).
+  double loss = 0;
+  double local_loss = std::nan("");  // this data rank's mean loss (train_step)
   double lr = 0;    // the lr the optimizer stepped with (models/schedule.h)
   // With --clip: the total gradient norm before clipping (NaN without).
   double norm = std::nan("");
@@ -42,9 +46,12 @@ void check_replicas_at(int step, const DataParallel& dp);
 // What rank 0 prints about the steps: once, step 1's communication against
 // the model's stated minimum; then every --log-every steps (and the first
 // and last), the loss, the mean since the last line and the throughput.
+// A step's local_loss is averaged over `dp`'s batch axis only at those
+// steps, with the local sum since the last line in the same call:
+// after_step is collective over it, on every rank.
 class StepLog {
  public:
-  StepLog(const TrainRank& r, int start);
+  StepLog(const TrainRank& r, int start, const DataParallel* dp = nullptr);
   void after_step(int step, const StepResult& s);
   // The bytes per step the model states as the minimum for its own plan;
   // -1 for another plan or none stated.
@@ -54,6 +61,7 @@ class StepLog {
   void first_step_communication(const CommStats& first) const;
 
   const TrainRank& r_;
+  const DataParallel* dp_;
   const int start_;
   const int64_t items_;
   const bool own_plan_;
@@ -61,6 +69,7 @@ class StepLog {
   std::chrono::steady_clock::time_point since_;
   int since_step_;
   double loss_sum_ = 0;
+  double local_sum_ = 0;  // local losses since the last line, not averaged yet
 };
 
 }  // namespace examples

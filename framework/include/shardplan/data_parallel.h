@@ -93,6 +93,9 @@ class DataParallel {
   // The mean of `local` over the batch axis (e.g. local mean losses give the
   // global batch's). Collective over the batch axis.
   double average(double local) const;
+  // Each element's mean, in one all-reduce (element k gets the bits
+  // average(local[k]) would at two ranks; at more, the backend's order).
+  std::vector<double> average(const std::vector<double>& local) const;
 
   // Completes the averaging: starts any bucket not yet started, waits for
   // all, and leaves in every averaged parameter's .grad the mean over the

@@ -87,6 +87,11 @@ struct DataParallelSpec {
   std::vector<Rule> ignore;
   int64_t bucket_bytes = 25 * 1024 * 1024;  // `bucket_mb`, MiB as written
   std::string bucket_mb = "25";             // as written, for to_yaml
+  // `first_bucket_mb`: the cap of the first bucket of each dtype and device
+  // (DDP's 1 MiB), at most bucket_bytes: the last layers' gradients, which
+  // backward produces first, start reducing while it goes on.
+  int64_t first_bucket_bytes = 1024 * 1024;
+  std::string first_bucket_mb = "1";
   bool overlap = true;         // start each bucket's reduction during backward
   // `zero`: the ZeRO stage over the batch axis, 0..3 (`true` is 1, `false` 0):
   // 1 shards the optimizer state, 2 also the gradients, 3 also the parameters.

@@ -106,6 +106,7 @@ void DataParallel::Impl::launch_ready() {
 void DataParallel::Impl::launch(Bucket& b) {
   b.launched = true;
   if (!group || (size == 1 && !zero)) return;
+  if (b.flags) write_flags(b);
   if (wire_dtype != at::ScalarType::Undefined && wire_dtype != b.flat.scalar_type()) {
     b.wire = b.flat.to(wire_dtype);
     if (zero) b.wire_shard = at::empty(b.shard.sizes(), b.wire.options());
@@ -151,11 +152,34 @@ void DataParallel::Impl::fill_and_launch_rest() {
   launch_ready();
 }
 
+// The flags ride at the end of the last bucket, so they cost no call of
+// their own. They are final when it launches: buckets launch in index order,
+// each once all its entries are ready (a hook's gradient, or
+// fill_and_launch_rest(), which sets `used` of the rest first), so every
+// entry of every bucket is ready, and a gradient arriving later for a ready
+// entry is refused (arriving()). Sums of 0s and 1s are 0 exactly when no
+// rank used a parameter, in any float dtype and any order of addition; they
+// are not divided by D (the gradients entered divided).
+void DataParallel::Impl::write_flags(Bucket& b) {
+  at::Tensor used = at::empty({b.flags}, at::kFloat);
+  float* u = used.data_ptr<float>();
+  for (size_t i = 0; i < entries.size(); ++i) u[i] = entries[i].used ? 1.0f : 0.0f;
+  b.flat.narrow(0, b.info.padded, b.flags).copy_(used);
+}
+
 // Which parameters had a gradient on at least one rank of the batch axis
-// (DDP's unused-parameter map): one small all-reduce per step, queued behind
-// the buckets'. Every rank learns the same answer, so every rank treats a
-// parameter alike.
+// (DDP's unused-parameter map), every rank the same answer so that every
+// rank treats a parameter alike: from the last bucket's tail, or (ZeRO, no
+// buckets) one small all-reduce of its own, queued behind the buckets'.
 std::vector<bool> DataParallel::Impl::used_anywhere() {
+  std::vector<bool> out(entries.size());
+  if (folds_flags()) {
+    const Bucket& last = buckets.back();
+    const at::Tensor any = last.flat.narrow(0, last.info.padded, last.flags).gt(0).cpu();
+    const bool* a = any.data_ptr<bool>();
+    for (size_t i = 0; i < entries.size(); ++i) out[i] = a[i];
+    return out;
+  }
   at::Tensor counts = at::empty({static_cast<int64_t>(entries.size())}, at::kInt);  // flag_bytes()
   int32_t* c = counts.data_ptr<int32_t>();
   for (size_t i = 0; i < entries.size(); ++i) c[i] = entries[i].used ? 1 : 0;
@@ -165,7 +189,6 @@ std::vector<bool> DataParallel::Impl::used_anywhere() {
     group->all_reduce(on_device);
     counts = on_device.cpu();
   }
-  std::vector<bool> out(entries.size());
   c = counts.data_ptr<int32_t>();
   for (size_t i = 0; i < entries.size(); ++i) out[i] = c[i] > 0;
   return out;
@@ -302,6 +325,7 @@ DataParallel::DataParallel(const std::vector<std::pair<std::string, at::Tensor>>
 
   d.to_average = std::move(to_average);
   d.bucket_bytes = spec.bucket_bytes;
+  d.first_bucket_bytes = spec.first_bucket_bytes;
   d.wire_dtype = reduce_dtype_of(spec);
   d.self = impl_;
   const char* prefetch = std::getenv("SHARDPLAN_ZERO3_PREFETCH");
@@ -415,11 +439,15 @@ at::Tensor DataParallel::local_batch(const at::Tensor& global) const {
   return global.narrow(0, impl_->rank * n, n);
 }
 
-double DataParallel::average(double local) const {
-  if (impl_->size == 1) return local;
-  at::Tensor t = at::full({1}, local, at::kDouble);
+double DataParallel::average(double local) const { return average(std::vector<double>{local}).front(); }
+
+std::vector<double> DataParallel::average(const std::vector<double>& local) const {
+  if (impl_->size == 1 || local.empty()) return local;
+  at::Tensor t = at::tensor(at::ArrayRef<double>(local), at::kDouble);
   impl_->group->all_reduce(t);
-  return t.item<double>() / impl_->size;
+  std::vector<double> out(local.size());
+  for (size_t k = 0; k < local.size(); ++k) out[k] = t[k].item<double>() / impl_->size;
+  return out;
 }
 
 // ------------------------------------------------------------ step

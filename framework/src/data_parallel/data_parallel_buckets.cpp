@@ -3,6 +3,7 @@
 // the buckets themselves are the accumulation buffers.
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <map>
 #include <tuple>
 
@@ -30,7 +31,12 @@ void DataParallel::Impl::build_buckets() {
   // Reverse registration order: backward produces the last layers' gradients
   // first. One bucket per dtype and device at a time.
   // ZeRO-3: a unit's parameters are a bucket of their own, whatever its size.
+  // The first bucket of each dtype and device closes at first_bucket_bytes
+  // (DDP's 1 MiB): it holds the last layers' gradients, so its reduction
+  // runs while backward computes the rest instead of all of it waiting for
+  // backward's end. Averages are element-wise: the layout changes no bit.
   std::map<std::tuple<int, std::string, int>, size_t> open;  // (dtype, device, unit) -> bucket index
+  std::vector<bool> first;  // per bucket: the first of its key
   for (auto it = to_average.rbegin(); it != to_average.rend(); ++it) {
     const at::Tensor& p = it->second;
     const at::ScalarType dtype = main() ? main_dtype : p.scalar_type();
@@ -38,7 +44,9 @@ void DataParallel::Impl::build_buckets() {
     const int unit = u == unit_of_path.end() ? -1 : u->second;
     const auto key = std::make_tuple(static_cast<int>(dtype), p.device().str(), unit);
     auto o = open.find(key);
-    if (o == open.end() || (unit < 0 && buckets[o->second].info.bytes() >= bucket_bytes)) {
+    const auto cap = [&](size_t b) { return first[b] ? std::min(first_bucket_bytes, bucket_bytes) : bucket_bytes; };
+    if (o == open.end() || (unit < 0 && buckets[o->second].info.bytes() >= cap(o->second))) {
+      first.push_back(o == open.end());
       buckets.emplace_back();
       buckets.back().unit = unit;
       buckets.back().info.dtype = dtype;
@@ -59,6 +67,7 @@ void DataParallel::Impl::build_buckets() {
     b.entries.push_back(entries.size());
     entries.push_back(std::move(e));
   }
+  if (folds_flags()) buckets.back().flags = static_cast<int64_t>(entries.size());
   for (auto& b : buckets) {
     // Only a reduce-scatter needs D equal slices.
     b.info.padded = zero ? (b.info.numel + size - 1) / size * size : b.info.numel;
@@ -66,7 +75,7 @@ void DataParallel::Impl::build_buckets() {
     b.options = first.options().dtype(b.info.dtype).requires_grad(false);
     // ZeRO-2 keeps no whole gradient between steps: the buffer comes with
     // the bucket's first gradient.
-    if (!zero2()) b.flat = at::zeros({b.info.padded}, b.options);
+    if (!zero2()) b.flat = at::zeros({b.info.padded + b.flags}, b.options);
     const int64_t n = b.info.padded / size;
     if (zero) b.shard = zero2() ? at::zeros({n}, b.options) : b.flat.narrow(0, rank * n, n);
     b.scale = at::scalar_tensor(1.0 / size, b.options);
@@ -96,7 +105,7 @@ void DataParallel::Impl::build_buckets() {
 
 at::Tensor& DataParallel::Impl::ensure_flat(Bucket& b) {
   // Zeros: the padding at the end must add nothing to the reduce-scatter.
-  if (!b.flat.defined()) b.flat = at::zeros({b.info.padded}, b.options);
+  if (!b.flat.defined()) b.flat = at::zeros({b.info.padded + b.flags}, b.options);
   return b.flat;
 }
 

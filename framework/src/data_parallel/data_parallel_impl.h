@@ -59,6 +59,9 @@ struct DataParallel::Impl {
     // the parameters flattened in bucket order (the ZeroOptimizer steps it).
     at::Tensor params;
     int unit = -1;
+    // The last bucket of a plain all-reduce: after its `padded` gradients,
+    // one 0/1 per entry, whether this rank used it (see used_anywhere()).
+    int64_t flags = 0;
     size_t pending = 0;
     bool launched = false;
     std::unique_ptr<Work> work;
@@ -112,7 +115,7 @@ struct DataParallel::Impl {
   // (Undefined: the buckets').
   at::ScalarType wire_dtype = at::ScalarType::Undefined;
   std::vector<std::pair<std::string, at::Tensor>> to_average;  // what the buckets hold, registration order
-  int64_t bucket_bytes = 0;
+  int64_t bucket_bytes = 0, first_bucket_bytes = 0;
   std::weak_ptr<Impl> self;
   std::mutex mu;  // hooks may run on autograd's device threads
 
@@ -209,8 +212,18 @@ struct DataParallel::Impl {
   int64_t wire_size(const GradBucket& b) const {
     return wire_dtype == at::ScalarType::Undefined ? b.element_size : static_cast<int64_t>(c10::elementSize(wire_dtype));
   }
-  // What used_anywhere() hands to the all-reduce each step: an int32 per parameter.
-  int64_t flag_bytes() const { return size > 1 ? static_cast<int64_t>(entries.size()) * 4 : 0; }
+  // The used flags ride in the last bucket's all-reduce (no ZeRO: its
+  // reduce-scatter would leave each rank a slice of them).
+  bool folds_flags() const { return !zero && size > 1 && group && !buckets.empty(); }
+  // Writes the last bucket's flags into its tail, before it launches.
+  void write_flags(Bucket& b);
+  // What the used flags add to the all-reduces each step: an element of the
+  // last bucket's (wire) dtype per parameter, or an int32 of their own call.
+  int64_t flag_bytes() const {
+    if (size <= 1) return 0;
+    const int64_t each = folds_flags() ? wire_size(buckets.back().info) : 4;
+    return static_cast<int64_t>(entries.size()) * each;
+  }
 };
 
 }  // namespace shardplan

@@ -31,6 +31,23 @@ void parse_zero(const YAML::Node& v, const SourceLoc& vloc, DataParallelSpec& dp
   dp.zero_loc = vloc;
 }
 
+// bucket_mb, first_bucket_mb: a positive number of MiB, kept as written (for
+// to_yaml) in `written`; in bytes, at least 1.
+int64_t parse_mib_key(const YAML::Node& v, const SourceLoc& vloc, const std::string& key, std::string& written) {
+  double mb = 0;
+  size_t used = 0;
+  const std::string s = v.IsScalar() ? v.Scalar() : "";
+  try {
+    mb = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != s.size() || !std::isfinite(mb) || mb <= 0 || mb > 1024 * 1024)
+    throw PlanError(vloc, "data_parallel." + key + " must be a positive number of MiB, got '" + s + "'");
+  written = s;
+  return std::max<int64_t>(1, static_cast<int64_t>(mb * 1024 * 1024));
+}
+
 }  // namespace
 
 void parse_batch_axis(const YAML::Node& value, const SourceLoc& value_loc, Plan& plan) {
@@ -44,7 +61,7 @@ void parse_batch_axis(const YAML::Node& value, const SourceLoc& value_loc, Plan&
 void parse_data_parallel(const YAML::Node& value, const SourceLoc& value_loc, Plan& plan) {
   DataParallelSpec& dp = plan.data_parallel;
   dp.loc = value_loc;
-  static const char* kKeys = "ignore, bucket_mb, overlap, zero, reduce_dtype";
+  static const char* kKeys = "ignore, bucket_mb, first_bucket_mb, overlap, zero, reduce_dtype";
   if (!value.IsMap())
     throw PlanError(value_loc, std::string("data_parallel must be a map (keys: ") + kKeys +
                                    "), e.g. data_parallel: {ignore: ['.*\\.bias'], zero: true}");
@@ -72,18 +89,9 @@ void parse_data_parallel(const YAML::Node& value, const SourceLoc& value_loc, Pl
         dp.ignore.push_back(std::move(r));
       }
     } else if (key == "bucket_mb") {
-      double mb = 0;
-      size_t used = 0;
-      const std::string s = v.IsScalar() ? v.Scalar() : "";
-      try {
-        mb = std::stod(s, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used == 0 || used != s.size() || !std::isfinite(mb) || mb <= 0 || mb > 1024 * 1024)
-        throw PlanError(vloc, "data_parallel.bucket_mb must be a positive number of MiB, got '" + s + "'");
-      dp.bucket_mb = s;
-      dp.bucket_bytes = std::max<int64_t>(1, static_cast<int64_t>(mb * 1024 * 1024));
+      dp.bucket_bytes = parse_mib_key(v, vloc, key, dp.bucket_mb);
+    } else if (key == "first_bucket_mb") {
+      dp.first_bucket_bytes = parse_mib_key(v, vloc, key, dp.first_bucket_mb);
     } else if (key == "overlap") {
       if (!as_bool(v, dp.overlap)) throw PlanError(vloc, "data_parallel.overlap must be true or false");
     } else if (key == "zero") {
@@ -122,7 +130,8 @@ std::string data_parallel_yaml(const Plan& plan) {
     y << "batch_axis: " << e.c_str() << "\n";
   }
   const DataParallelSpec defaults;
-  if (dp.ignore.empty() && dp.bucket_bytes == defaults.bucket_bytes && dp.overlap == defaults.overlap &&
+  if (dp.ignore.empty() && dp.bucket_bytes == defaults.bucket_bytes &&
+      dp.first_bucket_bytes == defaults.first_bucket_bytes && dp.overlap == defaults.overlap &&
       dp.zero == defaults.zero && dp.reduce_dtype.empty())
     return y.str();
   std::vector<std::string> items;
@@ -138,6 +147,11 @@ std::string data_parallel_yaml(const Plan& plan) {
     YAML::Emitter e;
     e << dp.bucket_mb;
     items.push_back(std::string("bucket_mb: ") + e.c_str());
+  }
+  if (dp.first_bucket_bytes != defaults.first_bucket_bytes) {
+    YAML::Emitter e;
+    e << dp.first_bucket_mb;
+    items.push_back(std::string("first_bucket_mb: ") + e.c_str());
   }
   if (dp.overlap != defaults.overlap) items.push_back(std::string("overlap: ") + (dp.overlap ? "true" : "false"));
   if (dp.zero != defaults.zero) items.push_back("zero: " + std::to_string(dp.zero));
