@@ -8,6 +8,7 @@ set -euo pipefail
 cd "${1:-$(dirname "$0")/..}"
 bad=0
 for f in tests/test_*.cpp tests/*/test_*.cpp; do
+  [[ $f == tests/comm_nccl/* ]] && continue  # its own binary (comm_nccl_tests), not in the unity build
   stem=$(basename "$f" .cpp)
   if ! grep -q "^namespace $stem {" "$f" || ! grep -q "^}  // namespace $stem\$" "$f"; then
     echo "$f: put its code in 'namespace $stem {' ... '}  // namespace $stem' (after the #includes)"
