@@ -21,6 +21,7 @@
 #include "shardplan/auto_plan.h"
 #include "shardplan/dry_run.h"
 #include "shardplan/error.h"
+#include "shardplan/nn/gelu.h"
 #include "shardplan/nn/linear.h"
 #include "shardplan/nn/multihead_attention.h"
 #include "shardplan/parallelize.h"
@@ -153,14 +154,20 @@ TEST(AutoPlan, TensorParallelWithoutAPlanUsesTheAutoPlan) {
 
 // y = fc3(x + fc2(gelu(fc1(x)))): the residual reads x, not the split
 // activation, so fc1/fc2 pair; fc3's input is not only layers' outputs.
+// shardplan_gelu: shardplan::gelu (a custom autograd node in float64) in
+// place of torch's.
 struct ResidualImpl : torch::nn::Cloneable<ResidualImpl> {
-  ResidualImpl() { reset(); }
+  explicit ResidualImpl(bool shardplan_gelu_ = false) : shardplan_gelu(shardplan_gelu_) { reset(); }
   void reset() override {
     fc1 = register_module("fc1", shardplan::nn::Linear(8, 12));
     fc2 = register_module("fc2", shardplan::nn::Linear(12, 8));
     fc3 = register_module("fc3", shardplan::nn::Linear(8, 4));
   }
-  torch::Tensor forward(const torch::Tensor& x) { return fc3->forward(x + fc2->forward(torch::gelu(fc1->forward(x)))); }
+  torch::Tensor forward(const torch::Tensor& x) {
+    const torch::Tensor h = fc1->forward(x);
+    return fc3->forward(x + fc2->forward(shardplan_gelu ? shardplan::gelu(h) : torch::gelu(h)));
+  }
+  bool shardplan_gelu;
   shardplan::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
 };
 
@@ -218,15 +225,18 @@ struct GatedImpl : torch::nn::Cloneable<GatedImpl> {
 };
 
 TEST(AutoPlan, ResidualAroundAPairKeepsThePair) {
-  torch::manual_seed(3);
-  auto m = std::make_shared<ResidualImpl>();
-  m->to(torch::kDouble);
-  auto x = torch::randn({4, 8}, torch::kDouble);
-  const Plan p = planned(m, 2, x);
-  EXPECT_EQ(rules_of(p), (std::vector<std::string>{"fc1\\.weight: [model, null] output=sharded",
-                                                   "fc1\\.bias: [model]", "fc2\\.weight: [null, model] input=sharded"}));
-  EXPECT_NE(p.comment.find("fc3: "), std::string::npos) << p.comment;
-  for (int world : {2, 4}) expect_matches_unsharded(m, planned(m, world, x), world, {x}, forward_of<ResidualImpl>());
+  for (bool shardplan_gelu : {false, true}) {
+    SCOPED_TRACE(shardplan_gelu ? "shardplan::gelu" : "torch::gelu");
+    torch::manual_seed(3);
+    auto m = std::make_shared<ResidualImpl>(shardplan_gelu);
+    m->to(torch::kDouble);
+    auto x = torch::randn({4, 8}, torch::kDouble);
+    const Plan p = planned(m, 2, x);
+    EXPECT_EQ(rules_of(p), (std::vector<std::string>{"fc1\\.weight: [model, null] output=sharded", "fc1\\.bias: [model]",
+                                                     "fc2\\.weight: [null, model] input=sharded"}));
+    EXPECT_NE(p.comment.find("fc3: "), std::string::npos) << p.comment;
+    for (int world : {2, 4}) expect_matches_unsharded(m, planned(m, world, x), world, {x}, forward_of<ResidualImpl>());
+  }
 }
 
 TEST(AutoPlan, ActivationReadWholeElsewhereIsNotSplit) {

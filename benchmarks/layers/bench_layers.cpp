@@ -36,6 +36,7 @@
 #include "shardplan/nn/conv.h"
 #include "shardplan/nn/cross_entropy.h"
 #include "shardplan/nn/embedding.h"
+#include "shardplan/nn/gelu.h"
 #include "shardplan/nn/linear.h"
 #include "shardplan/nn/lstm.h"
 #include "shardplan/nn/multihead_attention.h"
@@ -282,6 +283,21 @@ void BM_ShardplanProcs(benchmark::State& state, const std::string& name, World* 
   w->comm().barrier();
 }
 
+// GELU's forward and backward at the example GPT's MLP activation on one
+// rank ([8, 64, 512]: `{data: 2}`'s local batch, or TP=2's half of the
+// hidden width at batch 16): at::gelu against shardplan::gelu (nn/gelu.h),
+// which computes erf once per element instead of twice (float64; float32
+// is at::gelu on both rows).
+void BM_Gelu(benchmark::State& state, bool ours, at::ScalarType dtype) {
+  const at::Tensor x0 = at::randn({8, 64, 512}, dtype), dy = at::randn({8, 64, 512}, dtype);
+  auto step = [&] {
+    const at::Tensor x = x0.detach().requires_grad_(true);
+    (ours ? shardplan::gelu(x) : at::gelu(x)).backward(dy);
+  };
+  for (int i = 0; i < 3; ++i) step();
+  for (auto _ : state) step();
+}
+
 void register_procs(World& w, int64_t iters) {
   for (const auto& kv : cases()) {
     const std::string& name = kv.first;
@@ -302,6 +318,13 @@ void register_procs(World& w, int64_t iters) {
 }
 
 void register_all() {
+  for (const at::ScalarType dtype : {at::kDouble, at::kFloat})
+    for (bool ours : {false, true})
+      benchmark::RegisterBenchmark((std::string("gelu/") + (ours ? "shardplan::gelu/" : "at::gelu/") +
+                                    (dtype == at::kDouble ? "float64" : "float32")).c_str(),
+                                   BM_Gelu, ours, dtype)
+          ->Unit(benchmark::kMicrosecond)
+          ->UseRealTime();
   for (const auto& kv : cases()) {
     const std::string& name = kv.first;
     for (int threads : {1, 2})

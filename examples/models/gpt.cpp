@@ -11,6 +11,7 @@
 #include "shardplan/error.h"
 #include "shardplan/communicator.h"
 #include "shardplan/mappings.h"
+#include "shardplan/nn/gelu.h"
 
 namespace shardplan {
 namespace examples {
@@ -68,7 +69,7 @@ at::Tensor GPTBlockImpl::forward_cached(const at::Tensor& x, const at::Tensor& m
   return y + mlp(y);
 }
 
-at::Tensor GPTBlockImpl::mlp(const at::Tensor& y) { return fc2->forward(at::gelu(fc1->forward(ln2->forward(y)))); }
+at::Tensor GPTBlockImpl::mlp(const at::Tensor& y) { return fc2->forward(shardplan::gelu(fc1->forward(ln2->forward(y)))); }
 
 GPTImpl::GPTImpl(const GPTConfig& config_) : config(config_) { reset(); }
 

@@ -112,10 +112,13 @@ bool has_strategy(torch::nn::Module* m) {
   return t && t->strategy();
 }
 
-// "torch::autograd::generated::GeluBackward0" or "GeluBackward0" -> "GeluBackward0".
+// "torch::autograd::generated::GeluBackward0" or "GeluBackward0" -> "GeluBackward0";
+// a custom function's "torch::autograd::CppNode<shardplan::gelu_detail::GeluKeepingSlope>"
+// -> "GeluKeepingSlope".
 std::string base_name(const std::string& op) {
-  const size_t colon = op.rfind("::");
-  return colon == std::string::npos ? op : op.substr(colon + 2);
+  const std::string name = !op.empty() && op.back() == '>' ? op.substr(0, op.size() - 1) : op;
+  const size_t colon = name.rfind("::");
+  return colon == std::string::npos ? name : name.substr(colon + 2);
 }
 
 bool in(const std::string& op, std::initializer_list<const char*> names) {
@@ -136,7 +139,7 @@ bool is_elementwise_unary(const std::string& op) {
                  "ReciprocalBackward0",  "ClampBackward1",       "ClampMinBackward0",   "ClampMaxBackward0",
                  "PowBackward0",         "CloneBackward0",       "MulBackward1",        "DivBackward1",
                  "AddBackward1",         "SubBackward1",         "RsubBackward1",       "NativeDropoutBackward0",
-                 "FusedDropoutBackward0"});
+                 "FusedDropoutBackward0", "GeluKeepingSlope"});
 }
 
 bool is_elementwise_binary(const std::string& op) {
