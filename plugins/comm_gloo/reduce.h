@@ -14,17 +14,12 @@ namespace sp_gloo {
 
 using ReduceFn = void (*)(void* c, const void* a, const void* b, size_t n);
 
-// x != x is only true for NaN; it keeps max/min NaN-propagating like torch,
-// and folds away for integers.
-// Integer sums and products wrap around (two's complement), as torch's and the
-// local plugin's do, instead of overflowing (undefined behaviour); unsigned
-// arithmetic of at least 32 bits, so that narrow types are not promoted to int.
-template <typename T>
-using Wrapping = std::conditional_t<(sizeof(T) < 4), uint32_t, std::make_unsigned_t<T>>;
+// Integer sums and products wrap around (comm_dtype.h), as torch's and the
+// local plugin's do.
 struct OpSum {
   template <typename T> static T apply(T a, T b) {
     if constexpr (std::is_integral_v<T>)
-      return static_cast<T>(static_cast<Wrapping<T>>(static_cast<Wrapping<T>>(a) + static_cast<Wrapping<T>>(b)));
+      return shardplan::comm::wrapping_add(a, b);
     else
       return static_cast<T>(a + b);
   }
@@ -32,11 +27,13 @@ struct OpSum {
 struct OpProd {
   template <typename T> static T apply(T a, T b) {
     if constexpr (std::is_integral_v<T>)
-      return static_cast<T>(static_cast<Wrapping<T>>(static_cast<Wrapping<T>>(a) * static_cast<Wrapping<T>>(b)));
+      return shardplan::comm::wrapping_mul(a, b);
     else
       return static_cast<T>(a * b);
   }
 };
+// x != x is only true for NaN; it keeps max/min NaN-propagating like torch,
+// and folds away for integers.
 struct OpMax {
   template <typename T> static T apply(T a, T b) { return (a > b || a != a) ? a : b; }
 };

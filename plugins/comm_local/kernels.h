@@ -23,26 +23,21 @@
 
 namespace sp_local {
 
-// Integer sum/product wrap around (two's complement) instead of being UB.
+// Integer sum/product wrap around (two's complement, comm_dtype.h) instead of being UB.
 struct OpSum {
   template <class A> static A ap(A a, A b) {
-    if constexpr (std::is_integral_v<A>) {
-      using U = std::make_unsigned_t<A>;
-      return static_cast<A>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
-    } else {
+    if constexpr (std::is_integral_v<A>)
+      return shardplan::comm::wrapping_add(a, b);
+    else
       return a + b;
-    }
   }
 };
 struct OpProd {
   template <class A> static A ap(A a, A b) {
-    if constexpr (std::is_integral_v<A>) {
-      // uint32_t at least, so that uint8_t*uint8_t is not promoted to signed int.
-      using U = std::conditional_t<(sizeof(A) < 4), uint32_t, std::make_unsigned_t<A>>;
-      return static_cast<A>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
-    } else {
+    if constexpr (std::is_integral_v<A>)
+      return shardplan::comm::wrapping_mul(a, b);
+    else
       return a * b;
-    }
   }
 };
 struct OpMax {

@@ -166,6 +166,21 @@ inline const char* dtype_name(int32_t dtype) {
       dtype, [](auto dt) { return dtype_traits<decltype(dt)::value>::name; }, "unknown dtype");
 }
 
+// Integer sums and products wrap around (two's complement), as torch's do,
+// instead of overflowing (undefined behaviour): unsigned arithmetic of at
+// least 32 bits, so that narrow types are not promoted to int. Every plugin
+// that reduces integers itself uses these, so they all agree.
+template <typename T>
+using Wrapping = std::conditional_t<(sizeof(T) < 4), uint32_t, std::make_unsigned_t<T>>;
+template <typename T>
+inline T wrapping_add(T a, T b) {
+  return static_cast<T>(static_cast<Wrapping<T>>(static_cast<Wrapping<T>>(a) + static_cast<Wrapping<T>>(b)));
+}
+template <typename T>
+inline T wrapping_mul(T a, T b) {
+  return static_cast<T>(static_cast<Wrapping<T>>(static_cast<Wrapping<T>>(a) * static_cast<Wrapping<T>>(b)));
+}
+
 inline const char* reduce_op_name(int32_t op) {
   switch (op) {
     case SP_SUM: return "sum";

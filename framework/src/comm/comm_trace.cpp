@@ -99,25 +99,29 @@ TracedCall CommTrace::begin(const char* op, const std::string& group, bool async
   return c;
 }
 
+namespace {
+
+// What every call's line starts with: {"op":..,"group":..,"step":..,"async":..,"bytes":..,"dtype":..,"t_issue":..
+std::string trace_line_start(const TracedCall& c) {
+  char fields[160];
+  std::snprintf(fields, sizeof fields, ",\"step\":%d,\"async\":%s,\"bytes\":%llu,\"dtype\":\"%s\",\"t_issue\":%.1f", c.step,
+                c.async ? "true" : "false", static_cast<unsigned long long>(c.bytes), comm::dtype_name(c.dtype),
+                c.t_issue);
+  return std::string("{\"op\":\"") + c.op + "\",\"group\":" + json_string(c.group) + fields;
+}
+
+}  // namespace
+
 void CommTrace::record(const TracedCall& c, double t_wait_begin, double t_done) {
   char issue_end[48] = "";
   if (c.t_issue_end >= 0) std::snprintf(issue_end, sizeof issue_end, ",\"t_issue_end\":%.1f", c.t_issue_end);
-  char tail[192];
-  std::snprintf(tail, sizeof tail, ",\"t_issue\":%.1f%s,\"t_wait_begin\":%.1f,\"t_done\":%.1f}\n", c.t_issue,
-                issue_end, t_wait_begin, t_done);
-  char head[96];
-  std::snprintf(head, sizeof head, ",\"step\":%d,\"async\":%s,\"bytes\":%llu,\"dtype\":\"%s\"", c.step,
-                c.async ? "true" : "false", static_cast<unsigned long long>(c.bytes), comm::dtype_name(c.dtype));
-  append(std::string("{\"op\":\"") + c.op + "\",\"group\":" + json_string(c.group) + head + tail);
+  char rest[128];
+  std::snprintf(rest, sizeof rest, "%s,\"t_wait_begin\":%.1f,\"t_done\":%.1f}\n", issue_end, t_wait_begin, t_done);
+  append(trace_line_start(c) + rest);
 }
 
 void CommTrace::record_abandoned(const TracedCall& c) {
-  char line[160];
-  std::snprintf(line, sizeof line,
-                ",\"step\":%d,\"async\":true,\"bytes\":%llu,\"dtype\":\"%s\",\"t_issue\":%.1f,\"t_wait_begin\":null,"
-                "\"t_done\":null}\n",
-                c.step, static_cast<unsigned long long>(c.bytes), comm::dtype_name(c.dtype), c.t_issue);
-  append(std::string("{\"op\":\"") + c.op + "\",\"group\":" + json_string(c.group) + line);
+  append(trace_line_start(c) + ",\"t_wait_begin\":null,\"t_done\":null}\n");
 }
 
 void CommTrace::step(int step) {

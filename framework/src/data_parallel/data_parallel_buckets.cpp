@@ -36,7 +36,7 @@ void DataParallel::Impl::build_buckets() {
   // runs while backward computes the rest instead of all of it waiting for
   // backward's end. Averages are element-wise: the layout changes no bit.
   std::map<std::tuple<int, std::string, int>, size_t> open;  // (dtype, device, unit) -> bucket index
-  std::vector<bool> first;  // per bucket: the first of its key
+  std::vector<bool> is_first;  // per bucket: the first of its key
   for (auto it = to_average.rbegin(); it != to_average.rend(); ++it) {
     const at::Tensor& p = it->second;
     const at::ScalarType dtype = main() ? main_dtype : p.scalar_type();
@@ -44,9 +44,9 @@ void DataParallel::Impl::build_buckets() {
     const int unit = u == unit_of_path.end() ? -1 : u->second;
     const auto key = std::make_tuple(static_cast<int>(dtype), p.device().str(), unit);
     auto o = open.find(key);
-    const auto cap = [&](size_t b) { return first[b] ? std::min(first_bucket_bytes, bucket_bytes) : bucket_bytes; };
+    const auto cap = [&](size_t b) { return is_first[b] ? std::min(first_bucket_bytes, bucket_bytes) : bucket_bytes; };
     if (o == open.end() || (unit < 0 && buckets[o->second].info.bytes() >= cap(o->second))) {
-      first.push_back(o == open.end());
+      is_first.push_back(o == open.end());
       buckets.emplace_back();
       buckets.back().unit = unit;
       buckets.back().info.dtype = dtype;
