@@ -82,6 +82,10 @@ class Communicator {
   // In place.
   void all_reduce(at::Tensor& t, ReduceOp op = ReduceOp::Sum);
   std::unique_ptr<Work> all_reduce_async(at::Tensor& t, ReduceOp op = ReduceOp::Sum);
+  // Out of place: the reduction of every rank's `t` in a new contiguous
+  // tensor, `t` unchanged. Reducing a copy in place would read and write the
+  // bytes once more; the plugins send from `t` and reduce into the result.
+  at::Tensor all_reduced(const at::Tensor& t, ReduceOp op = ReduceOp::Sum);
   // Concatenation of every rank's `t` along `dim`, in group-rank order.
   at::Tensor all_gather(const at::Tensor& t, int64_t dim = 0);
   // This rank's chunk (size(dim) / size()) of the elementwise reduction.

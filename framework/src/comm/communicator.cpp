@@ -206,6 +206,18 @@ void Communicator::all_reduce(at::Tensor& t, ReduceOp op) {
   if (!c.is_same(t)) t.copy_(c);
 }
 
+at::Tensor Communicator::all_reduced(const at::Tensor& t, ReduceOp op) {
+  count(t);
+  // A group of one still returns a tensor of its own, as callers may write it.
+  if (size_ == 1) return t.contiguous().clone();
+  const Traced traced(trace_.get(), "all_reduce", name_, t);
+  const at::Tensor in = t.contiguous();
+  at::Tensor out = at::empty_like(in, at::MemoryFormat::Contiguous);
+  sp_buffer s = buffer_of(in), r = buffer_of(out);
+  check(api_->all_reduce(comm_, &s, &r, static_cast<int32_t>(op), nullptr), "all_reduce");
+  return out;
+}
+
 std::unique_ptr<Work> Communicator::all_reduce_async(at::Tensor& t, ReduceOp op) {
   if (!t.is_contiguous()) throw Error("all_reduce_async on group '" + name_ + "' needs a contiguous tensor");
   count(t);

@@ -14,12 +14,8 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-at::Tensor all_reduced(const at::Tensor& x, Communicator& g) {
-  // The incoming tensor may be aliased by the autograd graph; reduce a copy.
-  at::Tensor y = x.contiguous().clone();
-  g.all_reduce(y);
-  return y;
-}
+// Out of place: the incoming tensor may be aliased by the autograd graph.
+at::Tensor all_reduced(const at::Tensor& x, Communicator& g) { return g.all_reduced(x); }
 
 at::Tensor own_chunk(const at::Tensor& x, Communicator& g, int64_t dim) {
   if (x.size(dim) % g.size() != 0)
