@@ -60,6 +60,23 @@ set_tests_properties(comm_gloo_threads_ws2_shm_off comm_gloo_threads_ws2_tcp_rin
 set_tests_properties(comm_gloo_bad_tcp_all_reduce_option PROPERTIES TIMEOUT 60 LABELS "comm;gloo"
   PASS_REGULAR_EXPRESSION "bad option tcp_all_reduce=fast \\(expected tcp_all_reduce=auto or tcp_all_reduce=ring\\)")
 
+# A rank waiting for a collective polls before it sleeps (spin_us=, by
+# default while the host has a core per rank: comm_gloo.cpp default_spin_us).
+# The suite runs with polling forced on more ranks than cores, and with none
+# (every wait asleep at once, the plugin before 2026-11-28's evening) over
+# TCP between processes; values that are not microseconds are refused.
+add_test(NAME comm_gloo_threads_ws3_spin
+  COMMAND comm_conformance --backend gloo --threads 3 --option shm=off --option spin_us=1000000)
+add_test(NAME comm_gloo_procs_np2_no_spin
+  COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_GLOO_SHM=off SHARDPLAN_GLOO_SPIN_US=0
+    $<TARGET_FILE:shardplan_cli> launch -n 2 --backend gloo --timeout-ms 120000
+    -- $<TARGET_FILE:comm_conformance> --backend gloo)
+add_test(NAME comm_gloo_bad_spin_option
+  COMMAND comm_conformance --backend gloo --threads 1 --option spin_us=5ms)
+set_tests_properties(comm_gloo_threads_ws3_spin comm_gloo_procs_np2_no_spin PROPERTIES TIMEOUT 300 LABELS "comm;gloo")
+set_tests_properties(comm_gloo_bad_spin_option PROPERTIES TIMEOUT 60 LABELS "comm;gloo"
+  PASS_REGULAR_EXPRESSION "bad option spin_us=5ms \\(expected a number of microseconds from 0 to 1000000\\)")
+
 # The emulated link (link_gbps=, SHARDPLAN_GLOO_LINK_GBPS) refuses what is not
 # a rate; its pacing is tested in test_comm_gloo.cpp.
 add_test(NAME comm_gloo_bad_link_option
@@ -84,6 +101,10 @@ add_test(NAME comm_gloo_bad_shm_pause_env
   COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_TEST_GLOO_SHM_PAUSE_MS=x $<TARGET_FILE:comm_conformance> --backend gloo --threads 2)
 add_test(NAME comm_gloo_bad_stall_env
   COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_TEST_GLOO_STALL_MS=1s $<TARGET_FILE:comm_conformance> --backend gloo --threads 2)
+add_test(NAME comm_gloo_bad_spin_env
+  COMMAND ${CMAKE_COMMAND} -E env SHARDPLAN_GLOO_SPIN_US=2000000 $<TARGET_FILE:comm_conformance> --backend gloo --threads 2)
+set_tests_properties(comm_gloo_bad_spin_env PROPERTIES TIMEOUT 60 LABELS "comm;gloo" PASS_REGULAR_EXPRESSION
+  "SHARDPLAN_GLOO_SPIN_US='2000000' is not a number of microseconds \\(a whole number from 0 to 1000000, as option spin_us=\\)")
 set_tests_properties(comm_gloo_bad_tcp_all_reduce_env comm_gloo_bad_link_env comm_gloo_bad_shm_env comm_gloo_bad_job_id_env comm_gloo_bad_shm_pause_env
   comm_gloo_bad_stall_env comm_gloo_bad_verbose_env PROPERTIES
   TIMEOUT 60 LABELS "comm;gloo")

@@ -10,6 +10,7 @@
 #include <cstdio>
 
 #include "script/script_test_util.h"
+#include "shardplan/script_rewrite.h"
 
 namespace test_script_rnn {
 

@@ -17,7 +17,8 @@ float32 rounding) and that they communicate the same bytes in the same calls.
 against torch's DistributedDataParallel (gpt_tp_torch.py --ddp); --dtype float64
 runs both sides in float64. --with-tcp adds ours with SHARDPLAN_GLOO_SHM=off (gloo's
 TCP path, what ranks on different hosts use), --baseline-build DIR another build
-of ours (e.g. before a change) in the same interleaved run.
+of ours (e.g. before a change) in the same interleaved run, --baseline-env
+NAME=VALUE that baseline's environment (alone: this build with the variable set).
 
 --thread-times also records per-thread user and system CPU seconds of every
 rank (benchmarks/gpt_peer/rank_wrapper.py) and prints them per side.
@@ -66,6 +67,10 @@ def parse():
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32", help="both sides' --dtype")
     p.add_argument("--baseline-build", default="",
                    help="also run ours from this other build directory (e.g. before a change), shm=off with --with-tcp")
+    p.add_argument("--baseline-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="the baseline's environment on top of the others' (repeatable); without --baseline-build "
+                        "the baseline is --build itself, e.g. SHARDPLAN_GLOO_SPIN_US=0 for ours before a change "
+                        "that the variable undoes")
     p.add_argument("--comm-trace", metavar="DIR",
                    help="each run writes its per-call trace to SHARDPLAN_COMM_TRACE=DIR/<side>.<rep> "
                         "(benchmarks/gpt_peer/timeline_summary.py reads them)")
@@ -88,6 +93,10 @@ def free_port():
         return s.getsockname()[1]
 
 
+def baseline_dir(a):
+    return a.baseline_build or a.build
+
+
 def command(a, side, times_dir, rep):
     launcher = [os.path.join(a.build, "bin", "shardplan"), "launch", "-n", str(a.ranks)]
     common = ["--steps", str(a.steps), "--log-every", str(a.log_every), "--batch", str(a.batch),
@@ -95,10 +104,10 @@ def command(a, side, times_dir, rep):
     if a.config:
         common += ["--config", a.config]
     if side != "peer":
-        launcher = [os.path.join(a.baseline_build if side == "base" else a.build, "bin", "shardplan"), "launch", "-n",
+        launcher = [os.path.join(baseline_dir(a) if side == "base" else a.build, "bin", "shardplan"), "launch", "-n",
                     str(a.ranks), "--backend", "gloo"]
         plan = "data_parallel.yaml" if a.ddp else "gpt.yaml"
-        program = [os.path.join(a.baseline_build if side == "base" else a.build, "examples", "train_gpt"), "--plan",
+        program = [os.path.join(baseline_dir(a) if side == "base" else a.build, "examples", "train_gpt"), "--plan",
                    os.path.join(ROOT, "plans", plan)]
     else:
         launcher += ["--master-port", str(a.master_port or free_port())]
@@ -125,6 +134,10 @@ def run(a, side, times_dir, rep):
     env["OPENBLAS_NUM_THREADS"] = str(a.threads)
     if side == "ours_tcp" or (side == "base" and a.with_tcp):
         env["SHARDPLAN_GLOO_SHM"] = "off"
+    if side == "base":
+        for kv in a.baseline_env:
+            name, _, value = kv.partition("=")
+            env[name] = value
     if a.comm_trace:
         os.makedirs(a.comm_trace, exist_ok=True)
         env["SHARDPLAN_COMM_TRACE"] = os.path.join(a.comm_trace, "%s.%d" % (side, rep))
@@ -178,7 +191,7 @@ def main():
     sides = [s for s in ("ours", "peer") if (s == "ours" and a.only != "peer") or (s == "peer" and have_peer)]
     if a.with_tcp and a.only != "peer":
         sides.insert(1, "ours_tcp")
-    if a.baseline_build and a.only != "peer":
+    if (a.baseline_build or a.baseline_env) and a.only != "peer":
         sides.insert(1, "base")
     if not sides:
         return a.skip_status
@@ -196,7 +209,8 @@ def main():
         print("%s: %s" % (side, " ".join(results[side][0]["cmd"])))
     print()
     names = {"ours": "shardplan gloo", "ours_tcp": "shardplan gloo shm=off",
-             "base": "baseline build" + (" shm=off" if a.with_tcp else "")}
+             "base": ("baseline build" if a.baseline_build else "baseline") + (" shm=off" if a.with_tcp else "") +
+             "".join(" " + kv for kv in a.baseline_env)}
     cols = [x for x in ("ours", "ours_tcp", "base") if x in results]
     print("| rep | PyTorch %s tokens/s (reference) |%s" % ("DDP (gloo)" if a.ddp else "ProcessGroupGloo", "".join(
         " %s tokens/s | ratio |" % names[x] for x in cols)))

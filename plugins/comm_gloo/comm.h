@@ -26,6 +26,7 @@
 #include "tcp_all_reduce.h"
 #include "shardplan/abi/comm.h"
 #include "shardplan/comm_plugin.h"
+#include "shardplan/comm_worker.h"
 
 namespace sp_gloo {
 class Comm;
@@ -124,6 +125,11 @@ class Comm {
 
   bool blocking_inline() const { return queue_.blocking_inline(); }
 
+  // spin_us= / SHARDPLAN_GLOO_SPIN_US, this communicator's and its splits'
+  // (set before the first operation).
+  void set_spin_wait(std::chrono::microseconds spin) { queue_.set_spin_wait(spin); }
+  std::chrono::microseconds spin_wait() const { return queue_.spin_wait(); }
+
   // Runs `run` in issue order. work == nullptr: blocks and returns its status.
   //
   // By default a blocking call, too, runs on the worker, as ProcessGroupGloo
@@ -138,7 +144,7 @@ class Comm {
   // training thread's malloc arena.
   //
   // No wait for the worker is unbounded: once the worker has spent the
-  // timeout plus a margin in one operation (WorkerWatch, comm_plugin.h), a
+  // timeout plus a margin in one operation (WorkerWatch, comm_worker.h), a
   // waiting call fails with a timeout naming the operation and the limit,
   // and the communicator is broken: aborted, so that what the worker waits
   // in wakes and later calls fail at once. Buffers of an operation still on

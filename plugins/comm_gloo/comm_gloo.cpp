@@ -28,6 +28,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -76,6 +77,7 @@ struct Options {
   ShmMode shm = ShmMode::kAuto;  // shm=auto|on|off
   TcpAllReduce tcp_all_reduce = TcpAllReduce::kAuto;  // tcp_all_reduce=auto|ring
   double link_gbps = 0;          // link_gbps=X
+  long spin_us = kSpinAuto;      // spin_us=N
   long test_stall_ms = 0;        // SHARDPLAN_TEST_GLOO_STALL_MS
   bool verbose = false;          // SHARDPLAN_GLOO_VERBOSE
   std::string bad;               // the first bad option or variable, as create() reports it
@@ -87,6 +89,7 @@ Options parse_options(const char* const* options) {
   o.shm = env.shm;
   o.tcp_all_reduce = env.tcp_all_reduce;
   o.link_gbps = env.link_gbps;
+  o.spin_us = env.spin_us;
   o.test_stall_ms = env.test_stall_ms;
   o.verbose = env.verbose;
   o.bad = env.bad;
@@ -105,6 +108,8 @@ Options parse_options(const char* const* options) {
       refuse("tcp_all_reduce=" + v + " (expected tcp_all_reduce=auto or tcp_all_reduce=ring)");
     else if (k == "link_gbps" && !parse_link_gbps(v, o.link_gbps))
       refuse("link_gbps=" + v + " (expected a number of Gbit/s > 0, or 0 for no emulated link)");
+    else if (k == "spin_us" && !parse_spin_us(v, o.spin_us))
+      refuse("spin_us=" + v + " (expected a number of microseconds from 0 to 1000000)");
   });
   return o;
 }
@@ -127,6 +132,18 @@ void gather_hosts(Comm& c, const std::string& mine) {
   auto hosts = std::make_shared<std::vector<std::string>>();
   for (int r = 0; r < c.size; ++r) hosts->emplace_back(all.data() + kLen * static_cast<size_t>(r));
   c.hosts = std::move(hosts);
+}
+
+// A waiting rank polls (kDefaultSpinUs) only while this host has a core for
+// each of its ranks: with more ranks than cores, a poller takes turns from
+// ranks that still compute (Open MPI yields when oversubscribed alike).
+// Ranks count as on this host when they gave the same address.
+long default_spin_us(const Comm& c) {
+  if (!c.hosts || c.hosts->empty()) return 0;
+  const std::string& mine = c.hosts->at(static_cast<size_t>(c.rank));
+  const long here = std::count(c.hosts->begin(), c.hosts->end(), mine);
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  return cores > 0 && here <= cores ? kDefaultSpinUs : 0;
 }
 
 // SHARDPLAN_GLOO_VERBOSE=1: which transport a communicator's collectives
@@ -194,6 +211,7 @@ int api_create(const sp_comm_config* config, sp_comm** out) {
     comm->verbose = opt.verbose;
     comm->connect();
     gather_hosts(*comm, opt.iface.empty() ? attr.hostname : "interface " + opt.iface);
+    comm->set_spin_wait(std::chrono::microseconds(opt.spin_us == kSpinAuto ? default_spin_us(*comm) : opt.spin_us));
     attach_shm(*comm, comm->shm_mode);
     log_transport(*comm);
     *out = new sp_comm{comm};
@@ -235,6 +253,7 @@ int api_split(sp_comm* parent, int32_t color, int32_t key, sp_comm** out) {
         c->shm_mode = p->shm_mode;
         c->tcp_all_reduce = p->tcp_all_reduce;
         c->link_bytes_per_second = p->link_bytes_per_second;
+        c->set_spin_wait(p->spin_wait());
         c->test_stall_ms = p->test_stall_ms;
         c->verbose = p->verbose;
         c->hosts = p->hosts;

@@ -11,11 +11,28 @@
 
 namespace sp_gloo {
 
+// How long a rank waiting for a collective polls before it sleeps
+// (WorkState::spin_first in shardplan/comm_worker.h), unless spin_us= or
+// SHARDPLAN_GLOO_SPIN_US says; kSpinAuto: kDefaultSpinUs while this host has
+// a core for each of its ranks, else 0 (default_spin_us in comm_gloo.cpp).
+constexpr long kSpinAuto = -1;
+constexpr long kDefaultSpinUs = 5000;
+constexpr long kMaxSpinUs = 1000000;
+
+inline bool parse_spin_us(const std::string& v, long& out) {
+  if (v.empty() || v.size() > 7 || v.find_first_not_of("0123456789") != std::string::npos) return false;
+  const long us = std::atol(v.c_str());
+  if (us > kMaxSpinUs) return false;
+  out = us;
+  return true;
+}
+
 // Defaults of the options shm=, tcp_all_reduce= and link_gbps=, from the environment.
 struct EnvDefaults {
   ShmMode shm = ShmMode::kAuto;
   TcpAllReduce tcp_all_reduce = TcpAllReduce::kAuto;
   double link_gbps = 0;
+  long spin_us = kSpinAuto;  // SHARDPLAN_GLOO_SPIN_US (option spin_us=)
   long test_stall_ms = 0;  // SHARDPLAN_TEST_GLOO_STALL_MS (Comm::test_stall)
   bool verbose = false;    // SHARDPLAN_GLOO_VERBOSE: each communicator's transport on stderr
   std::string bad;  // "NAME='VALUE' is not ...", or empty
@@ -43,6 +60,8 @@ inline EnvDefaults env_defaults() {
     refuse("SHARDPLAN_GLOO_TCP_ALL_REDUCE", v, "auto or ring (as option tcp_all_reduce=)");
   if (const char* v = std::getenv("SHARDPLAN_GLOO_LINK_GBPS"); v && *v && !parse_link_gbps(v, d.link_gbps))
     refuse("SHARDPLAN_GLOO_LINK_GBPS", v, "a link rate (a number of Gbit/s > 0, or 0 for no emulated link)");
+  if (const char* v = std::getenv("SHARDPLAN_GLOO_SPIN_US"); v && *v && !parse_spin_us(v, d.spin_us))
+    refuse("SHARDPLAN_GLOO_SPIN_US", v, "a number of microseconds (a whole number from 0 to 1000000, as option spin_us=)");
   if (const char* v = std::getenv("SHARDPLAN_GLOO_VERBOSE"); v && *v) {
     const std::string s = v;
     if (s == "1" || s == "0") d.verbose = s == "1";

@@ -19,6 +19,7 @@
 #include "process.h"
 #include "shardplan/abi/comm.h"
 #include "shardplan/comm_plugin.h"
+#include "shardplan/comm_worker.h"
 
 namespace sp_mpi {
 class Comm;
