@@ -20,7 +20,7 @@ import tempfile
 
 # rank, folder under framework/src (or None), public headers under include/shardplan/
 LAYERS = [
-    (0, "abi", ["abi/comm.h", "abi/plugin.h", "comm_dtype.h", "comm_plugin.h"]),
+    (0, "abi", ["abi/comm.h", "abi/plugin.h", "comm_dtype.h", "comm_plugin.h", "comm_worker.h"]),
     (1, "base", ["error.h", "count_option.h"]),
     (2, "plan", ["plan.h", "mesh.h", "split.h"]),
     (3, "plugin", ["plugin_loader.h", "layer_plugin.h", "plugin_support.h"]),
