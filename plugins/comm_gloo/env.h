@@ -19,15 +19,7 @@ constexpr long kSpinAuto = -1;
 constexpr long kDefaultSpinUs = 5000;
 constexpr long kMaxSpinUs = 1000000;
 
-inline bool parse_spin_us(const std::string& v, long& out) {
-  if (v.empty() || v.size() > 7 || v.find_first_not_of("0123456789") != std::string::npos) return false;
-  const long us = std::atol(v.c_str());
-  if (us > kMaxSpinUs) return false;
-  out = us;
-  return true;
-}
-
-// Defaults of the options shm=, tcp_all_reduce= and link_gbps=, from the environment.
+// Defaults of the options shm=, tcp_all_reduce=, link_gbps= and spin_us=, from the environment.
 struct EnvDefaults {
   ShmMode shm = ShmMode::kAuto;
   TcpAllReduce tcp_all_reduce = TcpAllReduce::kAuto;
@@ -38,11 +30,20 @@ struct EnvDefaults {
   std::string bad;  // "NAME='VALUE' is not ...", or empty
 };
 
+// A whole number of at most 7 digits from 0 to `max`.
+inline bool is_whole_number_up_to(const std::string& v, long max) {
+  return !v.empty() && v.size() <= 7 && v.find_first_not_of("0123456789") == std::string::npos &&
+         std::atol(v.c_str()) <= max;
+}
+
 // A test hook's pause: a whole number of milliseconds up to an hour, the
 // range of SHARDPLAN_TEST_CKPT_PAUSE_MS (docs/ENVIRONMENT.md).
-inline bool is_pause_ms(const std::string& v) {
-  return !v.empty() && v.size() <= 7 && v.find_first_not_of("0123456789") == std::string::npos &&
-         std::atol(v.c_str()) <= 3600000;
+inline bool is_pause_ms(const std::string& v) { return is_whole_number_up_to(v, 3600000); }
+
+inline bool parse_spin_us(const std::string& v, long& out) {
+  if (!is_whole_number_up_to(v, kMaxSpinUs)) return false;
+  out = std::atol(v.c_str());
+  return true;
 }
 constexpr const char* kPauseMs = "a number of milliseconds (a whole number from 0 to 3600000)";
 
